@@ -1,0 +1,35 @@
+"""shardsafe: fast, safe, resharding checkpoints for training jobs.
+
+Quick use::
+
+    import shardsafe
+    shardsafe.save({"model": model, "optim": opt, "step": step, "rng": shardsafe.RNGState()}, "ckpt")
+    shardsafe.load("ckpt", {"model": model, "optim": opt, "rng": shardsafe.RNGState()})
+"""
+
+from __future__ import annotations
+
+from ._version import __version__
+from .api.load import LoadResult, load
+from .api.save import save
+from .errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointTimeoutError,
+    CorruptCheckpointError,
+    StateMismatchError,
+)
+from .rng import RNGState
+
+__all__ = [
+    "__version__",
+    "save",
+    "load",
+    "LoadResult",
+    "RNGState",
+    "CheckpointError",
+    "CorruptCheckpointError",
+    "CheckpointNotFoundError",
+    "StateMismatchError",
+    "CheckpointTimeoutError",
+]

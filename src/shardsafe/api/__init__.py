@@ -1,0 +1,1 @@
+"""Public entry points: save, load, async_save."""

@@ -1,0 +1,88 @@
+"""Load a checkpoint: into a live state in place, or as a new nested dict."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import tensors
+from ..engine.commit import read_index
+from ..engine.reader import Reader, ReadJob
+from ..errors import StateMismatchError
+from ..format.index import Index
+from ..storage import storage_for
+from .restore import TensorTarget, build_new, match
+
+log = logging.getLogger("shardsafe")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    """What an in-place ``load(path, state, strict=False)`` skipped (all empty when strict)."""
+
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+
+
+def _read(reader: Reader, targets: list[TensorTarget]) -> None:
+    jobs: list[ReadJob] = []
+    for tt in targets:
+        e = tt.entry
+        full = tuple(0 for _ in e.shape)
+        dest = tensors.writable_bytes(tt.target)
+        if dest is not None:
+            jobs.append(ReadJob(e, dest, full, e.shape))
+            continue
+        tmp, tmp_bytes = tensors.empty(e.kind, e.dtype, e.shape)  # device / strided target
+
+        def done(target: Any = tt.target, tmp: Any = tmp) -> None:
+            tensors.copy_into(target, tmp)
+
+        jobs.append(ReadJob(e, tmp_bytes, full, e.shape, done))
+    reader.run(jobs)
+
+
+def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bool = True,
+         storage_options: dict | None = None) -> Any:
+    """Loads the checkpoint at ``path``.
+
+    With ``state``: restores in place. Tensors are copied into the existing tensors (same
+    objects, same memory), containers are updated, Stateful objects receive
+    ``load_state_dict``. Returns a LoadResult listing what was skipped (``strict=False``).
+    Without ``state``: returns a new nested dict (torch tensors on the CPU, numpy arrays
+    for arrays saved from numpy).
+
+    Raises:
+        CheckpointNotFoundError: No committed checkpoint at ``path``.
+        CorruptCheckpointError: A checksum fails or a file is truncated/malformed.
+        StateMismatchError: ``strict`` and the target's keys, shapes or dtypes differ.
+    """
+    storage, spath = storage_for(path, storage_options)
+    index = read_index(storage, spath)
+    reader = Reader(storage, spath, index)
+    if state is None:
+        value, targets = build_new(index)
+        _read(reader, targets)
+        return value
+    m = match(index, state)
+    problems = m.problems()
+    if problems and strict:
+        raise StateMismatchError(problems)
+    if problems:
+        log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(problems),
+                    "\n  ".join(problems))
+    _read(reader, m.reads)
+    m.apply()
+    return LoadResult(m.missing, m.unexpected, m.mismatched)
+
+
+def read_checkpoint_index(path: str, storage_options: dict | None = None) -> Index:
+    """The validated index of a committed checkpoint (for tools such as the CLI)."""
+    storage, spath = storage_for(path, storage_options)
+    return read_index(storage, spath)
+
+
+__all__ = ["LoadResult", "load", "read_checkpoint_index"]

@@ -1,0 +1,152 @@
+"""Match a checkpoint's tree against a live target state, for in-place loading.
+
+The walk collects every problem (missing, unexpected, mismatched key paths) and every
+change it would make before anything is touched, so a strict load either fails naming
+all offending keys or restores the target. Inside Stateful objects the checkpoint wins
+for keys the target does not have yet, so a never-stepped optimizer or scheduler
+restores fully; ``nn.Module`` state dicts are closed (extra keys are unexpected).
+``load_state_dict`` calls run after all tensors are read, innermost first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import tensors
+from ..format.index import Index, TensorEntry
+from ..format.tree import KeyPath, Node, build, render_path
+from ..plan.flatten import is_stateful
+
+
+@dataclass(slots=True)
+class TensorTarget:
+    """A checkpoint tensor and the host/device tensor it is read into."""
+
+    entry: TensorEntry
+    target: Any
+
+
+@dataclass(slots=True)
+class Matching:
+    """What a load will do, and what did not fit."""
+
+    reads: list[TensorTarget] = field(default_factory=list)
+    assignments: list[tuple[Any, Any, Any]] = field(default_factory=list)  # (container, key, value)
+    finalizers: list[Callable[[], None]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)
+
+    def problems(self) -> list[str]:
+        return ([f"missing in checkpoint: {k}" for k in self.missing]
+                + [f"unexpected in checkpoint (absent from target): {k}" for k in self.unexpected]
+                + [f"mismatch: {m}" for m in self.mismatched])
+
+    def apply(self) -> None:
+        """Applies the container assignments, then the Stateful ``load_state_dict`` calls."""
+        for container, key, value in self.assignments:
+            container[key] = value
+        for fn in self.finalizers:
+            fn()
+
+
+def _is_module(x: Any) -> bool:
+    return tensors.HAVE_TORCH and isinstance(x, tensors.torch.nn.Module)
+
+
+def _kind(node: Node) -> str:
+    return node["t"] if node["t"] in ("dict", "list", "tuple", "tensor") else "plain value"
+
+
+class _Matcher:
+    def __init__(self, index: Index) -> None:
+        self.index = index
+        self.m = Matching()
+
+    def fresh(self, node: Node, path: KeyPath) -> Any:
+        """A new value built from the checkpoint; its tensors are allocated and read later."""
+
+        def leaf(_: KeyPath, n: Node) -> Any:
+            e = self.index.tensors[n["id"]]
+            value, _bytes = tensors.empty(e.kind, e.dtype, e.shape)
+            self.m.reads.append(TensorTarget(e, value))
+            return value
+
+        return build(node, leaf, path)
+
+    def mismatch(self, path: KeyPath, what: str) -> None:
+        self.m.mismatched.append(f"{render_path(path)}: {what}")
+
+    def value(self, target: Any, node: Node, path: KeyPath, open_: bool) -> Any:
+        """What should stand at ``path`` after loading (``target`` itself when restored in place)."""
+        t = _kind(node)
+        if is_stateful(target):
+            if t != "dict":
+                self.mismatch(path, f"target is a Stateful {type(target).__name__}, checkpoint holds {t}")
+                return target
+            sd = target.state_dict()
+            new_sd = self.mapping(sd, node, path, open_=not _is_module(target))
+            self.m.finalizers.append(lambda: target.load_state_dict(new_sd))
+            return target
+        if tensors.is_tensor(target):
+            return self.tensor(target, node, path, open_)
+        if isinstance(target, MutableMapping) and t == "dict":
+            return self.mapping(target, node, path, open_)
+        if isinstance(target, (list, tuple)) and t in ("list", "tuple") and len(target) == len(node["v"]):
+            vals = [self.value(x, n, path + (i,), open_) for i, (x, n) in enumerate(zip(target, node["v"]))]
+            if isinstance(target, tuple) or t == "tuple":
+                return tuple(vals)
+            for i, (old, new) in enumerate(zip(target, vals)):
+                if new is not old:
+                    self.m.assignments.append((target, i, new))
+            return target
+        if open_ or not isinstance(target, (MutableMapping, list, tuple)):
+            # a plain target value holds no memory worth keeping: the checkpoint's replaces it
+            return self.fresh(node, path)
+        self.mismatch(path, f"target is {type(target).__name__}, checkpoint holds {t}")
+        return target
+
+    def mapping(self, target: MutableMapping, node: Node, path: KeyPath, open_: bool) -> MutableMapping:
+        ckpt_keys = set(node["k"])
+        self.m.missing.extend(render_path(path + (k,)) for k in target.keys() if k not in ckpt_keys)
+        for k, child in zip(node["k"], node["v"]):
+            if k in target:
+                new = self.value(target[k], child, path + (k,), open_)
+                if new is not target[k]:
+                    self.m.assignments.append((target, k, new))
+            elif open_:
+                self.m.assignments.append((target, k, self.fresh(child, path + (k,))))
+            else:
+                self.m.unexpected.append(render_path(path + (k,)))
+        return target
+
+    def tensor(self, target: Any, node: Node, path: KeyPath, open_: bool) -> Any:
+        if node["t"] != "tensor":
+            if open_:
+                return self.fresh(node, path)
+            self.mismatch(path, f"target is a tensor, checkpoint holds {_kind(node)}")
+            return target
+        e = self.index.tensors[node["id"]]
+        shape, dtype = tensors.shape_of(target), tensors.dtype_of(target).name
+        if shape != e.shape or dtype != e.dtype:
+            self.mismatch(path, f"target {dtype}{list(shape)}, checkpoint {e.dtype}{list(e.shape)}")
+            return target
+        self.m.reads.append(TensorTarget(e, target))
+        return target
+
+
+def match(index: Index, target: MutableMapping[str, Any]) -> Matching:
+    """Matches ``target`` against the checkpoint ``index`` without changing either."""
+    if index.tree.get("t") != "dict":
+        raise TypeError("the checkpoint's root is not a mapping")
+    matcher = _Matcher(index)
+    matcher.mapping(target, index.tree, (), open_=False)
+    return matcher.m
+
+
+def build_new(index: Index) -> tuple[Any, list[TensorTarget]]:
+    """A new nested structure for ``load(path)``, with tensors allocated but not yet read."""
+    matcher = _Matcher(index)
+    return matcher.fresh(index.tree, ()), matcher.m.reads

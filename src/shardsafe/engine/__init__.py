@@ -1,0 +1,1 @@
+"""Engine: staging buffers, background writers, readers and the commit protocol."""

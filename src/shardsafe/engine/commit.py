@@ -1,0 +1,136 @@
+"""The commit protocol: what "committed" means, and how a save becomes committed.
+
+A checkpoint is committed exactly when ``<path>/index.json`` exists: the index is
+published atomically, after every data file is durable. ``is_committed`` is the one
+function listers, loaders and retention use.
+
+On filesystems with atomic rename, a save writes into a hidden sibling directory
+``.<name>.shardsafe-tmp-<id>`` and renames it into place once its index is published,
+so the final path only ever holds complete checkpoints (an overwrite swaps the two
+directories atomically). On object stores the data objects are written under the final
+prefix and the index object is written last.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import uuid
+from dataclasses import dataclass
+
+from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+from ..format import INDEX_NAME
+from ..format.index import Index, decode_index
+from ..storage.base import Storage
+
+TMP_MARKER = ".shardsafe-tmp-"
+
+
+def is_committed(storage: Storage, path: str) -> bool:
+    """True when ``path`` holds a committed checkpoint (its index has been published)."""
+    return storage.exists(storage.join(path, INDEX_NAME))
+
+
+def is_temporary(name: str) -> bool:
+    """True for the hidden working directories of unfinished saves."""
+    return name.startswith(".") and TMP_MARKER in name
+
+
+def read_index(storage: Storage, path: str) -> Index:
+    """Reads and validates the index of the checkpoint at ``path``.
+
+    Raises:
+        CheckpointNotFoundError: ``path`` holds no committed checkpoint.
+        CorruptCheckpointError: the index is damaged or a data file is truncated.
+    """
+    try:
+        data = storage.read(storage.join(path, INDEX_NAME))
+    except (FileNotFoundError, NotADirectoryError):
+        raise CheckpointNotFoundError(f"no committed checkpoint at {path!r} "
+                                      f"(no {INDEX_NAME})") from None
+    index = decode_index(data)
+    for f in index.files:
+        try:
+            size = storage.size(storage.join(path, f.name))
+        except FileNotFoundError:
+            raise CorruptCheckpointError("data file is missing", file=f.name) from None
+        if size != f.size:
+            raise CorruptCheckpointError(f"data file has {size} bytes, index says {f.size} "
+                                         f"(truncated?)", file=f.name)
+    return index
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    """An unfinished save: files go to ``workdir``; ``final`` is where it commits."""
+
+    storage: Storage
+    final: str
+    workdir: str
+    replace: bool
+
+
+def _split(path: str) -> tuple[str, str]:
+    p = path.rstrip("/")
+    return posixpath.dirname(p), posixpath.basename(p)
+
+
+def plan_transaction(storage: Storage, path: str, *, overwrite: bool, token: str | None = None) -> Transaction:
+    """Checks that a save to ``path`` is allowed and names its working directory.
+
+    Pure apart from reads; every rank of a distributed save computes the same result
+    when given the same ``token``.
+    """
+    committed = is_committed(storage, path)
+    if committed and not overwrite:
+        raise CheckpointError(f"a committed checkpoint already exists at {path!r}; "
+                              f"pass overwrite=True to replace it")
+    if not committed and storage.list(path):
+        if storage.atomic_rename:
+            raise CheckpointError(f"{path!r} exists and is not a shardsafe checkpoint; refusing to "
+                                  f"write over it")
+    if not storage.atomic_rename:
+        return Transaction(storage, path, path, committed)
+    parent, name = _split(path)
+    work = storage.join(parent or ".", f".{name}{TMP_MARKER}{token or uuid.uuid4().hex[:16]}")
+    return Transaction(storage, path, work, committed)
+
+
+def begin(txn: Transaction) -> None:
+    """Prepares the working directory (on object stores: un-commits what is replaced)."""
+    s = txn.storage
+    if not s.atomic_rename and txn.replace:
+        delete_checkpoint(s, txn.final)
+    s.makedirs(txn.workdir)
+
+
+def finish(txn: Transaction, index_bytes: bytes) -> None:
+    """Publishes the index (the commit point) and moves the checkpoint into place."""
+    s = txn.storage
+    s.sync_dir(txn.workdir)
+    s.publish(s.join(txn.workdir, INDEX_NAME), index_bytes)
+    if not s.atomic_rename:
+        return
+    if s.exists(txn.final) and txn.replace:
+        s.rename(txn.workdir, txn.final, exchange=True)
+        s.delete(txn.workdir)  # now holds the replaced checkpoint
+    else:
+        if s.exists(txn.final):  # an empty directory the user created
+            s.delete(txn.final)
+        s.rename(txn.workdir, txn.final)
+
+
+def abort(txn: Transaction) -> None:
+    """Removes what an unfinished save wrote; never touches a committed checkpoint."""
+    s = txn.storage
+    if s.atomic_rename:
+        s.delete(txn.workdir)
+    elif not is_committed(s, txn.final):
+        s.delete(txn.final)
+
+
+def delete_checkpoint(storage: Storage, path: str) -> None:
+    """Deletes a checkpoint crash-safely: un-commit first (index), then the data."""
+    storage.delete(storage.join(path, INDEX_NAME))
+    if storage.atomic_rename and storage.exists(path):
+        storage.sync_dir(path)
+    storage.delete(path)

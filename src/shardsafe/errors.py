@@ -1,0 +1,61 @@
+"""Exceptions raised by shardsafe.
+
+Hierarchy::
+
+    CheckpointError                 base of everything shardsafe raises on purpose
+    ├── CorruptCheckpointError      bad checksum, truncated/malformed file or index
+    ├── CheckpointNotFoundError     no committed checkpoint at the path
+    ├── StateMismatchError          checkpoint and target state disagree (keys, shapes, dtypes)
+    └── CheckpointTimeoutError      a collective save/load gave up waiting for other ranks
+
+Unsupported values in a state raise the built-in ``TypeError`` naming the key path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class CheckpointError(Exception):
+    """Base class of all checkpoint errors."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint's bytes are damaged: checksum mismatch, truncated or malformed file.
+
+    Attributes:
+        file: The file (relative to the checkpoint) that is damaged, if known.
+        key: The key path of the affected value, if known.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, key: str | None = None) -> None:
+        parts = [message]
+        if file is not None:
+            parts.append(f"file={file!r}")
+        if key is not None:
+            parts.append(f"key={key!r}")
+        super().__init__(" | ".join(parts))
+        self.file = file
+        self.key = key
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """There is no committed checkpoint at the given path."""
+
+
+class StateMismatchError(CheckpointError):
+    """The target state does not match the checkpoint.
+
+    Attributes:
+        problems: One human-readable line per offending key path.
+    """
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        shown = "\n  ".join(self.problems[:200])
+        more = "" if len(self.problems) <= 200 else f"\n  ... and {len(self.problems) - 200} more"
+        super().__init__(f"{len(self.problems)} key path(s) do not match:\n  {shown}{more}")
+
+
+class CheckpointTimeoutError(CheckpointError, TimeoutError):
+    """A collective operation waited longer than its timeout for other ranks."""

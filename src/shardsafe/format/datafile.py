@@ -1,0 +1,89 @@
+"""Data-file layout: a valid safetensors file whose data section starts page-aligned.
+
+A data file is ``u64 little-endian header length N`` + ``N bytes of JSON header``
+(padded with spaces) + the raw chunk bytes, back to back with no holes. ``8 + N`` is a
+multiple of ``ALIGN`` so the data section can be written and read with direct I/O.
+Chunks are ordered by element size, largest first, so every chunk starts at a multiple
+of its own element size and can be viewed in place (zero-copy) from a memory map.
+Dtypes safetensors lacks are described there as ``U8`` byte arrays; the shardsafe
+index is authoritative either way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .dtypes import lookup
+
+ALIGN = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One chunk to place in a data file."""
+
+    name: str  # unique within the file; shown by safetensors tools
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * lookup(self.dtype).itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where each slot lives in a data file.
+
+    Attributes:
+        header: The complete header bytes (length prefix included).
+        offsets: Absolute file offset of each slot, in the order the slots were given.
+        size: Total file size.
+    """
+
+    header: bytes
+    offsets: tuple[int, ...]
+    size: int
+
+    @property
+    def data_start(self) -> int:
+        return len(self.header)
+
+
+def layout(slots: Sequence[Slot]) -> Layout:
+    """Computes the header and the position of every slot (largest element size first)."""
+    order = sorted(range(len(slots)), key=lambda i: -lookup(slots[i].dtype).itemsize)
+    entries: dict[str, object] = {"__metadata__": {"format": "pt", "writer": "shardsafe"}}
+    rel = [0] * len(slots)
+    pos = 0
+    for i in order:
+        s = slots[i]
+        d = lookup(s.dtype)
+        code, shape = (d.safetensors, list(s.shape)) if d.safetensors else ("U8", [s.nbytes])
+        entries[s.name] = {"dtype": code, "shape": shape, "data_offsets": [pos, pos + s.nbytes]}
+        rel[i] = pos
+        pos += s.nbytes
+    text = json.dumps(entries, separators=(",", ":")).encode("utf-8")
+    total = -(-(8 + len(text)) // ALIGN) * ALIGN
+    header = struct.pack("<Q", total - 8) + text + b" " * (total - 8 - len(text))
+    return Layout(header, tuple(total + r for r in rel), total + pos)
+
+
+def parse_header(prefix: bytes) -> tuple[int, dict[str, object]]:
+    """Parses a safetensors header from the first bytes of a file: ``(data_start, entries)``.
+
+    Raises ValueError when the prefix is too short or not a safetensors header.
+    """
+    if len(prefix) < 8:
+        raise ValueError("shorter than the 8-byte header length")
+    (n,) = struct.unpack("<Q", prefix[:8])
+    if n > len(prefix) - 8:
+        raise ValueError(f"header of {n} bytes exceeds the {len(prefix) - 8} bytes given")
+    entries = json.loads(prefix[8 : 8 + n].decode("utf-8"))
+    if not isinstance(entries, dict):
+        raise ValueError("header is not a JSON object")
+    return 8 + n, entries

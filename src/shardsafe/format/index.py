@@ -1,0 +1,298 @@
+"""The checkpoint index (``index.json``): data classes, encoding and strict validation.
+
+The index is the commit record of a checkpoint. It is JSON whose last member is
+``"index_checksum": "crc32c:xxxxxxxx"``, the CRC32C of every byte before that member
+(see docs/FORMAT.md). Decoding treats the bytes as untrusted: every name, offset, size,
+shape and checksum is checked before any data file is opened or any buffer allocated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import CorruptCheckpointError
+from . import FORMAT_VERSION, INDEX_NAME, tree
+from .checksum import ALGORITHM, crc32c
+from .dtypes import lookup
+
+MAX_INDEX_BYTES = 1 << 30
+MAX_NDIM = 64
+MAX_DIM = 1 << 62
+TENSOR_KINDS = ("torch", "numpy")
+_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_TRAILER = re.compile(rb',\s*"index_checksum"\s*:\s*"crc32c:([0-9a-f]{8})"\s*}\s*$')
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """A data file of the checkpoint.
+
+    Attributes:
+        name: File name relative to the checkpoint directory (no separators).
+        size: Exact size in bytes.
+        data_start: Offset of the first data byte (end of the safetensors header).
+        rank: The rank that wrote it.
+    """
+
+    name: str
+    size: int
+    data_start: int
+    rank: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkEntry:
+    """A contiguous, row-major block of a tensor stored in one data file.
+
+    Attributes:
+        file: Name of the data file holding the bytes.
+        offset: Absolute byte offset of the chunk in that file.
+        nbytes: Number of bytes (``prod(shape) * itemsize``).
+        offsets: Position of the chunk in the global tensor, one entry per dimension.
+        shape: Shape of the chunk.
+        checksums: CRC32C of each ``block_size`` slice of the chunk's bytes.
+    """
+
+    file: str
+    offset: int
+    nbytes: int
+    offsets: tuple[int, ...]
+    shape: tuple[int, ...]
+    checksums: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    """A tensor (or numpy array) of the state, made of one or more chunks.
+
+    Attributes:
+        key: Key path of the tensor in the state.
+        kind: ``torch`` or ``numpy``: what load rebuilds.
+        dtype: Element type name (see format.dtypes).
+        shape: Global shape.
+        chunks: Chunks that together cover the global tensor exactly once.
+    """
+
+    key: tree.KeyPath
+    kind: str
+    dtype: str
+    shape: tuple[int, ...]
+    chunks: tuple[ChunkEntry, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.chunks)
+
+
+@dataclass(frozen=True, slots=True)
+class Index:
+    """A decoded, validated checkpoint index."""
+
+    tree: tree.Node
+    tensors: tuple[TensorEntry, ...]
+    files: tuple[FileEntry, ...]
+    block_size: int
+    world_size: int = 1
+    created: float = 0.0
+    metadata: dict[str, Any] = field(default_factory=dict)
+    library: str = ""
+    format_version: int = FORMAT_VERSION
+
+    def file(self, name: str) -> FileEntry:
+        for f in self.files:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+
+def num_blocks(nbytes: int, block_size: int) -> int:
+    """Number of checksum blocks of a chunk (at least one, also for zero bytes)."""
+    return max(1, -(-nbytes // block_size))
+
+
+def _chunk_json(c: ChunkEntry) -> dict[str, Any]:
+    return {"file": c.file, "offset": c.offset, "nbytes": c.nbytes, "offsets": list(c.offsets),
+            "shape": list(c.shape), "crc32c": [f"{x:08x}" for x in c.checksums]}
+
+
+def encode_index(index: Index) -> bytes:
+    """Serialises ``index`` to the bytes of ``index.json`` (with its trailing checksum)."""
+    body = {
+        "format_version": index.format_version,
+        "library": index.library,
+        "created": index.created,
+        "world_size": index.world_size,
+        "checksum": ALGORITHM,
+        "block_size": index.block_size,
+        "metadata": index.metadata,
+        "files": [{"name": f.name, "size": f.size, "data_start": f.data_start, "rank": f.rank}
+                  for f in index.files],
+        "tensors": [{"key": list(t.key), "kind": t.kind, "dtype": t.dtype, "shape": list(t.shape),
+                     "chunks": [_chunk_json(c) for c in t.chunks]} for t in index.tensors],
+        "tree": index.tree,
+    }
+    text = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    prefix = text[:-1].encode("utf-8")  # drop the closing brace; the checksum member follows
+    return prefix + b',"index_checksum":"crc32c:%08x"}\n' % crc32c(prefix)
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+def _bad(msg: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"malformed index: {msg}", file=INDEX_NAME)
+
+
+def _int(v: Any, what: str, lo: int = 0, hi: int = MAX_DIM) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise _bad(f"{what} must be an integer in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def _ints(v: Any, what: str, n: int | None = None) -> tuple[int, ...]:
+    if not isinstance(v, list) or len(v) > MAX_NDIM or (n is not None and len(v) != n):
+        raise _bad(f"{what} must be a list of at most {MAX_NDIM} integers")
+    return tuple(_int(x, what) for x in v)
+
+
+def _decode_files(raw: Any) -> tuple[FileEntry, ...]:
+    if not isinstance(raw, list):
+        raise _bad("files must be a list")
+    out, names = [], set()
+    for f in raw:
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not _FILE_NAME.match(f["name"]):
+            raise _bad(f"bad data file entry {f!r}: names are plain file names, no paths")
+        if f["name"] in names or f["name"] == INDEX_NAME:
+            raise _bad(f"duplicate or reserved data file name {f['name']!r}")
+        names.add(f["name"])
+        size = _int(f.get("size"), "file size")
+        start = _int(f.get("data_start"), "file data_start", 8, size)
+        out.append(FileEntry(f["name"], size, start, _int(f.get("rank", 0), "file rank", 0, 1 << 31)))
+    return tuple(out)
+
+
+def _decode_chunk(c: Any, ndim: int, itemsize: int, block_size: int, key: str) -> ChunkEntry:
+    if not isinstance(c, dict):
+        raise _bad(f"chunk of {key} is not an object")
+    shape = _ints(c.get("shape"), f"chunk shape of {key}", ndim)
+    offsets = _ints(c.get("offsets"), f"chunk offsets of {key}", ndim)
+    nbytes = _int(c.get("nbytes"), f"chunk nbytes of {key}")
+    if nbytes != math.prod(shape) * itemsize:
+        raise _bad(f"chunk of {key}: nbytes {nbytes} != prod(shape) * itemsize")
+    sums = c.get("crc32c")
+    if not isinstance(sums, list) or len(sums) != num_blocks(nbytes, block_size):
+        raise _bad(f"chunk of {key}: expected {num_blocks(nbytes, block_size)} checksums")
+    try:
+        checksums = tuple(int(s, 16) for s in sums if isinstance(s, str) and len(s) == 8)
+    except ValueError:
+        raise _bad(f"chunk of {key}: checksums must be 8 hex digits") from None
+    if len(checksums) != len(sums):
+        raise _bad(f"chunk of {key}: checksums must be 8 hex digits")
+    if not isinstance(c.get("file"), str):
+        raise _bad(f"chunk of {key}: file must be a string")
+    return ChunkEntry(c["file"], _int(c.get("offset"), f"chunk offset of {key}"), nbytes,
+                      offsets, shape, checksums)
+
+
+def _decode_tensor(t: Any, block_size: int) -> TensorEntry:
+    if not isinstance(t, dict) or not isinstance(t.get("key"), list):
+        raise _bad("tensor entry needs a key list")
+    key = tuple(t["key"])
+    if not all(isinstance(k, str) or (isinstance(k, int) and not isinstance(k, bool)) for k in key):
+        raise _bad(f"tensor key {t['key']!r} must hold strings and integers")
+    name = tree.render_path(key)
+    if t.get("kind") not in TENSOR_KINDS:
+        raise _bad(f"tensor {name}: unknown kind {t.get('kind')!r}")
+    try:
+        dt = lookup(t.get("dtype"))  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        raise _bad(f"tensor {name}: unknown dtype {t.get('dtype')!r}") from None
+    shape = _ints(t.get("shape"), f"shape of {name}")
+    chunks = t.get("chunks")
+    if not isinstance(chunks, list):
+        raise _bad(f"tensor {name}: chunks must be a list")
+    decoded = tuple(_decode_chunk(c, len(shape), dt.itemsize, block_size, name) for c in chunks)
+    total = 0
+    for c in decoded:
+        if any(o + s > g for o, s, g in zip(c.offsets, c.shape, shape)):
+            raise _bad(f"tensor {name}: chunk at {list(c.offsets)} lies outside shape {list(shape)}")
+        total += math.prod(c.shape)
+    if total != math.prod(shape):
+        raise _bad(f"tensor {name}: chunks hold {total} elements, shape needs {math.prod(shape)}")
+    return TensorEntry(key, t["kind"], dt.name, shape, decoded)
+
+
+def _check_byte_ranges(files: Sequence[FileEntry], tensors: Sequence[TensorEntry]) -> None:
+    by_file: dict[str, list[tuple[int, int, str]]] = {f.name: [] for f in files}
+    for t in tensors:
+        for c in t.chunks:
+            ranges = by_file.get(c.file)
+            if ranges is None:
+                raise _bad(f"tensor {tree.render_path(t.key)} names unknown file {c.file!r}")
+            ranges.append((c.offset, c.offset + c.nbytes, tree.render_path(t.key)))
+    for f in files:
+        prev_end, prev_key = f.data_start, "<header>"
+        for start, end, key in sorted(by_file[f.name]):
+            if start < prev_end:
+                raise _bad(f"byte range of {key} in {f.name} overlaps {prev_key}")
+            if end > f.size:
+                raise _bad(f"byte range of {key} ends at {end}, past the end of {f.name} ({f.size})")
+            if end > start:
+                prev_end, prev_key = end, key
+
+
+def decode_index(data: bytes) -> Index:
+    """Parses and validates index bytes; raises CorruptCheckpointError naming the problem."""
+    if len(data) > MAX_INDEX_BYTES:
+        raise _bad(f"index is {len(data)} bytes, more than the {MAX_INDEX_BYTES} allowed")
+    m = _TRAILER.search(data)
+    if m is None:
+        raise _bad("missing index_checksum trailer (truncated?)")
+    if crc32c(data[: m.start()]) != int(m.group(1), 16):
+        raise CorruptCheckpointError("index checksum mismatch", file=INDEX_NAME)
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise _bad(f"not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise _bad("top level must be an object")
+    version = raw.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CorruptCheckpointError(
+            f"unsupported format_version {version!r} (this shardsafe reads {FORMAT_VERSION})",
+            file=INDEX_NAME)
+    if raw.get("checksum") != ALGORITHM:
+        raise _bad(f"unknown checksum algorithm {raw.get('checksum')!r}")
+    block_size = _int(raw.get("block_size"), "block_size", 4096, 1 << 40)
+    files = _decode_files(raw.get("files"))
+    raw_tensors = raw.get("tensors")
+    if not isinstance(raw_tensors, list):
+        raise _bad("tensors must be a list")
+    tensors = tuple(_decode_tensor(t, block_size) for t in raw_tensors)
+    _check_byte_ranges(files, tensors)
+    node = raw.get("tree")
+    try:
+        leaves = list(tree.walk(node))
+    except (tree.TreeError, RecursionError) as e:
+        raise _bad(f"tree: {e}") from None
+    ids = [n["id"] for _, n in leaves if n["t"] == "tensor"]
+    if sorted(ids) != list(range(len(tensors))):
+        raise _bad("tree must reference every tensor entry exactly once")
+    for path, n in leaves:
+        if n["t"] == "tensor" and tensors[n["id"]].key != path:
+            raise _bad(f"tensor {n['id']} is keyed {tensors[n['id']].key!r} but sits at {path!r}")
+    metadata = raw.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise _bad("metadata must be an object")
+    created = raw.get("created", 0.0)
+    if not isinstance(created, (int, float)) or isinstance(created, bool):
+        raise _bad("created must be a number")
+    return Index(tree=node, tensors=tensors, files=files, block_size=block_size,
+                 world_size=_int(raw.get("world_size", 1), "world_size", 1, 1 << 31),
+                 created=float(created), metadata=metadata, library=str(raw.get("library", "")),
+                 format_version=version)

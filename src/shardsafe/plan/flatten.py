@@ -1,0 +1,125 @@
+"""Flatten a training state into a structure tree plus a list of tensor items.
+
+Stateful objects (anything with ``state_dict()`` and ``load_state_dict()``) are replaced
+by their state dict; containers become tree nodes; tensors become items. Anything that
+cannot be saved safely raises ``TypeError`` naming its key path: nothing is ever pickled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import tensors
+from ..format.tree import KeyPath, Node, encode_plain, render_path
+
+
+def is_stateful(x: Any) -> bool:
+    """True for objects following the ``state_dict()`` / ``load_state_dict()`` protocol."""
+    return (not isinstance(x, (Mapping, list, tuple)) and not tensors.is_tensor(x)
+            and callable(getattr(x, "state_dict", None))
+            and callable(getattr(x, "load_state_dict", None)))
+
+
+@dataclass(slots=True)
+class TensorItem:
+    """A tensor of the state as this process holds it.
+
+    Attributes:
+        id: Position in the index's tensor table (and the ``id`` of its tree node).
+        path: Key path in the state.
+        value: The local tensor/array (for a sharded tensor: this rank's shard).
+        kind: ``torch`` or ``numpy``.
+        dtype: Format dtype name.
+        shape: Global shape.
+        offsets: Position of ``value`` in the global tensor (zeros when not sharded).
+        replicated: True when every rank holds the same value (written once overall).
+    """
+
+    id: int
+    path: KeyPath
+    value: Any
+    kind: str
+    dtype: str
+    shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+    replicated: bool = True
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        return tensors.shape_of(self.value)
+
+    @property
+    def nbytes(self) -> int:
+        return tensors.nbytes_of(self.value)
+
+
+class _Flattener:
+    def __init__(self) -> None:
+        self.items: list[TensorItem] = []
+        self._active: set[int] = set()  # containers on the current path (cycle detection)
+
+    def node(self, x: Any, path: KeyPath) -> Node:
+        if tensors.is_tensor(x):
+            return self._tensor(x, path)
+        plain = encode_plain(x, path)
+        if plain is not None:
+            return plain
+        if id(x) in self._active:
+            raise TypeError(f"cycle in state at key path {render_path(path)!r}")
+        self._active.add(id(x))
+        try:
+            return self._container(x, path)
+        finally:
+            self._active.discard(id(x))
+
+    def _container(self, x: Any, path: KeyPath) -> Node:
+        if isinstance(x, Mapping):
+            keys, vals = [], []
+            for k, v in x.items():
+                if isinstance(k, bool) or not isinstance(k, (str, int)):
+                    raise TypeError(f"dict key {k!r} ({type(k).__name__}) at key path "
+                                    f"{render_path(path)!r} is not str or int")
+                keys.append(k if isinstance(k, str) else int(k))
+                vals.append(self.node(v, path + (k,)))
+            return {"t": "dict", "k": keys, "v": vals}
+        if isinstance(x, (list, tuple)):
+            return {"t": "tuple" if isinstance(x, tuple) else "list",
+                    "v": [self.node(v, path + (i,)) for i, v in enumerate(x)]}
+        if is_stateful(x):
+            sd = x.state_dict()
+            if not isinstance(sd, Mapping):
+                raise TypeError(f"{type(x).__name__}.state_dict() at key path {render_path(path)!r} "
+                                f"returned {type(sd).__name__}, not a mapping")
+            node = self._container(sd, path)
+            node["cls"] = f"{type(x).__module__}.{type(x).__qualname__}"
+            return node
+        raise TypeError(f"cannot save value of type {type(x).__module__}.{type(x).__qualname__} at "
+                        f"key path {render_path(path)!r}: only tensors, arrays, containers, plain "
+                        f"values and Stateful objects are saved (never pickled)")
+
+    def _tensor(self, x: Any, path: KeyPath) -> Node:
+        try:
+            tensors.check_supported(x)
+        except TypeError as e:
+            raise TypeError(f"cannot save tensor at key path {render_path(path)!r}: {e}") from None
+        shape = tensors.shape_of(x)
+        item = TensorItem(id=len(self.items), path=path, value=x, kind=tensors.kind_of(x),
+                          dtype=tensors.dtype_of(x).name, shape=shape, offsets=(0,) * len(shape))
+        self.items.append(item)
+        return {"t": "tensor", "id": item.id}
+
+
+def flatten(state: Mapping[str, Any]) -> tuple[Node, list[TensorItem]]:
+    """Returns the structure tree of ``state`` and its tensor items (in tree order).
+
+    Raises:
+        TypeError: ``state`` is not a mapping, or holds a value that cannot be saved
+            safely (the message names the key path).
+    """
+    if not isinstance(state, Mapping):
+        raise TypeError(f"state must be a mapping (dict), got {type(state).__name__}")
+    f = _Flattener()
+    root = f.node(state, ())
+    return root, f.items

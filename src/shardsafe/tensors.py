@@ -1,0 +1,131 @@
+"""What counts as a tensor, and raw byte views of tensors (torch is optional).
+
+Everything that touches ``torch`` for plain tensors lives here, so the rest of the
+package works with numpy alone. DTensor support lives in ``shardsafe.dtensor``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .format.dtypes import DType, from_numpy, lookup
+
+try:
+    import torch
+
+    HAVE_TORCH = True
+except ImportError:  # pragma: no cover - numpy-only installs
+    torch = None  # type: ignore[assignment]
+    HAVE_TORCH = False
+
+
+def is_torch_tensor(x: Any) -> bool:
+    return HAVE_TORCH and isinstance(x, torch.Tensor)
+
+
+def is_tensor(x: Any) -> bool:
+    """True for torch tensors and numpy arrays (numpy scalars are plain values)."""
+    return isinstance(x, np.ndarray) or is_torch_tensor(x)
+
+
+def kind_of(x: Any) -> str:
+    return "numpy" if isinstance(x, np.ndarray) else "torch"
+
+
+def torch_dtype_name(dt: Any) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+def dtype_of(x: Any) -> DType:
+    """The format DType of a tensor or array; TypeError if unsupported."""
+    if isinstance(x, np.ndarray):
+        return from_numpy(x.dtype)
+    return lookup(torch_dtype_name(x.dtype))
+
+
+def check_supported(x: Any) -> None:
+    """Raises TypeError (without a key path; the caller adds it) for unsavable tensors."""
+    if isinstance(x, np.ndarray):
+        if x.dtype.hasobject:
+            raise TypeError("numpy object arrays cannot be saved safely")
+        try:
+            dtype_of(x)
+        except TypeError as e:
+            raise TypeError(str(e)) from None
+        return
+    if x.layout != torch.strided:
+        raise TypeError(f"{x.layout} tensors are not supported (only strided/dense)")
+    if x.is_quantized or x.is_nested or x.device.type == "meta":
+        raise TypeError("quantized, nested and meta tensors are not supported")
+    try:
+        dtype_of(x)
+    except ValueError:
+        raise TypeError(f"dtype {x.dtype} is not supported") from None
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in x.shape)
+
+
+def nbytes_of(x: Any) -> int:
+    return math.prod(shape_of(x)) * dtype_of(x).itemsize
+
+
+def host_bytes(x: Any) -> np.ndarray:
+    """A flat uint8 view of the tensor's bytes in row-major order, on the host.
+
+    Copies only when needed (device tensors, non-contiguous tensors).
+    """
+    if isinstance(x, np.ndarray):
+        return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+    t = x.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def writable_bytes(x: Any) -> np.ndarray | None:
+    """A flat uint8 view of a tensor's own memory that can be written in place.
+
+    None when the tensor is not a contiguous host tensor (the caller then reads into a
+    temporary buffer and copies).
+    """
+    if isinstance(x, np.ndarray):
+        if x.flags.c_contiguous and x.flags.writeable:
+            return x.reshape(-1).view(np.uint8)
+        return None
+    if not is_torch_tensor(x) or x.device.type != "cpu" or not x.is_contiguous():
+        return None
+    if x.is_conj() or x.is_neg():
+        return None
+    return x.detach().reshape(-1).view(torch.uint8).numpy()
+
+
+def empty(kind: str, dtype: str, shape: tuple[int, ...]) -> tuple[Any, np.ndarray]:
+    """Allocates a new host tensor and returns ``(tensor, writable byte view)``."""
+    d = lookup(dtype)
+    if kind == "torch" and HAVE_TORCH:
+        t = torch.empty(shape, dtype=getattr(torch, d.name))
+        return t, t.reshape(-1).view(torch.uint8).numpy()
+    if d.numpy is None:
+        raise TypeError(f"dtype {dtype} needs torch to be loaded (numpy cannot represent it)")
+    a = np.empty(shape, dtype=d.numpy)
+    return a, a.reshape(-1).view(np.uint8)
+
+
+def copy_into(target: Any, source: Any) -> None:
+    """Copies ``source`` (a host tensor/array of the same shape and dtype) into ``target``."""
+    if isinstance(target, np.ndarray):
+        np.copyto(target, source if isinstance(source, np.ndarray) else source.numpy())
+        return
+    src = source if is_torch_tensor(source) else torch.from_numpy(np.asarray(source))
+    with torch.no_grad():
+        target.copy_(src)
