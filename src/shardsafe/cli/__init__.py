@@ -1,0 +1,54 @@
+"""The ``shardsafe`` command line. Each subcommand lives in its own module ``cli/<name>.py``
+exposing ``register(subparsers)``; that function adds a parser whose ``func(args) -> int``
+runs the command. Errors print one line and exit with a documented code (see README).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+
+# Exit codes (documented in README "Command line").
+EXIT_OK = 0
+EXIT_FAILED = 1       # the command ran and found a problem (verify: corruption; demo: states differ)
+EXIT_USAGE = 2        # bad arguments
+EXIT_NOT_FOUND = 3    # no committed checkpoint at the path
+EXIT_CORRUPT = 4      # the checkpoint is damaged
+
+COMMANDS: tuple[str, ...] = ()  # each helper appends its subcommand module name
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardsafe", description="Fast, safe checkpoints for training jobs.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug output")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"{__name__}.{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``shardsafe`` command; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except CheckpointNotFoundError as e:
+        print(f"shardsafe: error: {e}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    except CorruptCheckpointError as e:
+        print(f"shardsafe: corrupt checkpoint: {e}", file=sys.stderr)
+        return EXIT_CORRUPT
+    except (CheckpointError, OSError, ValueError, TypeError) as e:
+        print(f"shardsafe: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("shardsafe: interrupted", file=sys.stderr)
+        return 130
