@@ -103,6 +103,11 @@ class StagingArena:
             return list(self._buffers)
 
     @property
+    def buffers(self) -> tuple[HostBuffer, ...]:
+        """The buffers currently held (the ones the next same-layout save reuses)."""
+        return tuple(self._buffers)
+
+    @property
     def nbytes(self) -> int:
         """Bytes currently held."""
         return sum(b.nbytes for b in self._buffers)

@@ -183,12 +183,16 @@ class LocalStorage:
     """The POSIX filesystem backend.
 
     Args:
-        direct_io: Use ``O_DIRECT`` for aligned segments when the filesystem allows it.
+        direct_io: Use ``O_DIRECT`` for aligned segments when the filesystem allows it
+            (default: on unless the environment sets ``SHARDSAFE_DIRECT_IO=0``, e.g. for
+            network filesystems where direct I/O is slow).
     """
 
     atomic_rename = True
 
-    def __init__(self, *, direct_io: bool = True) -> None:
+    def __init__(self, *, direct_io: bool | None = None) -> None:
+        if direct_io is None:
+            direct_io = os.environ.get("SHARDSAFE_DIRECT_IO", "1") != "0"
         self.direct_io = direct_io and bool(_O_DIRECT)
 
     def join(self, *parts: str) -> str:
@@ -210,7 +214,7 @@ class LocalStorage:
             for i in range(0, len(b), SEGMENT):
                 jobs.append((b[i : i + SEGMENT], offset + i))
             offset += len(b)
-        w = self.open_writer(path, offset)
+        w = LocalFileWriter(path, offset, direct_io=self.direct_io)
         try:
             if len(jobs) <= 1:
                 for seg, off in jobs:
