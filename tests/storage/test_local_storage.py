@@ -34,7 +34,7 @@ def test_many_segments_written_in_parallel(tmp_path, monkeypatch) -> None:
     buf.array[:] = np.frombuffer(_payload(buf.nbytes), dtype=np.uint8)
     tail = _payload(777, 1)
     path = str(tmp_path / "f")
-    LocalStorage().write(path, [buf.view(), memoryview(tail)])
+    LocalStorage().write(path, [buf.view(0, buf.nbytes), memoryview(tail)])
     assert open(path, "rb").read() == buf.array.tobytes() + tail
     buf.close()
 
@@ -62,7 +62,7 @@ def test_tmpfs_without_direct_io_support() -> None:
         buf = HostBuffer(2 * 4096)
         buf.array[:] = 7
         path = os.path.join(d, "f")
-        LocalStorage().write(path, [buf.view()])
+        LocalStorage().write(path, [buf.view(0, buf.nbytes)])
         assert open(path, "rb").read() == b"\x07" * 8192
         buf.close()
 
