@@ -49,7 +49,8 @@ def test_every_single_byte_flip_in_tensor_data_is_caught(ckpt) -> None:
     for key, (off, n) in _chunk_ranges(ckpt).items():
         for pos in range(off, off + n):
             _flip(data, pos)
-            for load in (lambda: shardsafe.load(ckpt), lambda: shardsafe.load(ckpt, _target())):
+            for load in (lambda: shardsafe.load(ckpt), lambda: shardsafe.load(ckpt, _target()),
+                         lambda: shardsafe.load(ckpt, mmap=True)):
                 with pytest.raises(shardsafe.CorruptCheckpointError) as info:
                     load()
                 assert info.value.file == DATA and info.value.key == key
@@ -94,7 +95,8 @@ def test_truncated_data_file_names_file_and_key(ckpt, keep: int) -> None:
     data = os.path.join(ckpt, DATA)
     size = os.path.getsize(data)
     os.truncate(data, keep if keep >= 0 else size + keep)
-    for load in (lambda: shardsafe.load(ckpt), lambda: shardsafe.load(ckpt, _target())):
+    for load in (lambda: shardsafe.load(ckpt), lambda: shardsafe.load(ckpt, _target()),
+                 lambda: shardsafe.load(ckpt, mmap=True)):
         with pytest.raises(shardsafe.CorruptCheckpointError, match="truncated") as info:
             load()
         assert info.value.file == DATA
