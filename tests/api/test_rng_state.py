@@ -7,6 +7,7 @@ import random
 import subprocess
 
 import numpy as np
+import pytest
 import torch
 
 import shardsafe
@@ -73,3 +74,32 @@ def test_restored_in_a_new_process(tmp_path, subprocess_env, python) -> None:
     out = subprocess.run([python, "-c", script], env=subprocess_env, capture_output=True, text=True,
                          timeout=120, check=True)
     assert json.loads(out.stdout) == json.loads(json.dumps(expected))
+
+
+def test_keys_do_not_depend_on_the_machine() -> None:
+    # a checkpoint from a CPU machine must load strictly on a GPU machine and vice versa:
+    # the key set is fixed, absent generators are empty/None rather than missing keys
+    sd = shardsafe.RNGState().state_dict()
+    assert set(sd) == {"python", "numpy", "torch", "cuda"}
+    if not torch.cuda.is_available():
+        assert sd["cuda"] == []
+
+
+def test_checkpoint_from_a_gpu_machine_loads_on_a_cpu_machine(tmp_path) -> None:
+    sd = shardsafe.RNGState().state_dict()
+    sd["cuda"] = [torch.zeros(16, dtype=torch.uint8), torch.zeros(16, dtype=torch.uint8)]
+    path = str(tmp_path / "c")
+    shardsafe.save({"rng": sd}, path)
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    assert shardsafe.load(path, {"rng": shardsafe.RNGState()}) == shardsafe.LoadResult()
+
+
+def test_checkpoint_without_torch_generator_loads_strictly(tmp_path) -> None:
+    sd = shardsafe.RNGState().state_dict()
+    sd["torch"] = None  # as written by a numpy-only install
+    path = str(tmp_path / "c")
+    shardsafe.save({"rng": sd}, path)
+    before = torch.get_rng_state()
+    assert shardsafe.load(path, {"rng": shardsafe.RNGState()}) == shardsafe.LoadResult()
+    assert torch.equal(torch.get_rng_state(), before)
