@@ -324,3 +324,23 @@ def test_json_of_real_index_is_what_we_edit(base) -> None:
     with open(os.path.join(path, "index.json"), "rb") as f:
         assert seal(raw) == f.read()  # the harness re-seals byte-identically
     assert json.loads(seal(raw))["format_version"] == 1
+
+
+class NoBigReads(LocalStorage):
+    """Refuses (instead of performing) a whole-file read of anything over 1 MiB."""
+
+    def read(self, path: str) -> bytes:
+        assert self.size(path) < 1 << 20, f"read {path} of {self.size(path)} bytes"
+        return super().read(path)
+
+
+def test_huge_index_is_refused_before_it_is_read(tmp_path) -> None:
+    from shardsafe.format.index import MAX_INDEX_BYTES
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    with open(ckpt / "index.json", "wb") as f:
+        f.truncate(MAX_INDEX_BYTES + 1)  # sparse: no disk space, no memory
+    with pytest.raises(CorruptCheckpointError, match="index") as info:
+        read_index(NoBigReads(), str(ckpt))
+    assert info.value.file == "index.json"
