@@ -344,3 +344,16 @@ def test_huge_index_is_refused_before_it_is_read(tmp_path) -> None:
     with pytest.raises(CorruptCheckpointError, match="index") as info:
         read_index(NoBigReads(), str(ckpt))
     assert info.value.file == "index.json"
+
+
+def test_empty_chunks_may_sit_anywhere(tmp_path) -> None:
+    # FORMAT.md 9.6 constrains the byte ranges of non-empty chunks only: an empty chunk
+    # reads nothing, so a reader must not reject one at offset 0 or inside another range
+    path = str(tmp_path / "c")
+    shardsafe.save({"e": torch.zeros(0, 3), "f": torch.zeros(2, 0), "w": torch.ones(4)}, path)
+    raw = read_raw(path)
+    _chunk(raw, "e")["offset"] = 0
+    _chunk(raw, "f")["offset"] = _chunk(raw, "w")["offset"] + 4
+    write_raw(path, raw)
+    got = shardsafe.load(path)
+    assert got["e"].shape == (0, 3) and got["f"].shape == (2, 0) and torch.equal(got["w"], torch.ones(4))
