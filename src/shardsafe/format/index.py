@@ -269,7 +269,8 @@ def _check_byte_ranges(files: Sequence[FileEntry], tensors: Sequence[TensorEntry
             ranges = by_file.get(c.file)
             if ranges is None:
                 raise _bad(f"tensor {tree.render_path(t.key)} names unknown file {c.file!r}")
-            ranges.append((c.offset, c.offset + c.nbytes, tree.render_path(t.key)))
+            if c.nbytes:  # an empty chunk reads nothing: its offset constrains nothing (FORMAT.md 9.6)
+                ranges.append((c.offset, c.offset + c.nbytes, tree.render_path(t.key)))
     for f in files:
         prev_end, prev_key = f.data_start, "<header>"
         for start, end, key in sorted(by_file[f.name]):
@@ -277,8 +278,7 @@ def _check_byte_ranges(files: Sequence[FileEntry], tensors: Sequence[TensorEntry
                 raise _bad(f"byte range of {key} in {f.name} overlaps {prev_key}")
             if end > f.size:
                 raise _bad(f"byte range of {key} ends at {end}, past the end of {f.name} ({f.size})")
-            if end > start:
-                prev_end, prev_key = end, key
+            prev_end, prev_key = end, key
 
 
 def _reject_constant(name: str) -> Any:
