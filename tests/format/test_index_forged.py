@@ -213,6 +213,7 @@ CASES: list[tuple[str, Callable[[dict], None]]] = [
         1, {"t": "npscalar", "dtype": "float64", "v": "AAAA"}))),
     ("tree npscalar bfloat16", _tree(lambda t: t["v"].__setitem__(
         1, {"t": "npscalar", "dtype": "bfloat16", "v": "AAA="}))),
+    ("tree float overflows", _tree(lambda t: t["v"].__setitem__(1, {"t": "float", "v": 10**400}))),
     ("tree dict k/v lengths differ", _tree(lambda t: t["k"].append("extra"))),
     ("tree node not an object", _tree(lambda t: t["v"].__setitem__(1, 5))),
     ("tree tensor id bool", _tree(lambda t: t["v"].__setitem__(0, {"t": "tensor", "id": False}))),
