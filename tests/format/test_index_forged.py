@@ -310,6 +310,16 @@ def test_nan_literals_are_rejected(base) -> None:
         decode_index(body + b',"index_checksum":"crc32c:%08x"}\n' % crc32c(body))
 
 
+def test_overflowing_float_literal_is_rejected(base) -> None:
+    _, raw = base
+    text = seal(raw).replace(b'"metadata":{}', b'"metadata":{"x":1e400}', 1)
+    assert b"1e400" in text
+    body = text[: text.rindex(b',"index_checksum"')]
+    from forge_index import crc32c
+    with pytest.raises(CorruptCheckpointError):
+        decode_index(body + b',"index_checksum":"crc32c:%08x"}\n' % crc32c(body))
+
+
 def test_non_utf8_is_rejected(base) -> None:
     _, raw = base
     raw = edited(raw, _set("library", "PLACEHOLDER"))
