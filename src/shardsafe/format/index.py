@@ -281,6 +281,13 @@ def _check_byte_ranges(files: Sequence[FileEntry], tensors: Sequence[TensorEntry
             prev_end, prev_key = end, key
 
 
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):  # "1e400" would otherwise become inf, which the encoder never writes
+        raise ValueError(f"number {text} is out of range")
+    return v
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON (the encoder never writes it)")
 
@@ -295,7 +302,7 @@ def _parse(data: bytes) -> dict[str, Any]:
     if crc32c(data[: m.start()]) != int(m.group(1), 16):
         raise CorruptCheckpointError("index checksum mismatch", file=INDEX_NAME)
     try:
-        raw = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+        raw = json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
     except (ValueError, RecursionError) as e:
         raise _bad(f"not valid JSON: {e}") from None
     if not isinstance(raw, dict):
