@@ -155,3 +155,16 @@ def test_error_hierarchy() -> None:
         assert issubclass(cls, shardsafe.CheckpointError)
     e = shardsafe.CorruptCheckpointError("bad", file="f", key="k")
     assert str(e) == "bad | file='f' | key='k'" and (e.file, e.key) == ("f", "k")
+
+
+def test_errors_survive_pickling_across_processes() -> None:
+    # frameworks pickle exceptions to carry them between processes (multiprocessing, futures);
+    # the attributes must come back intact (pickle here is the test's, never shardsafe's)
+    import pickle
+
+    e = pickle.loads(pickle.dumps(shardsafe.CorruptCheckpointError("bad", file="f", key="k")))
+    assert (str(e), e.file, e.key) == ("bad | file='f' | key='k'", "f", "k")
+    m = pickle.loads(pickle.dumps(shardsafe.StateMismatchError(["a: x", "b: y"])))
+    assert m.problems == ["a: x", "b: y"] and "2 key path(s)" in str(m)
+    n = pickle.loads(pickle.dumps(shardsafe.CheckpointNotFoundError("no checkpoint at 'p'")))
+    assert str(n) == "no checkpoint at 'p'" and isinstance(n, FileNotFoundError)
