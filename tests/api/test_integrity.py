@@ -168,3 +168,21 @@ def test_errors_survive_pickling_across_processes() -> None:
     assert m.problems == ["a: x", "b: y"] and "2 key path(s)" in str(m)
     n = pickle.loads(pickle.dumps(shardsafe.CheckpointNotFoundError("no checkpoint at 'p'")))
     assert str(n) == "no checkpoint at 'p'" and isinstance(n, FileNotFoundError)
+
+
+def test_data_file_symlinked_outside_the_checkpoint_is_refused(ckpt, tmp_path) -> None:
+    # even with the right size and checksums, loading must not read outside the checkpoint
+    outside = tmp_path / "outside.bin"
+    os.replace(os.path.join(ckpt, DATA), outside)
+    os.symlink(outside, os.path.join(ckpt, DATA))
+    for load in (lambda: shardsafe.load(ckpt), lambda: shardsafe.load(ckpt, _target()),
+                 lambda: shardsafe.load(ckpt, mmap=True)):
+        with pytest.raises(shardsafe.CorruptCheckpointError) as info:
+            load()
+        assert info.value.file == DATA
+
+
+def test_checkpoint_directory_itself_may_be_a_symlink(ckpt, tmp_path) -> None:
+    link = tmp_path / "latest"
+    os.symlink(ckpt, link)
+    assert shardsafe.load(str(link))["n"] == 2
