@@ -62,7 +62,7 @@ def read_index(storage: Storage, path: str) -> Index:
                                          key=_first_key_beyond(index, f.name, 0)) from None
         if size != f.size:
             raise CorruptCheckpointError(f"data file has {size} bytes, index says {f.size} "
-                                         f"(truncated?)", file=f.name,
+                                         f"(truncated? a symlink?)", file=f.name,
                                          key=_first_key_beyond(index, f.name, size))
     return index
 
