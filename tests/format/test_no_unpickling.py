@@ -46,7 +46,6 @@ def test_no_pickle_and_no_unsafe_torch_load(name: str, text: str) -> None:
                 assert kw.get("weights_only") == "True", f"{name}:{node.lineno}: {fn} without weights_only=True"
             assert fn not in ("eval", "exec", "__import__"), f"{name}:{node.lineno}: {fn}"
     assert not re.search(r"allow_pickle\s*=\s*True", text), name  # np.load's own pickle switch
-    assert "__reduce__" not in text and "loads(" not in text.replace("json.loads(", ""), name
 
 
 def _forwards(handler: ast.ExceptHandler) -> bool:
