@@ -288,6 +288,14 @@ def _finite_float(text: str) -> float:
     return v
 
 
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # parsers disagree on which duplicate wins (first or last): refuse the ambiguity
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("duplicate member name in a JSON object")
+    return out
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON (the encoder never writes it)")
 
@@ -302,7 +310,8 @@ def _parse(data: bytes) -> dict[str, Any]:
     if crc32c(data[: m.start()]) != int(m.group(1), 16):
         raise CorruptCheckpointError("index checksum mismatch", file=INDEX_NAME)
     try:
-        raw = json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float)
+        raw = json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float,
+                         object_pairs_hook=_unique_members)
     except (ValueError, RecursionError) as e:
         raise _bad(f"not valid JSON: {e}") from None
     if not isinstance(raw, dict):
