@@ -19,6 +19,7 @@ from .errors import (
     CorruptCheckpointError,
     StateMismatchError,
 )
+from .manager import CheckpointManager, ManagerOptions
 from .rng import RNGState
 
 __all__ = [
@@ -27,6 +28,8 @@ __all__ = [
     "load",
     "LoadResult",
     "RNGState",
+    "CheckpointManager",
+    "ManagerOptions",
     "CheckpointError",
     "CorruptCheckpointError",
     "CheckpointNotFoundError",
