@@ -125,9 +125,3 @@ class ManagerOptions:
             raise ValueError("a read_only manager cannot handle preemption_signals (it never saves)")
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise ValueError(f"storage_options must be a mapping, got {self.storage_options!r}")
-
-    @property
-    def saves_by_schedule(self) -> bool:
-        """True when some rule other than ``force``/preemption can make a step due."""
-        return (self.save_interval_steps is not None or bool(self.save_on_steps)
-                or self.save_interval_seconds is not None)

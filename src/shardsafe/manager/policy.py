@@ -109,7 +109,8 @@ class BestN:
 
     def score(self, record: StepRecord) -> float:
         """``best_fn`` of the record's metrics, oriented so that larger is better."""
-        assert record.metrics is not None
+        if record.metrics is None:
+            raise ValueError(f"step {record.step} has no metrics to rank")
         try:
             value = float(self.best_fn(record.metrics))
         except (KeyError, IndexError, TypeError, ValueError) as e:
