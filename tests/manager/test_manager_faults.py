@@ -127,19 +127,20 @@ def test_sigterm_preemption_saves_and_resumes_exactly(tmp_path, python, subproce
         wait_for(pre_prog, lambda ln: any(x.startswith("step 13") for x in ln), proc)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
+        lines = read_progress(pre_prog)
+        preempted = [int(x.split()[1]) for x in lines if x.startswith("preempted ")]
+        assert len(preempted) == 1 and preempted[0] >= 13, lines[-4:]
+        with CheckpointManager(pre_dir, read_only=True) as ro:
+            assert ro.latest_step() == preempted[0]
+        # a new process resumes from exactly that step and ends where an uninterrupted run ends
+        subprocess.run([python, CHILD, "train", pre_dir, pre_prog, "--preempt", *common],
+                       env=subprocess_env, check=True, timeout=120)
+        assert ref.wait(timeout=120) == 0
     finally:
         for p in (proc, ref):
-            if p.poll() is None and p is proc:
+            if p.poll() is None:
                 p.kill()
-    lines = read_progress(pre_prog)
-    preempted = [int(x.split()[1]) for x in lines if x.startswith("preempted ")]
-    assert len(preempted) == 1 and preempted[0] >= 13, lines[-4:]
-    with CheckpointManager(pre_dir, read_only=True) as ro:
-        assert ro.latest_step() == preempted[0]
-    # a new process resumes from exactly that step and ends where an uninterrupted run ends
-    subprocess.run([python, CHILD, "train", pre_dir, pre_prog, "--preempt", *common],
-                   env=subprocess_env, check=True, timeout=120)
-    assert ref.wait(timeout=120) == 0
+                p.wait()
     resumed = read_progress(pre_prog)
     assert f"resumed {preempted[0]}" in resumed
     finals = [x for x in resumed if x.startswith("final ")]
