@@ -108,6 +108,7 @@ def test_sigkill_during_saves(tmp_path, python, subprocess_env) -> None:
 
 
 @pytest.mark.stress
+@pytest.mark.timeout(3600)
 def test_sigkill_during_saves_stress(tmp_path, python, subprocess_env) -> None:
     seed = int(time.time())
     debris = kill_cycles(str(tmp_path), 60, python, subprocess_env, seed=seed)

@@ -168,7 +168,7 @@ class CheckpointManager:
     def _initial_save_time(self) -> float:
         """Reference of ``save_interval_seconds``: the newest checkpoint's time, or now."""
         now = time.time()
-        if self._opts.save_interval_seconds is None:
+        if self._opts.save_interval_seconds is None or self._opts.read_only:
             return now
         committed = self._dir.committed()
         if not committed:
