@@ -157,12 +157,14 @@ def test_delete(tmp_path) -> None:
     with CheckpointManager(tmp_path) as mgr:
         for s in range(3):
             mgr.save(s, make_state(s))
-        mgr.delete(1)
+        mgr.delete(1)  # does not wait for step 2, which may still be in flight
+        mgr.wait_until_finished()
         assert mgr.all_steps() == [0, 2]
         with pytest.raises(CheckpointNotFoundError):
             mgr.delete(1)
-        mgr.delete(2)  # the newest, possibly still in flight before the call
-        assert mgr.all_steps() == [0]
+        mgr.save(3, make_state(3))
+        mgr.delete(3)  # in flight: waits for the commit, then deletes
+        assert mgr.all_steps() == [0, 2]
 
 
 def test_read_only_manager(tmp_path) -> None:

@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from ..api.load import load
+from ..engine.checkpointer import Checkpointer
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from ..storage import storage_for
 from . import saving
@@ -86,10 +87,12 @@ class CheckpointManager:
         self._last_started: int | None = None
         self._closed = False
         self._worker: ThreadPoolExecutor | None = None
+        self._saver: Checkpointer | None = None
         if not self._opts.read_only:
             storage.makedirs(spath)
             self._dir.remove_leftovers()
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="shardsafe-manager")
+            self._saver = Checkpointer()  # keeps its staging buffers from one save to the next
         self._last_save_time = self._initial_save_time()
         # installed last: a constructor that raised must not leave handlers behind
         self._watcher = PreemptionWatcher(self._opts.preemption_signals)
@@ -240,14 +243,15 @@ class CheckpointManager:
                                   f"step there is {latest} and steps must increase")
         now = time.time()
         url = self._dir.storage.join(self._url, step_name(step))
+        assert self._worker is not None and self._saver is not None
         try:
-            job = saving.start_save(state, url, metadata=manager_metadata(step, now, metrics),
+            job = saving.start_save(self._saver, state, url,
+                                    metadata=manager_metadata(step, now, metrics),
                                     storage_options=self._opts.storage_options,
                                     background=self._opts.async_save)
         except OSError as e:
             raise CheckpointError(f"saving step {step} to {url!r} failed: {e}") from e
         self._last_started, self._last_save_time = step, now
-        assert self._worker is not None
         self._inflight.step = step
         self._inflight.future = self._worker.submit(self._after_save, step, url, job)
         return True
@@ -422,6 +426,8 @@ class CheckpointManager:
             self._watcher.close()
             if self._worker is not None:
                 self._worker.shutdown(wait=True)
+            if self._saver is not None:
+                self._saver.close()  # frees the staging buffers; its saves were collected above
             self._finalizer.detach()
 
     def __enter__(self) -> CheckpointManager:
