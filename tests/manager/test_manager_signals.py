@@ -86,3 +86,11 @@ def test_handlers_need_the_main_thread(tmp_path) -> None:
     t.start()
     t.join()
     assert errors and "main thread" in str(errors[0])
+
+
+def test_failed_constructor_leaves_no_handler(tmp_path, previous_handler) -> None:
+    handler, _ = previous_handler
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(OSError):
+        CheckpointManager(tmp_path / "file" / "ckpt", preemption_signals=(SIG,))
+    assert signal.getsignal(SIG) == handler

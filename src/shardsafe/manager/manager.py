@@ -88,14 +88,19 @@ class CheckpointManager:
         self._closed = False
         self._worker: ThreadPoolExecutor | None = None
         self._saver: Checkpointer | None = None
-        if not self._opts.read_only:
-            storage.makedirs(spath)
-            self._dir.remove_leftovers()
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix="shardsafe-manager")
-            self._saver = Checkpointer()  # keeps its staging buffers from one save to the next
-        self._last_save_time = self._initial_save_time()
-        # installed last: a constructor that raised must not leave handlers behind
-        self._watcher = PreemptionWatcher(self._opts.preemption_signals)
+        self._watcher = PreemptionWatcher(self._opts.preemption_signals)  # main thread check first
+        built = False
+        try:
+            if not self._opts.read_only:
+                storage.makedirs(spath)
+                self._dir.remove_leftovers()
+                self._worker = ThreadPoolExecutor(1, thread_name_prefix="shardsafe-manager")
+                self._saver = Checkpointer()  # keeps its staging buffers from one save to the next
+            self._last_save_time = self._initial_save_time()
+            built = True
+        finally:
+            if not built:  # a constructor that raised must not leave handlers behind
+                self._watcher.close()
         self._finalizer = weakref.finalize(self, _report_uncollected, self._inflight)
 
     @classmethod
