@@ -153,6 +153,18 @@ def test_retention_error_reaches_the_caller(tmp_path) -> None:
     mgr.close()
 
 
+def test_uncollected_background_error_is_logged_at_exit(tmp_path, caplog) -> None:
+    mgr = CheckpointManager(tmp_path, max_to_keep=1, best_fn=lambda m: m["acc"])
+    mgr.save(1, make_state(1), metrics={"acc": 1.0})
+    mgr.save(2, make_state(2), metrics={"loss": 1.0})  # best_fn raises in the worker
+    while mgr._inflight.future is not None and not mgr._inflight.future.done():
+        time.sleep(0.01)
+    assert mgr._finalizer.atexit  # Python runs it at interpreter exit; run it now instead
+    with caplog.at_level(logging.ERROR, logger="shardsafe"):
+        mgr._finalizer()
+    assert "step 2 failed and nobody called wait_until_finished()" in caplog.text
+
+
 def test_delete(tmp_path) -> None:
     with CheckpointManager(tmp_path) as mgr:
         for s in range(3):
