@@ -165,6 +165,21 @@ def test_uncollected_background_error_is_logged_at_exit(tmp_path, caplog) -> Non
     assert "step 2 failed and nobody called wait_until_finished()" in caplog.text
 
 
+def test_damaged_index_does_not_stop_retention(tmp_path, caplog) -> None:
+    with CheckpointManager(tmp_path) as mgr:
+        mgr.save(1, make_state(1))
+        mgr.save(2, make_state(2))
+    with open(tmp_path / "step_00000001" / "index.json", "r+b") as f:
+        f.seek(20)
+        f.write(b"#")
+    with caplog.at_level(logging.WARNING, logger="shardsafe"):
+        with CheckpointManager(tmp_path, max_to_keep=2) as mgr:
+            mgr.save(3, make_state(3))
+            mgr.wait_until_finished()
+            assert mgr.all_steps() == [2, 3]
+    assert "step 1" in caplog.text and "damaged index" in caplog.text
+
+
 def test_delete(tmp_path) -> None:
     with CheckpointManager(tmp_path) as mgr:
         for s in range(3):

@@ -145,8 +145,8 @@ class CheckpointManager:
         """The committed step with the best ``best_fn`` (the latest step without ``best_fn``)."""
         if self._opts.best_fn is None:
             return self.latest_step()
-        records = [self._record(s, n) for s, n in self._dir.committed().items()]
-        return best_step(records, self._opts.best_fn, self._opts.best_mode)
+        return best_step(self._records_of(self._dir.committed()), self._opts.best_fn,
+                         self._opts.best_mode)
 
     def _record(self, step: int, name: str) -> StepRecord:
         # a committed step never changes, so a writer caches what it read; a reader does not
@@ -159,6 +159,28 @@ class CheckpointManager:
                 with self._lock:
                     self._records[(step, name)] = rec
         return rec
+
+    def _records_of(self, committed: Mapping[int, str]) -> list[StepRecord]:
+        """Records of listed steps, skipping steps deleted since the listing.
+
+        A step whose index is damaged gets a record without metrics (saved at time 0), so
+        one bad step cannot stop retention; ``restore`` reports the damage.
+        """
+        out = []
+        for step, name in committed.items():
+            try:
+                out.append(self._record(step, name))
+            except CheckpointNotFoundError:
+                continue
+            except CorruptCheckpointError as e:
+                log.warning("step %d in %s has a damaged index (%s); retention treats it as "
+                            "saved without metrics", step, self._url, e)
+                rec = StepRecord(step, 0.0, None)
+                if not self._opts.read_only:
+                    with self._lock:
+                        self._records[(step, name)] = rec
+                out.append(rec)
+        return out
 
     def _forget(self, step: int) -> None:
         with self._lock:
@@ -275,8 +297,7 @@ class CheckpointManager:
 
     def _apply_retention(self) -> None:
         committed = self._dir.committed()
-        records = [self._record(s, n) for s, n in committed.items()]
-        for s in steps_to_delete(records, self._policy):
+        for s in steps_to_delete(self._records_of(committed), self._policy):
             self._dir.delete(s, committed[s])
             self._forget(s)
             log.info("retention deleted step %d in %s", s, self._url)
