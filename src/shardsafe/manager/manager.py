@@ -24,11 +24,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
-from ..api.load import load
 from ..engine.checkpointer import Checkpointer
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from ..storage import storage_for
-from . import saving
+from . import recovery, saving
 from .options import ManagerOptions
 from .policy import StepRecord, best_step, policy_from_options, steps_to_delete
 from .preemption import PreemptionWatcher
@@ -373,57 +372,13 @@ class CheckpointManager:
             self.wait_until_finished()
         if step is not None:
             name = self._dir.committed().get(step, step_name(step))
-            self._load(step, name, state)
+            recovery.load_step(self._dir, self._url, step, name, state, self._opts.storage_options)
             return step
-        return self._restore_newest(state)
-
-    def _load(self, step: int, name: str, state: MutableMapping[str, Any]) -> None:
-        url = self._dir.storage.join(self._url, name)
-        so = dict(self._opts.storage_options) if self._opts.storage_options is not None else None
-        try:
-            load(url, state, storage_options=so)
-        except FileNotFoundError as e:
-            if isinstance(e, CheckpointNotFoundError):
-                raise
-            # a data file vanished after the index was read
-            raise CorruptCheckpointError(f"step {step}: data file is missing",
-                                         file=os.path.basename(e.filename or "") or None) from e
-        except CheckpointError as e:
-            e.add_note(f"shardsafe: while restoring step {step} from {url!r}")
-            raise
-        log.info("restored step %d from %s", step, url)
-
-    def _restore_newest(self, state: MutableMapping[str, Any]) -> int | None:
-        corrupt: dict[int, tuple[str, str]] = {}  # step -> (name, reason)
-        vanished: set[int] = set()
-        while True:
-            candidates = {s: n for s, n in self._dir.committed().items()
-                          if s not in corrupt and s not in vanished}
-            if not candidates:
-                break
-            step, name = max(candidates.items())
-            try:
-                self._load(step, name, state)
-            except CheckpointNotFoundError:
-                vanished.add(step)  # retention (ours or a trainer's) deleted it meanwhile
-                continue
-            except CorruptCheckpointError as e:
-                if step not in self._dir.committed():
-                    vanished.add(step)
-                    continue
-                if not self._opts.restore_fallback:
-                    raise
-                log.warning("step %d in %s failed verification, falling back to an older step: %s",
-                            step, self._url, e)
-                corrupt[step] = (name, str(e))
-                continue
-            self._set_aside(corrupt, step)
-            return step
-        if corrupt:
-            reasons = "; ".join(f"step {s}: {r}" for s, (_, r) in sorted(corrupt.items(), reverse=True))
-            raise CorruptCheckpointError(f"no committed step in {self._url!r} could be restored "
-                                         f"({reasons}); `state` may be partially overwritten")
-        return None
+        out = recovery.restore_newest(self._dir, self._url, state, fallback=self._opts.restore_fallback,
+                                      storage_options=self._opts.storage_options)
+        if out.step is not None:
+            self._set_aside(out.corrupt, out.step)
+        return out.step
 
     def _set_aside(self, corrupt: Mapping[int, tuple[str, str]], restored: int) -> None:
         if self._opts.read_only:
