@@ -40,6 +40,8 @@ def test_signal_makes_the_next_step_due(tmp_path, previous_handler) -> None:
         assert mgr.should_save(6)
         assert mgr.save(6, state)
         assert mgr.reached_preemption(6)
+        assert not mgr.should_save(7)  # one save answers the signal; the schedule resumes
+        assert mgr.reached_preemption(7)
         mgr.wait_until_finished()
         assert mgr.all_steps() == [0, 6]
     assert signal.getsignal(SIG) == handler  # restored on close

@@ -84,6 +84,7 @@ class CheckpointManager:
         self._records: dict[tuple[int, str], StepRecord] = {}
         self._inflight = _Inflight()
         self._last_started: int | None = None
+        self._saved_after_signal = False
         self._closed = False
         self._worker: ThreadPoolExecutor | None = None
         self._saver: Checkpointer | None = None
@@ -212,6 +213,10 @@ class CheckpointManager:
     def _preempted(self) -> bool:
         return self._watcher.received is not None
 
+    def _due_by_preemption(self) -> bool:
+        """A signal arrived and no save has started since (one save answers one signal)."""
+        return self._preempted() and not self._saved_after_signal
+
     def _latest_known(self) -> int | None:
         """Newest committed step, or the step being saved if that is newer."""
         latest = self.latest_step()
@@ -228,7 +233,7 @@ class CheckpointManager:
         """
         if self._opts.read_only or self._closed:
             return False
-        if not (self._preempted() or self._scheduled(step)):
+        if not (self._due_by_preemption() or self._scheduled(step)):
             return False
         latest = self._latest_known()
         return latest is None or step > latest
@@ -255,7 +260,7 @@ class CheckpointManager:
         self._check_writable("save")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
-        if not force and not (self._preempted() or self._scheduled(step)):
+        if not force and not (self._due_by_preemption() or self._scheduled(step)):
             return False
         encode_metrics(metrics)  # fail on bad metrics before waiting or writing anything
         self.wait_until_finished()
@@ -278,6 +283,7 @@ class CheckpointManager:
         except OSError as e:
             raise CheckpointError(f"saving step {step} to {url!r} failed: {e}") from e
         self._last_started, self._last_save_time = step, now
+        self._saved_after_signal = self._preempted()
         self._inflight.step = step
         self._inflight.future = self._worker.submit(self._after_save, step, url, job)
         return True
@@ -317,14 +323,16 @@ class CheckpointManager:
             self._inflight.step = None
 
     def reached_preemption(self, step: int) -> bool:
-        """True once a preemption signal has arrived and ``step`` has been saved.
+        """True once a preemption signal has arrived and a checkpoint answers it.
 
-        The loop then calls ``wait_until_finished()`` (or ``close()``) and exits. A signal
-        that arrives after ``save(step)`` made its decision yields False for that step, so
-        the loop runs one more step, whose ``save`` is then due.
+        That is: ``step`` itself was saved, or a save has started since the signal. The
+        loop then calls ``wait_until_finished()`` (or ``close()``) and exits. A signal that
+        arrives after ``save(step)`` decided not to save yields False for that step, so the
+        loop runs one more step, whose ``save`` is then due.
         """
-        return (self._preempted() and self._last_started is not None
-                and step <= self._last_started)
+        if not self._preempted() or self._last_started is None:
+            return False
+        return self._saved_after_signal or step <= self._last_started
 
     def delete(self, step: int) -> None:
         """Deletes ``step`` crash-safely (its index first, then its data).
