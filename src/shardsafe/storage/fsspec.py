@@ -186,6 +186,29 @@ class FsspecStorage:
         except FileNotFoundError:
             return False
 
+    def incomplete_uploads(self, path: str) -> list[tuple[str, str, float | None]]:
+        """Unfinished multipart uploads under ``path``: ``(key path, upload id, start time)``.
+
+        A save killed mid-upload leaves these behind; they are invisible to listings but
+        hold storage. Empty for filesystems other than S3.
+        """
+        if not self._s3:
+            return []
+        bucket, _, prefix = path.partition("/")
+        prefix = prefix.rstrip("/") + "/" if prefix else ""
+        out = []
+        for u in self.fs.list_multipart_uploads(bucket):
+            if u["Key"].startswith(prefix):
+                started = u.get("Initiated")
+                out.append((f"{bucket}/{u['Key']}", u["UploadId"],
+                            started.timestamp() if started is not None else None))
+        return out
+
+    def abort_upload(self, key_path: str, upload_id: str) -> None:
+        """Aborts an unfinished multipart upload (see ``incomplete_uploads``)."""
+        bucket, _, key = key_path.partition("/")
+        self.fs.abort_mpu(bucket, key, upload_id)
+
     # ------------------------------------------------------------------ namespace
     def makedirs(self, path: str) -> None:
         if not self._object_store:  # object stores have no directories to create
