@@ -60,6 +60,24 @@ def test_s3_load_in_place(s3) -> None:  # noqa: ANN001
     _assert_same(_state(), target)
 
 
+def test_s3_async_save_snapshots_state_and_commits(s3) -> None:  # noqa: ANN001
+    url, opts = s3.url + "/async", s3.storage_options
+    state = _state()
+    handle = shardsafe.async_save(state, url, storage_options=opts)
+    state["model"]["w"].add_(100.0)  # staging is done: changes after return are not saved
+    state["opt"]["step"] = 8
+    handle.result(timeout=120)
+    assert handle.done()
+    _assert_same(_state(), shardsafe.load(url, storage_options=opts))
+
+
+def test_s3_async_save_failure_reaches_result(s3) -> None:  # noqa: ANN001
+    url = f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/ckpt"
+    handle = shardsafe.async_save({"w": torch.ones(4)}, url, storage_options=s3.storage_options)
+    with pytest.raises((OSError, CheckpointError)):
+        handle.result(timeout=120)
+
+
 def test_memory_url_round_trip() -> None:
     url = f"memory://shardsafe-{uuid.uuid4().hex}/ckpt"
     shardsafe.save(_state(), url)
