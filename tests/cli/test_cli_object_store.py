@@ -27,6 +27,10 @@ def test_ls_info_verify_on_s3(cli, s3) -> None:  # noqa: ANN001
         ("step_00000003", "partial", 3)]
     assert records[1]["metrics"] == {"loss": 0.5}
 
+    # the AWS_* environment variables work instead of --storage-options
+    by_env = json.loads(cli("ls", run, "--json", env=s3.env).stdout)
+    assert [r["name"] for r in by_env] == [r["name"] for r in records]
+
     info = json.loads(cli("info", run + "/step_00000002", "--json", *o).stdout)
     assert {leaf["path"]: leaf["shape"] for leaf in info["leaves"] if leaf["type"] == "tensor"} == {
         "model.layer.weight": [8, 4], "model.layer.bias": [4], "table": [2, 3]}
