@@ -26,6 +26,8 @@ def test_ls_lists_steps_in_order_with_state_size_and_metrics(cli, tmp_path) -> N
     for step in (10, 2, 5):
         save_step(run, step)
     _partial(run, ".step_00000011.shardsafe-tmp-0123456789abcdef")
+    os.makedirs(os.path.join(run, "step_00000012"))  # a delete (index first) was interrupted
+    os.rename(save_step(str(tmp_path / "other"), 4), os.path.join(run, "step_00000004.corrupt"))
     os.makedirs(os.path.join(run, "tensorboard"))  # not a checkpoint: not listed
     proc = cli("ls", run)
     assert proc.returncode == 0, proc.stderr
@@ -33,10 +35,12 @@ def test_ls_lists_steps_in_order_with_state_size_and_metrics(cli, tmp_path) -> N
     assert lines[0].split() == ["NAME", "STATE", "STEP", "SIZE", "TIME", "METRICS"]
     rows = [line.split() for line in lines[1:]]
     assert [(r[0], r[1], r[2]) for r in rows] == [
-        ("step_00000002", "committed", "2"), ("step_00000005", "committed", "5"),
-        ("step_00000010", "committed", "10"),
-        (".step_00000011.shardsafe-tmp-0123456789abcdef", "partial", "11")]
-    assert rows[0][-1] == "loss=0.5" and rows[2][-1] == "loss=0.1"
+        ("step_00000002", "committed", "2"), ("step_00000004.corrupt", "corrupt", "4"),
+        ("step_00000005", "committed", "5"), ("step_00000010", "committed", "10"),
+        (".step_00000011.shardsafe-tmp-0123456789abcdef", "partial", "11"),
+        ("step_00000012", "partial", "12")]
+    assert rows[0][-1] == "loss=0.5" and rows[3][-1] == "loss=0.1"
+    assert rows[1][-1] == "damaged"  # "set aside as damaged"
     assert "tensorboard" not in proc.stdout
     assert proc.stderr == ""
 

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..engine.commit import TMP_MARKER, is_committed, is_temporary, read_index
@@ -24,6 +24,7 @@ from ..storage import LocalStorage, Storage, storage_for
 STEP_DIR = re.compile(r"^step_(\d+)$")  # the manager's step directories (step_00000042)
 DATA_FILE = re.compile(r"^data-r\d+-\d+\.safetensors$")
 MANAGER_KEY = "shardsafe.manager"  # where the manager keeps step/metrics in index metadata
+QUARANTINED = re.compile(r"\.corrupt(\.\d+)?$")  # the manager sets damaged steps aside as step_N.corrupt
 
 
 def add_storage_options(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +72,6 @@ class Entry:
     state: str
     index: Index | None = None
     error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def step(self) -> int | None:
@@ -80,7 +80,7 @@ class Entry:
             md = self.index.metadata.get(MANAGER_KEY)
             if isinstance(md, dict) and isinstance(md.get("step"), int):
                 return md["step"]
-        m = STEP_DIR.match(_final_name(self.name))
+        m = STEP_DIR.match(QUARANTINED.sub("", _final_name(self.name)))
         return int(m.group(1)) if m else None
 
     @property
@@ -105,14 +105,17 @@ def _classify(storage: Storage, parent: str, name: str) -> Entry | None:
     path = storage.join(parent, name)
     if is_temporary(name):
         return Entry(name, path, "partial")
+    if QUARANTINED.search(name):
+        return Entry(name, path, "corrupt", error="set aside as damaged")
     if is_committed(storage, path):
         try:
             return Entry(name, path, "committed", index=read_index(storage, path))
         except CheckpointError as e:
             return Entry(name, path, "corrupt", error=str(e))
     # object stores write data under the final prefix: data files without an index are a
-    # save that has not committed (or never will); other directories are not ours
-    if any(DATA_FILE.match(n) for n in storage.list(path)):
+    # save that has not committed (or never will); so is a step directory without an
+    # index (a delete, index first, was interrupted). Other directories are not ours.
+    if STEP_DIR.match(name) or any(DATA_FILE.match(n) for n in storage.list(path)):
         return Entry(name, path, "partial")
     return None
 
