@@ -63,6 +63,9 @@ def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bo
         CorruptCheckpointError: A checksum fails or a file is truncated/malformed.
         StateMismatchError: ``strict`` and the target's keys, shapes or dtypes differ.
     """
+    if state is not None and not isinstance(state, MutableMapping):
+        raise TypeError(f"state must be a mutable mapping (dict) to load into, got {type(state).__name__}; "
+                        f"wrap it: load(path, {{'model': model}})")
     storage, spath = storage_for(path, storage_options)
     index = read_index(storage, spath)
     if mmap:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from ..format import INDEX_NAME
-from ..format.index import Index, decode_index
+from ..format.index import MAX_INDEX_BYTES, Index, decode_index
+from ..format.tree import render_path
 from ..storage.base import Storage
 
 TMP_MARKER = ".shardsafe-tmp-"
@@ -42,8 +43,13 @@ def read_index(storage: Storage, path: str) -> Index:
         CheckpointNotFoundError: ``path`` holds no committed checkpoint.
         CorruptCheckpointError: the index is damaged or a data file is truncated.
     """
+    index_path = storage.join(path, INDEX_NAME)
     try:
-        data = storage.read(storage.join(path, INDEX_NAME))
+        # size first: a forged multi-GB index must not be read into memory to be refused
+        if storage.size(index_path) > MAX_INDEX_BYTES:
+            raise CorruptCheckpointError(f"index is larger than the {MAX_INDEX_BYTES} bytes allowed",
+                                         file=INDEX_NAME)
+        data = storage.read(index_path)
     except (FileNotFoundError, NotADirectoryError):
         raise CheckpointNotFoundError(f"no committed checkpoint at {path!r} "
                                       f"(no {INDEX_NAME})") from None
@@ -52,11 +58,22 @@ def read_index(storage: Storage, path: str) -> Index:
         try:
             size = storage.size(storage.join(path, f.name))
         except FileNotFoundError:
-            raise CorruptCheckpointError("data file is missing", file=f.name) from None
+            raise CorruptCheckpointError("data file is missing", file=f.name,
+                                         key=_first_key_beyond(index, f.name, 0)) from None
         if size != f.size:
             raise CorruptCheckpointError(f"data file has {size} bytes, index says {f.size} "
-                                         f"(truncated?)", file=f.name)
+                                         f"(truncated? a symlink?)", file=f.name,
+                                         key=_first_key_beyond(index, f.name, size))
     return index
+
+
+def _first_key_beyond(index: Index, file: str, size: int) -> str | None:
+    """The first key with bytes at or past ``size`` in ``file`` (what a truncation lost)."""
+    for t in index.tensors:
+        for c in t.chunks:
+            if c.file == file and c.offset + c.nbytes > size:
+                return render_path(t.key)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +131,9 @@ def finish(txn: Transaction, index_bytes: bytes) -> None:
         s.rename(txn.workdir, txn.final, exchange=True)
         s.delete(txn.workdir)  # now holds the replaced checkpoint
     else:
-        if s.exists(txn.final):  # an empty directory the user created
-            s.delete(txn.final)
+        # rename(2) replaces an empty directory the user created, and fails (ENOTDIR,
+        # ENOTEMPTY) on a file or on anything that appeared since plan_transaction:
+        # never delete what is at the final path.
         s.rename(txn.workdir, txn.final)
 
 
