@@ -146,6 +146,11 @@ class BouncePool:
             self._made += 1
         return HostBuffer(self.size)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated (in use or idle)."""
+        return self._made * self.size
+
     def release(self, buf: HostBuffer) -> None:
         with self._cond:
             self._free.append(buf)
