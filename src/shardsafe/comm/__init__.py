@@ -1,0 +1,45 @@
+"""Talking to the other ranks: the only package that touches torch.distributed.
+
+``get_comm()`` picks the implementation: ``TorchComm`` over a process group when
+torch.distributed is initialised with more than one rank (or a group is passed), and
+``SingleProcessComm`` otherwise, so world size 1 needs no process group at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Channel, Comm, LocalChannel, SingleProcessComm
+
+
+def distributed_active(process_group: Any = None) -> bool:
+    """True when saves and loads must be collective (an initialised group of > 1 rank)."""
+    if process_group is not None:
+        return True
+    try:
+        import torch.distributed as dist
+    except ImportError:  # numpy-only install
+        return False
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def get_comm(process_group: Any = None) -> Comm:
+    """The Comm for ``process_group`` (default group when None; single process without one)."""
+    if not distributed_active(process_group):
+        return SingleProcessComm()
+    from .torch_comm import TorchComm  # imports torch.distributed only when it is in use
+
+    return TorchComm(process_group)
+
+
+def global_rank() -> int:
+    """This process's rank in the default group (0 without torch.distributed)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return 0
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+__all__ = ["Channel", "Comm", "LocalChannel", "SingleProcessComm", "distributed_active",
+           "get_comm", "global_rank"]
