@@ -21,12 +21,23 @@ from .errors import (
 )
 from .rng import RNGState
 
+
+def __getattr__(name: str):  # noqa: ANN202 - PEP 562 lazy attribute
+    # imported lazily: it needs torch.distributed, which ``import shardsafe`` must not
+    if name == "ModelOptimizerState":
+        from .model_state import ModelOptimizerState
+
+        return ModelOptimizerState
+    raise AttributeError(f"module 'shardsafe' has no attribute {name!r}")
+
+
 __all__ = [
     "__version__",
     "save",
     "load",
     "LoadResult",
     "RNGState",
+    "ModelOptimizerState",
     "CheckpointError",
     "CorruptCheckpointError",
     "CheckpointNotFoundError",

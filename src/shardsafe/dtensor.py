@@ -91,3 +91,16 @@ def local_shard(x: Any, key: str = "<tensor>") -> LocalShard:
     holders = holders_of(mesh.mesh.cpu(), list(coordinate), replicated)
     return LocalShard(local, tuple(int(o) for o in offsets), tuple(int(s) for s in shape),
                       global_shape, holders)
+
+
+def target_region(x: Any) -> tuple[Any, tuple[int, ...], tuple[int, ...]]:
+    """Where a load target's memory sits in the global tensor: ``(tensor, offsets, shape)``.
+
+    For a DTensor: its local tensor and box (so a rank reads only its own region); for
+    anything else: the tensor itself, covering the whole.
+    """
+    if is_dtensor(x):
+        box = local_shard(x)
+        return box.local, box.offsets, box.shape
+    shape = tuple(int(s) for s in x.shape)
+    return x, (0,) * len(shape), shape

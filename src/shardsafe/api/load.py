@@ -7,7 +7,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import tensors
+from .. import dtensor, tensors
 from ..engine.commit import read_index
 from ..engine.reader import Reader, ReadJob
 from ..errors import StateMismatchError
@@ -31,17 +31,18 @@ def _read(reader: Reader, targets: list[TensorTarget]) -> None:
     jobs: list[ReadJob] = []
     for tt in targets:
         e = tt.entry
-        full = tuple(0 for _ in e.shape)
-        dest = tensors.writable_bytes(tt.target)
+        # a DTensor target reads only its own box of the global tensor
+        target, offsets, shape = dtensor.target_region(tt.target)
+        dest = tensors.writable_bytes(target)
         if dest is not None:
-            jobs.append(ReadJob(e, dest, full, e.shape))
+            jobs.append(ReadJob(e, dest, offsets, shape))
             continue
-        tmp, tmp_bytes = tensors.empty(e.kind, e.dtype, e.shape)  # device / strided target
+        tmp, tmp_bytes = tensors.empty(e.kind, e.dtype, shape)  # device / strided target
 
-        def done(target: Any = tt.target, tmp: Any = tmp) -> None:
+        def done(target: Any = target, tmp: Any = tmp) -> None:
             tensors.copy_into(target, tmp)
 
-        jobs.append(ReadJob(e, tmp_bytes, full, e.shape, done))
+        jobs.append(ReadJob(e, tmp_bytes, offsets, shape, done))
     reader.run(jobs)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import __version__
+from ..comm import distributed_active, get_comm
 from ..engine import commit, staging
 from ..engine.buffers import HostBuffer
 from ..format import index as fmt
@@ -16,6 +17,7 @@ from ..format.tree import Node
 from ..plan.flatten import TensorItem, flatten
 from ..plan.layout import FilePlan, chunk_entries, data_file_name, plan_file
 from ..storage import Storage, storage_for
+from . import collective
 
 log = logging.getLogger("shardsafe")
 
@@ -87,7 +89,8 @@ def stage_all(prep: PreparedSave) -> list[HostBuffer]:
 
 
 def save(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
-         metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None) -> None:
+         metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
+         process_group: Any = None, timeout: float | None = None) -> None:
     """Saves ``state`` to ``path`` and returns once the checkpoint is committed and durable.
 
     Args:
@@ -96,11 +99,21 @@ def save(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
         overwrite: Replace an existing committed checkpoint (atomically where possible).
         metadata: JSON-serialisable user metadata stored in the index.
         storage_options: Passed to fsspec for URLs.
+        process_group: With torch.distributed initialised, the save is collective over
+            this group (default: the world group); every rank must call it.
+        timeout: Seconds a rank of a collective save waits for the others before
+            raising CheckpointTimeoutError (default ``SHARDSAFE_TIMEOUT`` or 600).
 
     Raises:
         TypeError: A value cannot be saved safely (the message names its key path).
-        CheckpointError: The path holds something that must not be overwritten.
+        CheckpointError: The path holds something that must not be overwritten, or
+            another rank of a collective save failed.
+        CheckpointTimeoutError: Another rank did not answer within ``timeout``.
     """
+    if distributed_active(process_group):
+        collective.save(state, path, get_comm(process_group), overwrite=overwrite,
+                        metadata=metadata, storage_options=storage_options, timeout=timeout)
+        return
     prep = prepare(state, path, overwrite=overwrite, metadata=metadata,
                    storage_options=storage_options)
     buffers = stage_all(prep)

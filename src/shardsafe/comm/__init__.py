@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Channel, Comm, LocalChannel, SingleProcessComm
+from .base import Channel, Comm, LocalChannel, SingleProcess, SingleProcessComm
 
 
 def distributed_active(process_group: Any = None) -> bool:
@@ -41,5 +41,5 @@ def global_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-__all__ = ["Channel", "Comm", "LocalChannel", "SingleProcessComm", "distributed_active",
+__all__ = ["Channel", "Comm", "LocalChannel", "SingleProcess", "SingleProcessComm", "distributed_active",
            "get_comm", "global_rank"]

@@ -15,10 +15,11 @@ Two kinds of exchange exist, on purpose:
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..errors import CheckpointTimeoutError
 
@@ -45,18 +46,27 @@ class Channel(Protocol):
         """Removes ``key`` if present (frees store memory)."""
         ...
 
-    def gather(self, key: str, value: bytes, timeout: float, dst: int = 0) -> list[bytes] | None:
+    def add(self, key: str, amount: int) -> int:
+        """Atomically adds ``amount`` to the counter ``key`` (0 if absent); returns the sum."""
+        ...
+
+    def gather(self, key: str, value: bytes, timeout: float,
+               dst: int = 0) -> list[bytes | None] | None:
         """Sends ``value`` to rank ``dst``; there returns every rank's value (rank order).
 
-        Raises:
-            CheckpointTimeoutError: on ``dst``, some rank did not send in time (the
-                message names the missing ranks).
+        On ``dst`` the list holds None for each rank that did not send within
+        ``timeout`` (the caller decides what that means); elsewhere returns None.
         """
         ...
 
 
 class Comm(Protocol):
-    """Collectives over a group of ranks, on bytes (never pickled objects)."""
+    """Collectives over a group of ranks.
+
+    The primitives move bytes (never pickled objects); ``gather`` and ``broadcast``
+    carry JSON-like values over them (with more than one rank, values come back as
+    JSON decodes them: tuples become lists).
+    """
 
     rank: int
     world_size: int
@@ -65,12 +75,20 @@ class Comm(Protocol):
         """Blocks until every rank of the group arrives."""
         ...
 
-    def gather(self, data: bytes, dst: int = 0) -> list[bytes] | None:
+    def gather_bytes(self, data: bytes, dst: int = 0) -> list[bytes] | None:
         """Every rank's ``data`` on rank ``dst`` (rank order); None elsewhere."""
         ...
 
-    def broadcast(self, data: bytes | None, src: int = 0) -> bytes:
+    def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
         """``data`` of rank ``src``, returned on every rank."""
+        ...
+
+    def gather(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        """Every rank's JSON-like ``obj`` on rank ``dst`` (rank order); None elsewhere."""
+        ...
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """The JSON-like ``obj`` of rank ``src``, returned on every rank."""
         ...
 
     def channel(self, namespace: str) -> Channel:
@@ -82,41 +100,87 @@ class Comm(Protocol):
         ...
 
 
+def to_json(obj: Any) -> bytes:
+    """JSON bytes of a value sent between ranks (NaN/inf allowed: they are Python's)."""
+    return json.dumps(obj, separators=(",", ":")).encode("utf-8")
+
+
+def from_json(data: bytes) -> Any:
+    return json.loads(data.decode("utf-8"))
+
+
+class JsonCollectives:
+    """``gather``/``broadcast`` of JSON-like values over the byte primitives."""
+
+    rank: int
+
+    def gather_bytes(self, data: bytes, dst: int = 0) -> list[bytes] | None:
+        raise NotImplementedError
+
+    def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
+        raise NotImplementedError
+
+    def gather(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        out = self.gather_bytes(to_json(obj), dst)
+        return None if out is None else [from_json(b) for b in out]
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return from_json(self.broadcast_bytes(to_json(obj) if self.rank == src else None, src))
+
+
 def _missing(ranks: Sequence[int]) -> str:
     shown = ", ".join(map(str, ranks[:16]))
     return shown + (f" and {len(ranks) - 16} more" if len(ranks) > 16 else "")
 
 
-def poll_gather(channel: Channel, key: str, value: bytes, timeout: float, dst: int,
-                have: Callable[[list[str]], list[bool]],
-                fetch: Callable[[str], bytes]) -> list[bytes] | None:
-    """Shared gather logic: everyone sets ``key/<rank>``; ``dst`` polls until all are there.
+def poll_until(have: Callable[[list[str]], list[bool]], keys: list[str],
+               timeout: float) -> list[bool]:
+    """Polls ``have`` until every key is present or ``timeout`` passes; returns presence.
 
     Polling (rather than a blocking store wait) keeps the store connection free for
     other threads and never leaves a timed-out request behind on the socket.
     """
+    deadline = time.monotonic() + timeout
+    present = [False] * len(keys)
+    pending = list(range(len(keys)))
+    delay = 0.0005
+    while True:
+        found = have([keys[i] for i in pending])
+        for i, ok in zip(pending, found):
+            present[i] = ok
+        pending = [i for i in pending if not present[i]]
+        if not pending or time.monotonic() >= deadline:
+            return present
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+def poll_gather(channel: Channel, key: str, value: bytes, timeout: float, dst: int,
+                have: Callable[[list[str]], list[bool]],
+                fetch: Callable[[str], bytes]) -> list[bytes | None] | None:
+    """Shared gather logic: everyone sets ``key/<rank>``; ``dst`` polls until all are there."""
     channel.set(f"{key}/{channel.rank}", value)
     if channel.rank != dst:
         return None
     keys = [f"{key}/{r}" for r in range(channel.world_size)]
-    deadline = time.monotonic() + timeout
-    pending = list(range(channel.world_size))
-    delay = 0.0005
-    while True:
-        present = have([keys[r] for r in pending])
-        pending = [r for r, ok in zip(pending, present) if not ok]
-        if not pending:
-            break
-        if time.monotonic() >= deadline:
-            raise CheckpointTimeoutError(
-                f"waited {timeout:g} s for rank(s) {_missing(pending)} of {channel.world_size} "
-                f"(key {key!r}): a rank died, raised, or is much slower")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
-    out = [fetch(k) for k in keys]
-    for k in keys:
-        channel.delete(k)
+    present = poll_until(have, keys, timeout)
+    out = [fetch(k) if ok else None for k, ok in zip(keys, present)]
+    for k, ok in zip(keys, present):
+        if ok:
+            channel.delete(k)
     return out
+
+
+def missing_ranks(values: Sequence[bytes | None]) -> list[int]:
+    """Ranks whose entry of a channel gather is None (they did not send in time)."""
+    return [r for r, v in enumerate(values) if v is None]
+
+
+def timeout_error(what: str, timeout: float, missing: Sequence[int], world_size: int) -> CheckpointTimeoutError:
+    """The error for ranks that did not answer within ``timeout``."""
+    return CheckpointTimeoutError(
+        f"waited {timeout:g} s for rank(s) {_missing(missing)} of {world_size} ({what}): a rank "
+        f"died, raised, or is much slower")
 
 
 class LocalChannel:
@@ -153,13 +217,24 @@ class LocalChannel:
         with self._cond:
             return [k in self._data for k in keys]
 
-    def gather(self, key: str, value: bytes, timeout: float, dst: int = 0) -> list[bytes] | None:
+    def add(self, key: str, amount: int) -> int:
+        with self._cond:
+            value = int(self._data.get(key, b"0")) + amount
+            self._data[key] = str(value).encode()
+            self._cond.notify_all()
+            return value
+
+    def gather(self, key: str, value: bytes, timeout: float,
+               dst: int = 0) -> list[bytes | None] | None:
         return poll_gather(self, key, value, timeout, dst, self._have,
                            lambda k: self.get(k, timeout))
 
 
 class SingleProcessComm:
-    """World size 1 without any process group: collectives are identities."""
+    """World size 1 without any process group: collectives are identities.
+
+    ``gather``/``broadcast`` return the very objects given (no JSON round trip).
+    """
 
     rank = 0
     world_size = 1
@@ -167,16 +242,25 @@ class SingleProcessComm:
     def barrier(self) -> None:
         return None
 
-    def gather(self, data: bytes, dst: int = 0) -> list[bytes] | None:
+    def gather_bytes(self, data: bytes, dst: int = 0) -> list[bytes] | None:
         return [bytes(data)]
 
-    def broadcast(self, data: bytes | None, src: int = 0) -> bytes:
+    def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
         if data is None:
             raise ValueError("broadcast from the only rank needs data")
         return bytes(data)
+
+    def gather(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        return [obj]
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return obj
 
     def channel(self, namespace: str) -> Channel:
         return LocalChannel()
 
     def group_rank(self, global_rank: int) -> int:
         return 0 if global_rank == 0 else -1
+
+
+SingleProcess = SingleProcessComm  # the name the save pipeline's seam first used

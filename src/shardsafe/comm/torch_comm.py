@@ -8,7 +8,6 @@ torch.distributed. Messages are bytes carried in uint8 tensors; nothing is pickl
 from __future__ import annotations
 
 import struct
-import time
 
 import numpy as np
 import torch
@@ -16,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from ..errors import CheckpointError, CheckpointTimeoutError
-from .base import Channel, poll_gather
+from .base import Channel, JsonCollectives, poll_gather, poll_until
 
 _LEN = struct.Struct("<Q")
 
@@ -63,15 +62,16 @@ class StoreChannel:
             raise _store_error(e, key) from None
 
     def get(self, key: str, timeout: float) -> bytes:
-        deadline = time.monotonic() + timeout
-        delay = 0.0005
-        while not self._have([key])[0]:
-            if time.monotonic() >= deadline:
-                raise CheckpointTimeoutError(f"waited {timeout:g} s for {key!r} from another rank: "
-                                             f"a rank died, raised, or is much slower")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+        if not poll_until(self._have, [key], timeout)[0]:
+            raise CheckpointTimeoutError(f"waited {timeout:g} s for {key!r} from another rank: "
+                                         f"a rank died, raised, or is much slower")
         return self._fetch(key)
+
+    def add(self, key: str, amount: int) -> int:
+        try:
+            return int(self.store.add(key, amount))
+        except dist.DistError as e:
+            raise _store_error(e, key) from None
 
     def delete(self, key: str) -> None:
         try:
@@ -79,11 +79,12 @@ class StoreChannel:
         except dist.DistError as e:
             raise _store_error(e, key) from None
 
-    def gather(self, key: str, value: bytes, timeout: float, dst: int = 0) -> list[bytes] | None:
+    def gather(self, key: str, value: bytes, timeout: float,
+               dst: int = 0) -> list[bytes | None] | None:
         return poll_gather(self, key, value, timeout, dst, self._have, self._fetch)
 
 
-class TorchComm:
+class TorchComm(JsonCollectives):
     """Collectives over ``process_group`` (default: the world group) on byte strings.
 
     Args:
@@ -115,7 +116,7 @@ class TorchComm:
     def _global(self, group_rank: int) -> int:
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
 
-    def broadcast(self, data: bytes | None, src: int = 0) -> bytes:
+    def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
         if self.rank == src and data is None:
             raise ValueError("the broadcast source must provide data")
         n = torch.tensor([len(data) if self.rank == src else 0],  # type: ignore[arg-type]
@@ -131,7 +132,7 @@ class TorchComm:
             dist.broadcast(buf, self._global(src), group=self.group)
         return bytes(data) if self.rank == src else buf.cpu().numpy().tobytes()
 
-    def gather(self, data: bytes, dst: int = 0) -> list[bytes] | None:
+    def gather_bytes(self, data: bytes, dst: int = 0) -> list[bytes] | None:
         # every rank's buffer must have the same length: agree on the longest, and carry
         # each real length in an 8-byte prefix
         n = torch.tensor([len(data) + _LEN.size], dtype=torch.int64, device=self.device)
