@@ -13,19 +13,23 @@ from ..format.checksum import crc32c
 from ..format.dtypes import lookup
 from ..format.index import ChunkEntry, Index, TensorEntry
 from ..format.tree import render_path
-from ..plan.load_plan import CoverageError, Piece, pieces_for
+from ..plan.load_plan import CoverageError, Piece, block_span, byte_span, pieces_for
 from ..storage.base import Storage
 from ..storage.local import io_pool
 
 
-def verify(chunk: ChunkEntry, data: memoryview, block_size: int, key: str) -> None:
-    """Raises CorruptCheckpointError if ``data`` (the whole chunk) fails its checksums."""
+def verify(chunk: ChunkEntry, data: memoryview, block_size: int, key: str,
+           first_block: int = 0) -> None:
+    """Raises CorruptCheckpointError if ``data`` fails its checksums.
+
+    ``data`` is the whole chunk, or (partial reads) whole blocks from ``first_block`` on.
+    """
     n = len(data)
     if n == 0:
         blocks = [data]
     else:
         blocks = [data[i : i + block_size] for i in range(0, n, block_size)]
-    for i, (blk, want) in enumerate(zip(blocks, chunk.checksums)):
+    for i, (blk, want) in enumerate(zip(blocks, chunk.checksums[first_block:]), first_block):
         if crc32c(blk) != want:
             raise CorruptCheckpointError(
                 f"checksum mismatch in block {i} (bytes {chunk.offset + i * block_size}+)",
@@ -54,12 +58,14 @@ class Reader:
         self.path = path
         self.index = index
 
-    def _read_chunk(self, chunk: ChunkEntry, out: memoryview, key: str) -> None:
+    def _read_chunk(self, chunk: ChunkEntry, out: memoryview, key: str, first_block: int = 0) -> None:
+        """Reads the chunk (or its blocks from ``first_block`` on, as many as ``out`` holds)."""
+        start = first_block * self.index.block_size
         try:
-            self.storage.read_into(self.storage.join(self.path, chunk.file), chunk.offset, out)
+            self.storage.read_into(self.storage.join(self.path, chunk.file), chunk.offset + start, out)
         except EOFError:
             raise CorruptCheckpointError("data file is truncated", file=chunk.file, key=key) from None
-        verify(chunk, out, self.index.block_size, key)
+        verify(chunk, out, self.index.block_size, key, first_block)
 
     def _fill(self, job: ReadJob) -> None:
         key = render_path(job.entry.key)
@@ -77,8 +83,12 @@ class Reader:
             job.done()
 
     def _copy_piece(self, p: Piece, job: ReadJob, itemsize: int, key: str) -> None:
+        # read only the checksum blocks that hold the piece (a rank loading a resharded
+        # tensor reads its rows, not whole chunks); np.empty leaves the rest untouched
+        lo, hi = byte_span(p, itemsize)
+        first, _, start, stop = block_span(lo, hi, p.chunk.nbytes, self.index.block_size)
         tmp = np.empty(p.chunk.nbytes, dtype=np.uint8)
-        self._read_chunk(p.chunk, memoryview(tmp), key)
+        self._read_chunk(p.chunk, memoryview(tmp)[start:stop], key, first)
         src = _as_bytes_nd(tmp, p.chunk.shape, itemsize)
         dst = _as_bytes_nd(job.dest, job.shape, itemsize)
         dst[_slices(p.dst)] = src[_slices(p.src)]
