@@ -10,8 +10,11 @@ Quick use::
 from __future__ import annotations
 
 from ._version import __version__
+from .api.async_save import async_save
 from .api.load import LoadResult, load
 from .api.save import save
+from .engine.checkpointer import Checkpointer
+from .engine.handle import SaveHandle
 from .errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -34,7 +37,10 @@ def __getattr__(name: str):  # noqa: ANN202 - PEP 562 lazy attribute
 __all__ = [
     "__version__",
     "save",
+    "async_save",
     "load",
+    "Checkpointer",
+    "SaveHandle",
     "LoadResult",
     "RNGState",
     "ModelOptimizerState",

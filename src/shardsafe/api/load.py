@@ -9,10 +9,11 @@ from typing import Any
 
 from .. import dtensor, tensors
 from ..engine.commit import read_index
+from ..engine.mmap_load import load_mapped
 from ..engine.reader import Reader, ReadJob
 from ..errors import StateMismatchError
 from ..format.index import Index
-from ..storage import storage_for
+from ..storage import LocalStorage, storage_for
 from .restore import TensorTarget, build_new, match
 
 log = logging.getLogger("shardsafe")
@@ -47,22 +48,31 @@ def _read(reader: Reader, targets: list[TensorTarget]) -> None:
 
 
 def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bool = True,
-         storage_options: dict | None = None) -> Any:
+         storage_options: dict | None = None, mmap: bool = False) -> Any:
     """Loads the checkpoint at ``path``.
 
     With ``state``: restores in place. Tensors are copied into the existing tensors (same
     objects, same memory), containers are updated, Stateful objects receive
     ``load_state_dict``. Returns a LoadResult listing what was skipped (``strict=False``).
     Without ``state``: returns a new nested dict (torch tensors on the CPU, numpy arrays
-    for arrays saved from numpy).
+    for arrays saved from numpy). With ``mmap=True`` (local checkpoints, no ``state``)
+    the tensors are copy-on-write views of the memory-mapped data files, verified up
+    front (see ``engine.mmap_load``).
 
     Raises:
         CheckpointNotFoundError: No committed checkpoint at ``path``.
         CorruptCheckpointError: A checksum fails or a file is truncated/malformed.
         StateMismatchError: ``strict`` and the target's keys, shapes or dtypes differ.
     """
+    if state is not None and not isinstance(state, MutableMapping):
+        raise TypeError(f"state must be a mutable mapping (dict) to load into, got {type(state).__name__}; "
+                        f"wrap it: load(path, {{'model': model}})")
     storage, spath = storage_for(path, storage_options)
     index = read_index(storage, spath)
+    if mmap:
+        if state is not None or not isinstance(storage, LocalStorage):
+            raise ValueError("mmap=True applies to load(path) of a local checkpoint, without a state")
+        return load_mapped(spath, index)
     reader = Reader(storage, spath, index)
     if state is None:
         value, targets = build_new(index)

@@ -10,6 +10,7 @@ restores fully; ``nn.Module`` state dicts are closed (extra keys are unexpected)
 
 from __future__ import annotations
 
+import copy as _copy
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,17 @@ def _is_module(x: Any) -> bool:
     return tensors.HAVE_TORCH and isinstance(x, tensors.torch.nn.Module)
 
 
+def _holds_state(x: Any) -> bool:
+    """True if a target container holds tensors or Stateful objects (worth matching item by item)."""
+    if tensors.is_tensor(x) or is_stateful(x):
+        return True
+    if isinstance(x, MutableMapping):
+        return any(_holds_state(v) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return any(_holds_state(v) for v in x)
+    return False
+
+
 def _kind(node: Node) -> str:
     return node["t"] if node["t"] in ("dict", "list", "tuple", "tensor") else "plain value"
 
@@ -79,28 +91,32 @@ class _Matcher:
     def mismatch(self, path: KeyPath, what: str) -> None:
         self.m.mismatched.append(f"{render_path(path)}: {what}")
 
-    def value(self, target: Any, node: Node, path: KeyPath, open_: bool) -> Any:
-        """What should stand at ``path`` after loading (``target`` itself when restored in place)."""
+    def value(self, target: Any, node: Node, path: KeyPath, open_: bool, copy_: bool = False) -> Any:
+        """What should stand at ``path`` after loading (``target`` itself when restored in place).
+
+        ``open_``: keys the target lacks are materialised from the checkpoint (inside
+        Stateful objects other than modules). ``copy_``: containers are shallow-copied
+        before they change (inside Stateful objects, whose ``state_dict()`` may hand out
+        live internals or one list under two keys, as SequentialLR does with ``_last_lr``).
+        """
         t = _kind(node)
         if is_stateful(target):
             if t != "dict":
                 self.mismatch(path, f"target is a Stateful {type(target).__name__}, checkpoint holds {t}")
                 return target
-            sd = target.state_dict()
-            new_sd = self.mapping(sd, node, path, open_=not _is_module(target))
+            new_sd = self.mapping(target.state_dict(), node, path, open_=not _is_module(target), copy_=True)
             self.m.finalizers.append(lambda: target.load_state_dict(new_sd))
             return target
         if tensors.is_tensor(target):
             return self.tensor(target, node, path, open_)
         if isinstance(target, MutableMapping) and t == "dict":
-            return self.mapping(target, node, path, open_)
-        if isinstance(target, (list, tuple)) and t in ("list", "tuple") and len(target) == len(node["v"]):
-            vals = [self.value(x, n, path + (i,), open_) for i, (x, n) in enumerate(zip(target, node["v"]))]
-            if isinstance(target, tuple) or t == "tuple":
-                return tuple(vals)
-            for i, (old, new) in enumerate(zip(target, vals)):
-                if new is not old:
-                    self.m.assignments.append((target, i, new))
+            return self.mapping(target, node, path, open_, copy_)
+        if isinstance(target, (list, tuple)) and t in ("list", "tuple"):
+            if len(target) == len(node["v"]):
+                return self.sequence(target, node, path, open_, copy_)
+            if open_ or not _holds_state(target):
+                return self.fresh(node, path)  # e.g. a history list that grew since
+            self.mismatch(path, f"target has {len(target)} items, checkpoint {len(node['v'])}")
             return target
         if open_ or not isinstance(target, (MutableMapping, list, tuple)):
             # a plain target value holds no memory worth keeping: the checkpoint's replaces it
@@ -108,19 +124,33 @@ class _Matcher:
         self.mismatch(path, f"target is {type(target).__name__}, checkpoint holds {t}")
         return target
 
-    def mapping(self, target: MutableMapping, node: Node, path: KeyPath, open_: bool) -> MutableMapping:
+    def sequence(self, target: list | tuple, node: Node, path: KeyPath, open_: bool, copy_: bool) -> Any:
+        vals = [self.value(x, n, path + (i,), open_, copy_)
+                for i, (x, n) in enumerate(zip(target, node["v"]))]
+        if isinstance(target, tuple) or node["t"] == "tuple":
+            return tuple(vals)
+        if copy_:
+            return vals
+        for i, (old, new) in enumerate(zip(target, vals)):
+            if new is not old:
+                self.m.assignments.append((target, i, new))
+        return target
+
+    def mapping(self, target: MutableMapping, node: Node, path: KeyPath, open_: bool,
+                copy_: bool = False) -> MutableMapping:
+        out = _copy.copy(target) if copy_ else target
         ckpt_keys = set(node["k"])
         self.m.missing.extend(render_path(path + (k,)) for k in target.keys() if k not in ckpt_keys)
         for k, child in zip(node["k"], node["v"]):
             if k in target:
-                new = self.value(target[k], child, path + (k,), open_)
+                new = self.value(target[k], child, path + (k,), open_, copy_)
                 if new is not target[k]:
-                    self.m.assignments.append((target, k, new))
+                    self.m.assignments.append((out, k, new))
             elif open_:
-                self.m.assignments.append((target, k, self.fresh(child, path + (k,))))
+                self.m.assignments.append((out, k, self.fresh(child, path + (k,))))
             else:
                 self.m.unexpected.append(render_path(path + (k,)))
-        return target
+        return out
 
     def tensor(self, target: Any, node: Node, path: KeyPath, open_: bool) -> Any:
         if node["t"] != "tensor":

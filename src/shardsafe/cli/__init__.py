@@ -20,7 +20,7 @@ EXIT_USAGE = 2        # bad arguments
 EXIT_NOT_FOUND = 3    # no committed checkpoint at the path
 EXIT_CORRUPT = 4      # the checkpoint is damaged
 
-COMMANDS: tuple[str, ...] = ()  # each helper appends its subcommand module name
+COMMANDS: tuple[str, ...] = ("demo",)  # each helper appends its subcommand module name
 
 
 def build_parser() -> argparse.ArgumentParser:

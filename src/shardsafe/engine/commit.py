@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from ..format import INDEX_NAME
 from ..format.index import Index, decode_index
+from ..format.tree import render_path
 from ..storage.base import Storage
 
 TMP_MARKER = ".shardsafe-tmp-"
@@ -52,11 +53,22 @@ def read_index(storage: Storage, path: str) -> Index:
         try:
             size = storage.size(storage.join(path, f.name))
         except FileNotFoundError:
-            raise CorruptCheckpointError("data file is missing", file=f.name) from None
+            raise CorruptCheckpointError("data file is missing", file=f.name,
+                                         key=_first_key_beyond(index, f.name, 0)) from None
         if size != f.size:
             raise CorruptCheckpointError(f"data file has {size} bytes, index says {f.size} "
-                                         f"(truncated?)", file=f.name)
+                                         f"(truncated?)", file=f.name,
+                                         key=_first_key_beyond(index, f.name, size))
     return index
+
+
+def _first_key_beyond(index: Index, file: str, size: int) -> str | None:
+    """The first key with bytes at or past ``size`` in ``file`` (what a truncation lost)."""
+    for t in index.tensors:
+        for c in t.chunks:
+            if c.file == file and c.offset + c.nbytes > size:
+                return render_path(t.key)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +126,9 @@ def finish(txn: Transaction, index_bytes: bytes) -> None:
         s.rename(txn.workdir, txn.final, exchange=True)
         s.delete(txn.workdir)  # now holds the replaced checkpoint
     else:
-        if s.exists(txn.final):  # an empty directory the user created
-            s.delete(txn.final)
+        # rename(2) replaces an empty directory the user created, and fails (ENOTDIR,
+        # ENOTEMPTY) on a file or on anything that appeared since plan_transaction:
+        # never delete what is at the final path.
         s.rename(txn.workdir, txn.final)
 
 

@@ -1,23 +1,130 @@
-"""Copy tensors into a data file's host buffer and checksum the result."""
+"""Copy tensors into the host image of their data files, with several threads.
+
+Staging is the only part of an async save the training loop waits for (with
+``staging="blocking"``), so it is a plain memcpy into pre-faulted buffers, split into
+units that the caller thread and the copy pool take in turns (numpy and torch copies
+release the GIL). CUDA tensors are copied asynchronously into pinned memory on a side
+stream (``cuda.DeviceCopier``) while the host tensors are being copied.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import tensors
 from ..format.checksum import block_checksums
 from ..plan.layout import FilePlan
+from ..storage.local import wait_all
+from . import cuda
+from .units import HEADER, FileUnits
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def copy_threads() -> int:
+    """Threads that copy during staging (``SHARDSAFE_COPY_THREADS``, default: CPUs, at most 4)."""
+    env = os.environ.get("SHARDSAFE_COPY_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def copy_pool() -> ThreadPoolExecutor:
+    """The process-wide pool of staging helpers (separate from the I/O pool: staging
+    tasks must never queue behind, or wait for, writes)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max(1, copy_threads() - 1), thread_name_prefix="shardsafe-copy")
+        return _pool
+
+
+def host_sources(plan: FilePlan, *, device: bool = True) -> list[np.ndarray | None]:
+    """Flat uint8 host views of each item's bytes.
+
+    With ``device`` (staging), CUDA tensors get None: ``stage_files`` copies them on a
+    side stream. Without it they are copied to the host here, synchronously.
+    """
+    return [None if device and cuda.is_device_tensor(it.value) else tensors.host_bytes(it.value)
+            for it in plan.items]
+
+
+def copy_unit(units: FileUnits, k: int, sources: Sequence[np.ndarray | None],
+              out: np.ndarray, base: int = 0) -> None:
+    """Copies the host bytes of unit ``k`` into ``out[dst - base]`` (device parts are skipped)."""
+    header = units.plan.layout.header
+    for p in units.parts(k):
+        if p.item == HEADER:
+            src = np.frombuffer(header, dtype=np.uint8, count=p.length, offset=p.src)
+        else:
+            s = sources[p.item]
+            if s is None:
+                continue
+            src = s[p.src : p.src + p.length]
+        out[p.dst - base : p.dst - base + p.length] = src
+
+
+@dataclass(slots=True)
+class StageTask:
+    """One data file to stage: its units, item sources, destination, and a progress callback."""
+
+    units: FileUnits
+    out: np.ndarray
+    on_unit: Callable[[int], None] | None = None
+    sources: list[np.ndarray | None] | None = None
+
+
+def stage_files(tasks: Sequence[StageTask], *, threads: int | None = None) -> None:
+    """Stages every file, calling ``on_unit(k)`` as each unit's bytes are in place.
+
+    The calling thread works too; ``threads - 1`` helpers come from the copy pool.
+    Device (CUDA) items are queued on a side stream first and awaited before the units
+    are reported, so a reported unit is always complete.
+    """
+    copier = None
+    for t in tasks:
+        if t.sources is None:
+            t.sources = host_sources(t.units.plan)
+        for i, src in enumerate(t.sources):
+            if src is None:
+                copier = copier or cuda.DeviceCopier()
+                off, n = t.units.plan.layout.offsets[i], t.units.nbytes[i]
+                copier.copy(t.units.plan.items[i].value, t.out[off : off + n])
+    work = [(t, k) for t in tasks for k in range(t.units.nunits)]
+    report = copier is None  # with device copies, report only after they have landed
+    cursor = itertools.count()  # next() on a count is atomic under the GIL
+
+    def run() -> None:
+        while (j := next(cursor)) < len(work):
+            t, k = work[j]
+            copy_unit(t.units, k, t.sources, t.out)
+            if report and t.on_unit is not None:
+                t.on_unit(k)
+
+    n = min(threads or copy_threads(), len(work))
+    helpers = [copy_pool().submit(run) for _ in range(n - 1)]
+    try:
+        run()
+    finally:
+        wait_all(helpers)
+    if copier is not None:
+        copier.wait()
+        for t, k in work:
+            if t.on_unit is not None:
+                t.on_unit(k)
 
 
 def stage(plan: FilePlan, out: np.ndarray) -> None:
     """Writes the header and every item's bytes into ``out`` (uint8, ``plan.layout.size``)."""
-    header = plan.layout.header
-    out[: len(header)] = np.frombuffer(header, dtype=np.uint8)
-    for it, off in zip(plan.items, plan.layout.offsets):
-        src = tensors.host_bytes(it.value)
-        out[off : off + src.size] = src
+    stage_files([StageTask(FileUnits(plan, 16 << 20, 16 << 20), out)])
 
 
 def checksums(plan: FilePlan, buf: np.ndarray, block_size: int) -> list[list[int]]:
@@ -29,3 +136,12 @@ def checksums(plan: FilePlan, buf: np.ndarray, block_size: int) -> list[list[int
 
 def total_bytes(plans: Sequence[FilePlan]) -> int:
     return sum(p.layout.size for p in plans)
+
+
+def is_device_state(plans: Sequence[FilePlan]) -> bool:
+    """True when any item lives on a CUDA device (pinned staging then pays off)."""
+    return any(cuda.is_device_tensor(it.value) for p in plans for it in p.items)
+
+
+__all__ = ["StageTask", "stage_files", "copy_unit", "host_sources", "stage", "checksums",
+           "copy_pool", "copy_threads", "total_bytes", "is_device_state"]

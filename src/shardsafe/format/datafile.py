@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from .dtypes import lookup
 
 ALIGN = 4096
+METADATA_KEY = "__metadata__"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +56,17 @@ class Layout:
 
 
 def layout(slots: Sequence[Slot]) -> Layout:
-    """Computes the header and the position of every slot (largest element size first)."""
+    """Computes the header and the position of every slot (largest element size first).
+
+    Raises:
+        ValueError: Two slots share a name, or one is named ``__metadata__`` (reserved by
+            safetensors for the string map; a tensor there would make the file unreadable).
+    """
+    names = [s.name for s in slots]
+    if METADATA_KEY in names or len(set(names)) != len(names):
+        raise ValueError(f"slot names must be unique and not {METADATA_KEY!r}")
     order = sorted(range(len(slots)), key=lambda i: -lookup(slots[i].dtype).itemsize)
-    entries: dict[str, object] = {"__metadata__": {"format": "pt", "writer": "shardsafe"}}
+    entries: dict[str, object] = {METADATA_KEY: {"format": "pt", "writer": "shardsafe"}}
     rel = [0] * len(slots)
     pos = 0
     for i in order:

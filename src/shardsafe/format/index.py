@@ -23,8 +23,13 @@ from .dtypes import lookup
 MAX_INDEX_BYTES = 1 << 30
 MAX_NDIM = 64
 MAX_DIM = 1 << 62
+# Bound on prod(max(dim, 1)) * itemsize: a zero-size tensor must not smuggle in dimensions
+# that overflow numpy's size arithmetic or look absurd to any reader.
+MAX_EXTENT_BYTES = 1 << 62
 TENSOR_KINDS = ("torch", "numpy")
-_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# fullmatch, not match + "$": "$" also matches before a trailing newline
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_CRC_HEX = re.compile(r"[0-9a-f]{8}")
 _TRAILER = re.compile(rb',\s*"index_checksum"\s*:\s*"crc32c:([0-9a-f]{8})"\s*}\s*$')
 
 
@@ -165,7 +170,7 @@ def _decode_files(raw: Any) -> tuple[FileEntry, ...]:
         raise _bad("files must be a list")
     out, names = [], set()
     for f in raw:
-        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not _FILE_NAME.match(f["name"]):
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not _FILE_NAME.fullmatch(f["name"]):
             raise _bad(f"bad data file entry {f!r}: names are plain file names, no paths")
         if f["name"] in names or f["name"] == INDEX_NAME:
             raise _bad(f"duplicate or reserved data file name {f['name']!r}")
@@ -187,12 +192,10 @@ def _decode_chunk(c: Any, ndim: int, itemsize: int, block_size: int, key: str) -
     sums = c.get("crc32c")
     if not isinstance(sums, list) or len(sums) != num_blocks(nbytes, block_size):
         raise _bad(f"chunk of {key}: expected {num_blocks(nbytes, block_size)} checksums")
-    try:
-        checksums = tuple(int(s, 16) for s in sums if isinstance(s, str) and len(s) == 8)
-    except ValueError:
-        raise _bad(f"chunk of {key}: checksums must be 8 hex digits") from None
-    if len(checksums) != len(sums):
-        raise _bad(f"chunk of {key}: checksums must be 8 hex digits")
+    # int(s, 16) alone would also take "0x1234", " -12345" or "1_234567"
+    if not all(isinstance(s, str) and _CRC_HEX.fullmatch(s) for s in sums):
+        raise _bad(f"chunk of {key}: checksums must be 8 lowercase hex digits")
+    checksums = tuple(int(s, 16) for s in sums)
     if not isinstance(c.get("file"), str):
         raise _bad(f"chunk of {key}: file must be a string")
     return ChunkEntry(c["file"], _int(c.get("offset"), f"chunk offset of {key}"), nbytes,
@@ -212,7 +215,11 @@ def _decode_tensor(t: Any, block_size: int) -> TensorEntry:
         dt = lookup(t.get("dtype"))  # type: ignore[arg-type]
     except (ValueError, TypeError):
         raise _bad(f"tensor {name}: unknown dtype {t.get('dtype')!r}") from None
+    if t["kind"] == "numpy" and dt.numpy is None:
+        raise _bad(f"tensor {name}: numpy cannot hold dtype {dt.name}")
     shape = _ints(t.get("shape"), f"shape of {name}")
+    if math.prod(max(s, 1) for s in shape) * dt.itemsize > MAX_EXTENT_BYTES:
+        raise _bad(f"tensor {name}: absurd shape {list(shape)}")
     chunks = t.get("chunks")
     if not isinstance(chunks, list):
         raise _bad(f"tensor {name}: chunks must be a list")
@@ -224,7 +231,35 @@ def _decode_tensor(t: Any, block_size: int) -> TensorEntry:
         total += math.prod(c.shape)
     if total != math.prod(shape):
         raise _bad(f"tensor {name}: chunks hold {total} elements, shape needs {math.prod(shape)}")
+    _check_disjoint(name, decoded)
     return TensorEntry(key, t["kind"], dt.name, shape, decoded)
+
+
+def _boxes_overlap(a: ChunkEntry, b: ChunkEntry) -> bool:
+    return all(ao < bo + bs and bo < ao + as_
+               for ao, as_, bo, bs in zip(a.offsets, a.shape, b.offsets, b.shape))
+
+
+def _check_disjoint(name: str, chunks: Sequence[ChunkEntry]) -> None:
+    """Rejects chunks whose element regions overlap.
+
+    All chunks lie inside the shape and their element counts add up to it, so they are
+    disjoint exactly when they cover the tensor; without this a forged index could leave
+    part of a freshly allocated tensor unwritten. Sweep along the dimension with the most
+    distinct chunk starts, which keeps grid-sharded tensors near O(n log n).
+    """
+    boxes = [c for c in chunks if math.prod(c.shape) > 0]
+    if len(boxes) < 2:
+        return
+    ndim = len(boxes[0].shape)
+    d = max(range(ndim), key=lambda i: len({c.offsets[i] for c in boxes}))
+    active: list[ChunkEntry] = []
+    for c in sorted(boxes, key=lambda c: c.offsets[d]):
+        active = [a for a in active if a.offsets[d] + a.shape[d] > c.offsets[d]]
+        for a in active:
+            if _boxes_overlap(a, c):
+                raise _bad(f"tensor {name}: chunks at {list(a.offsets)} and {list(c.offsets)} overlap")
+        active.append(c)
 
 
 def _check_byte_ranges(files: Sequence[FileEntry], tensors: Sequence[TensorEntry]) -> None:
@@ -246,8 +281,12 @@ def _check_byte_ranges(files: Sequence[FileEntry], tensors: Sequence[TensorEntry
                 prev_end, prev_key = end, key
 
 
-def decode_index(data: bytes) -> Index:
-    """Parses and validates index bytes; raises CorruptCheckpointError naming the problem."""
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (the encoder never writes it)")
+
+
+def _parse(data: bytes) -> dict[str, Any]:
+    """Checks size, trailer checksum, JSON syntax and format version; returns the object."""
     if len(data) > MAX_INDEX_BYTES:
         raise _bad(f"index is {len(data)} bytes, more than the {MAX_INDEX_BYTES} allowed")
     m = _TRAILER.search(data)
@@ -256,26 +295,25 @@ def decode_index(data: bytes) -> Index:
     if crc32c(data[: m.start()]) != int(m.group(1), 16):
         raise CorruptCheckpointError("index checksum mismatch", file=INDEX_NAME)
     try:
-        raw = json.loads(data.decode("utf-8"))
+        raw = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
     except (ValueError, RecursionError) as e:
         raise _bad(f"not valid JSON: {e}") from None
     if not isinstance(raw, dict):
         raise _bad("top level must be an object")
     version = raw.get("format_version")
-    if version != FORMAT_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or version != FORMAT_VERSION:
         raise CorruptCheckpointError(
             f"unsupported format_version {version!r} (this shardsafe reads {FORMAT_VERSION})",
             file=INDEX_NAME)
     if raw.get("checksum") != ALGORITHM:
         raise _bad(f"unknown checksum algorithm {raw.get('checksum')!r}")
-    block_size = _int(raw.get("block_size"), "block_size", 4096, 1 << 40)
-    files = _decode_files(raw.get("files"))
-    raw_tensors = raw.get("tensors")
-    if not isinstance(raw_tensors, list):
-        raise _bad("tensors must be a list")
-    tensors = tuple(_decode_tensor(t, block_size) for t in raw_tensors)
-    _check_byte_ranges(files, tensors)
-    node = raw.get("tree")
+    return raw
+
+
+def _check_tree(node: Any, tensors: Sequence[TensorEntry]) -> None:
+    """The tree is well formed and places every tensor entry exactly once, at its key."""
+    if not isinstance(node, dict) or node.get("t") != "dict":
+        raise _bad("tree root must be a dict node (a state is a mapping)")
     try:
         leaves = list(tree.walk(node))
     except (tree.TreeError, RecursionError) as e:
@@ -286,13 +324,27 @@ def decode_index(data: bytes) -> Index:
     for path, n in leaves:
         if n["t"] == "tensor" and tensors[n["id"]].key != path:
             raise _bad(f"tensor {n['id']} is keyed {tensors[n['id']].key!r} but sits at {path!r}")
+
+
+def decode_index(data: bytes) -> Index:
+    """Parses and validates index bytes; raises CorruptCheckpointError naming the problem."""
+    raw = _parse(data)
+    block_size = _int(raw.get("block_size"), "block_size", 4096, 1 << 40)
+    files = _decode_files(raw.get("files"))
+    raw_tensors = raw.get("tensors")
+    if not isinstance(raw_tensors, list):
+        raise _bad("tensors must be a list")
+    tensors = tuple(_decode_tensor(t, block_size) for t in raw_tensors)
+    _check_byte_ranges(files, tensors)
+    _check_tree(raw.get("tree"), tensors)
     metadata = raw.get("metadata", {})
     if not isinstance(metadata, dict):
         raise _bad("metadata must be an object")
     created = raw.get("created", 0.0)
-    if not isinstance(created, (int, float)) or isinstance(created, bool):
-        raise _bad("created must be a number")
-    return Index(tree=node, tensors=tensors, files=files, block_size=block_size,
+    # compared, not converted: float(10**400) would raise OverflowError
+    if not isinstance(created, (int, float)) or isinstance(created, bool) or not -1e300 < created < 1e300:
+        raise _bad("created must be a finite number")
+    return Index(tree=raw["tree"], tensors=tensors, files=files, block_size=block_size,
                  world_size=_int(raw.get("world_size", 1), "world_size", 1, 1 << 31),
                  created=float(created), metadata=metadata, library=str(raw.get("library", "")),
-                 format_version=version)
+                 format_version=raw["format_version"])

@@ -19,6 +19,7 @@ from .dtypes import from_numpy, lookup
 KeyPath = tuple["str | int", ...]
 Node = dict[str, Any]
 
+MAX_INT_BITS = 12_000  # ~3,600 decimal digits: inside the 4,300 Python converts to text by default
 MAX_DEPTH = 200  # deeper trees are rejected on decode (a forged index could recurse forever)
 
 
@@ -27,17 +28,31 @@ def render_path(path: KeyPath) -> str:
     return ".".join(str(p) for p in path) if path else "<root>"
 
 
+def check_key_text(text: str, path: KeyPath) -> None:
+    """Raises TypeError unless ``text`` can be written as UTF-8 (lone surrogates cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TypeError(f"string at key path {render_path(path)!r} is not valid unicode "
+                        f"(lone surrogate); it cannot be stored as UTF-8 JSON") from None
+
+
 def encode_plain(value: Any, path: KeyPath) -> Node | None:
     """Encodes a plain (non-container, non-tensor) value, or returns None if it is not one."""
     if value is None:
         return {"t": "none"}
     if isinstance(value, np.generic):  # before float/int: np.float64 subclasses float
-        dt = from_numpy(value.dtype)
+        try:
+            dt = from_numpy(value.dtype)
+        except TypeError as e:
+            raise TypeError(f"cannot save numpy scalar at key path {render_path(path)!r}: {e}") from None
         return {"t": "npscalar", "dtype": dt.name,
                 "v": base64.b64encode(np.asarray(value).tobytes()).decode("ascii")}
     if isinstance(value, bool):
         return {"t": "bool", "v": value}
     if isinstance(value, int):
+        if abs(value).bit_length() > MAX_INT_BITS:  # JSON text of it would exceed Python's digit limit
+            raise TypeError(f"int at key path {render_path(path)!r} has more than {MAX_INT_BITS} bits")
         return {"t": "int", "v": int(value)}
     if isinstance(value, float):
         f = float(value)
@@ -47,6 +62,7 @@ def encode_plain(value: Any, path: KeyPath) -> Node | None:
             return {"t": "float", "v": "inf" if f > 0 else "-inf"}
         return {"t": "float", "v": f}
     if isinstance(value, str):
+        check_key_text(value, path)
         return {"t": "str", "v": value}
     if isinstance(value, (bytes, bytearray)):
         return {"t": "bytes", "v": base64.b64encode(bytes(value)).decode("ascii")}

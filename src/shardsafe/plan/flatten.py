@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import tensors
-from ..format.tree import KeyPath, Node, encode_plain, render_path
+from ..format.tree import MAX_DEPTH, KeyPath, Node, encode_plain, render_path
 
 
 def is_stateful(x: Any) -> bool:
     """True for objects following the ``state_dict()`` / ``load_state_dict()`` protocol."""
-    return (not isinstance(x, (Mapping, list, tuple)) and not tensors.is_tensor(x)
+    # a class has the two methods too (unbound); only instances carry state
+    return (not isinstance(x, (Mapping, list, tuple, type)) and not tensors.is_tensor(x)
             and callable(getattr(x, "state_dict", None))
             and callable(getattr(x, "load_state_dict", None)))
 
@@ -66,6 +67,9 @@ class _Flattener:
         plain = encode_plain(x, path)
         if plain is not None:
             return plain
+        if len(path) >= MAX_DEPTH:  # decode refuses deeper trees: never write one it can't read
+            raise TypeError(f"state is nested deeper than {MAX_DEPTH} levels at key path "
+                            f"{render_path(path)!r}")
         if id(x) in self._active:
             raise TypeError(f"cycle in state at key path {render_path(path)!r}")
         self._active.add(id(x))
@@ -81,7 +85,8 @@ class _Flattener:
                 if isinstance(k, bool) or not isinstance(k, (str, int)):
                     raise TypeError(f"dict key {k!r} ({type(k).__name__}) at key path "
                                     f"{render_path(path)!r} is not str or int")
-                keys.append(k if isinstance(k, str) else int(k))
+                encode_plain(k, path + (k,))  # same text/size limits as values
+                keys.append(str(k) if isinstance(k, str) else int(k))
                 vals.append(self.node(v, path + (k,)))
             return {"t": "dict", "k": keys, "v": vals}
         if isinstance(x, (list, tuple)):

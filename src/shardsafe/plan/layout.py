@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..format.datafile import Layout, Slot, layout
+from ..format.datafile import METADATA_KEY, Layout, Slot, layout
 from ..format.index import ChunkEntry
 from ..format.tree import render_path
 from .flatten import TensorItem
@@ -26,7 +26,7 @@ def data_file_name(rank: int, part: int = 0) -> str:
 
 def plan_file(name: str, items: Sequence[TensorItem]) -> FilePlan:
     """Lays out ``items`` in one data file; slot names are the items' dotted key paths."""
-    names: set[str] = set()
+    names: set[str] = {METADATA_KEY}  # a state key "__metadata__" gets a suffix like any clash
     slots = []
     for it in items:
         base = render_path(it.path)

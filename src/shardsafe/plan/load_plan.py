@@ -58,31 +58,3 @@ def pieces_for(chunks: Sequence[ChunkEntry], offsets: Sequence[int],
     if want and covered < want:
         raise CoverageError(f"saved chunks cover {covered} of the {want} wanted elements")
     return out
-
-
-def byte_span(piece: Piece, itemsize: int) -> tuple[int, int]:
-    """Bytes ``[lo, hi)`` of the piece's chunk that contain its source region.
-
-    A chunk is row-major, so the region lies between the byte of its first element and
-    the end of its last; a slab of whole rows is exactly that range, a column slice the
-    smallest range around it.
-    """
-    shape = piece.chunk.shape
-    first = last = 0
-    stride = 1
-    for (a, b), n in zip(reversed(piece.src), reversed(shape)):
-        first += a * stride
-        last += (b - 1) * stride
-        stride *= n
-    return first * itemsize, (last + 1) * itemsize
-
-
-def block_span(lo: int, hi: int, nbytes: int, block_size: int) -> tuple[int, int, int, int]:
-    """Rounds bytes ``[lo, hi)`` of a chunk out to whole checksum blocks.
-
-    Returns:
-        ``(first_block, stop_block, start, stop)``: the blocks to verify and the chunk
-        bytes ``[start, stop)`` to read for them.
-    """
-    first, stop_block = lo // block_size, max(1, -(-hi // block_size))
-    return first, stop_block, first * block_size, min(stop_block * block_size, nbytes)

@@ -16,7 +16,7 @@ import shutil
 import threading
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -26,6 +26,7 @@ ALIGN = 4096
 SEGMENT = 64 << 20  # bytes one thread writes per call
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _RENAME_EXCHANGE = 2
+_IOV_MAX = 1024
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -63,72 +64,167 @@ def _pread_all(fd: int, out: memoryview, offset: int, path: str) -> None:
         out, offset = out[n:], offset + n
 
 
-def _direct_ok(buf: memoryview, offset: int) -> bool:
-    return len(buf) % ALIGN == 0 and offset % ALIGN == 0 and _address(buf) % ALIGN == 0
+def wait_all(futures: Sequence[Future]) -> None:
+    """Waits for every future, then re-raises the first error (never leaves one running).
+
+    Callers close descriptors and free buffers after this returns, so no job may still
+    be using them: waiting for all before raising is what makes that safe.
+    """
+    first: BaseException | None = None
+    for f in futures:
+        exc = f.exception()
+        if exc is not None and first is None:
+            first = exc
+    if first is not None:
+        raise first
+
+
+class LocalFileWriter:
+    """One data file being written by several threads at once (see ``LocalStorage.open_writer``).
+
+    Aligned ranges go through an ``O_DIRECT`` descriptor (no page-cache copy, no dirty
+    pages to flush later); anything else, or everything on filesystems without direct
+    I/O (tmpfs), goes through a buffered descriptor. Ranges may extend past ``size`` (a
+    caller padding its last range to the alignment): ``close`` truncates to ``size``.
+
+    Args:
+        path: The file to create (replaced if present).
+        size: Its final size in bytes.
+        direct_io: Try ``O_DIRECT`` for aligned ranges.
+    """
+
+    def __init__(self, path: str, size: int, *, direct_io: bool = True) -> None:
+        self.path = path
+        self.size = size
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self._dfd: int | None = None
+        self._fds = [self._fd]  # every descriptor opened, closed once in _close_fds
+        try:
+            os.ftruncate(self._fd, size)
+            if direct_io and _O_DIRECT:
+                self._dfd = _open_direct(path)
+                if self._dfd is not None:
+                    self._fds.append(self._dfd)
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    @property
+    def direct(self) -> bool:
+        """True while aligned ranges bypass the page cache."""
+        return self._dfd is not None
+
+    def write_at(self, offset: int, data: memoryview) -> None:
+        """Writes ``data`` at ``offset``; safe to call from several threads for disjoint ranges."""
+        seg = memoryview(data).cast("B")
+        dfd = self._dfd
+        if dfd is not None and offset % ALIGN == 0 and _address(seg) % ALIGN == 0:
+            aligned = len(seg) - len(seg) % ALIGN
+            if aligned:
+                try:
+                    _pwrite_all(dfd, seg[:aligned], offset)
+                    seg, offset = seg[aligned:], offset + aligned
+                except OSError as e:
+                    if e.errno != errno.EINVAL:
+                        raise
+                    log.debug("direct write refused for %s; using buffered writes", self.path)
+                    self._dfd = None  # buffered from now on; the fd is closed in close()
+        if len(seg):
+            _pwrite_all(self._fd, seg, offset)
+
+    def write_gather(self, offset: int, views: Sequence[memoryview]) -> None:
+        """Writes ``views`` back to back from ``offset`` through the buffered descriptor.
+
+        One ``pwritev`` per ``IOV_MAX`` views: many small tensors cost a few system
+        calls instead of one copy each into a bounce buffer.
+        """
+        for i in range(0, len(views), _IOV_MAX):
+            batch = [memoryview(v).cast("B") for v in views[i : i + _IOV_MAX]]
+            want = sum(len(v) for v in batch)
+            n = os.pwritev(self._fd, batch, offset)
+            if n < want:  # short write: finish the rest one view at a time
+                pos = offset
+                for v in batch:
+                    if n < len(v):
+                        _pwrite_all(self._fd, v[n:], pos + n)
+                    n = max(0, n - len(v))
+                    pos += len(v)
+            offset += want
+
+    def close(self, *, sync: bool = True) -> None:
+        """Truncates to ``size`` and (by default) fsyncs data and metadata, then closes."""
+        try:
+            os.ftruncate(self._fd, self.size)
+            if sync:
+                os.fsync(self._fd)
+        finally:
+            self._close_fds()
+
+    def abort(self) -> None:
+        """Closes without syncing (the caller deletes the file)."""
+        self._close_fds()
+
+    def _close_fds(self) -> None:
+        fds, self._fds, self._dfd = self._fds, [], None
+        for fd in fds:
+            os.close(fd)
+
+
+def _open_direct(path: str) -> int | None:
+    try:
+        return os.open(path, os.O_WRONLY | _O_DIRECT | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+            return None  # e.g. tmpfs: buffered writes only
+        raise
 
 
 class LocalStorage:
     """The POSIX filesystem backend.
 
     Args:
-        direct_io: Use ``O_DIRECT`` for aligned segments when the filesystem allows it.
+        direct_io: Use ``O_DIRECT`` for aligned segments when the filesystem allows it
+            (default: on unless the environment sets ``SHARDSAFE_DIRECT_IO=0``, e.g. for
+            network filesystems where direct I/O is slow).
     """
 
     atomic_rename = True
 
-    def __init__(self, *, direct_io: bool = True) -> None:
+    def __init__(self, *, direct_io: bool | None = None) -> None:
+        if direct_io is None:
+            direct_io = os.environ.get("SHARDSAFE_DIRECT_IO", "1") != "0"
         self.direct_io = direct_io and bool(_O_DIRECT)
 
     def join(self, *parts: str) -> str:
         return os.path.join(*parts)
 
     # ------------------------------------------------------------------ writing
-    def _open_direct(self, path: str) -> int | None:
-        if not self.direct_io:
-            return None
-        try:
-            return os.open(path, os.O_WRONLY | _O_DIRECT | os.O_CLOEXEC)
-        except OSError as e:
-            if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
-                return None  # e.g. tmpfs: buffered writes only
-            raise
+    def open_writer(self, path: str, size: int) -> LocalFileWriter:
+        """Opens ``path`` for parallel ranged writes of a file of ``size`` bytes.
+
+        The caller writes disjoint ranges (from any threads) and then calls ``close()``,
+        which makes the file durable, or ``abort()``.
+        """
+        return LocalFileWriter(path, size, direct_io=self.direct_io)
 
     def write(self, path: str, buffers: Sequence[memoryview]) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        dfd = None
+        jobs, offset = [], 0
+        for b in buffers:
+            b = memoryview(b).cast("B")
+            for i in range(0, len(b), SEGMENT):
+                jobs.append((b[i : i + SEGMENT], offset + i))
+            offset += len(b)
+        w = LocalFileWriter(path, offset, direct_io=self.direct_io)
         try:
-            dfd = self._open_direct(path)
-            jobs, offset = [], 0
-            for b in buffers:
-                b = memoryview(b).cast("B")
-                for i in range(0, len(b), SEGMENT):
-                    jobs.append((b[i : i + SEGMENT], offset + i))
-                offset += len(b)
-            os.ftruncate(fd, offset)
-
-            def one(seg: memoryview, off: int) -> None:
-                if dfd is not None:
-                    aligned = len(seg) - len(seg) % ALIGN
-                    if aligned and off % ALIGN == 0 and _address(seg) % ALIGN == 0:
-                        try:
-                            _pwrite_all(dfd, seg[:aligned], off)
-                            seg, off = seg[aligned:], off + aligned
-                        except OSError as e:
-                            if e.errno != errno.EINVAL:
-                                raise
-                _pwrite_all(fd, seg, off)
-
             if len(jobs) <= 1:
                 for seg, off in jobs:
-                    one(seg, off)
+                    w.write_at(off, seg)
             else:
-                for fut in [io_pool().submit(one, s, o) for s, o in jobs]:
-                    fut.result()
-            os.fsync(fd)
-        finally:
-            if dfd is not None:
-                os.close(dfd)
-            os.close(fd)
+                wait_all([io_pool().submit(w.write_at, o, s) for s, o in jobs])
+        except BaseException:
+            w.abort()
+            raise
+        w.close()
 
     def publish(self, path: str, data: bytes) -> None:
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"

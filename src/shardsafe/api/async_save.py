@@ -1,0 +1,51 @@
+"""Asynchronous saves through a process-wide default Checkpointer."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from ..engine.checkpointer import Checkpointer
+from ..engine.handle import SaveHandle
+
+_default_lock = threading.Lock()
+_default: Checkpointer | None = None
+
+
+def default_checkpointer() -> Checkpointer:
+    """The Checkpointer behind ``shardsafe.save`` and ``shardsafe.async_save``.
+
+    Created on first use; it keeps the staging buffers of the last async save for the
+    next one (call ``close()`` on it to free them; a new one is created on next use).
+    """
+    global _default
+    with _default_lock:
+        if _default is None or _default._closed:
+            _default = Checkpointer()
+        return _default
+
+
+def async_save(state: Mapping[str, Any], path: str, *, staging: str = "blocking",
+               overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
+               storage_options: dict | None = None, process_group: Any = None,
+               timeout: float | None = None) -> SaveHandle:
+    """Starts saving ``state`` to ``path``; returns a SaveHandle.
+
+    With ``staging="blocking"`` (default) it returns once the state is copied into host
+    buffers, so the caller may change its tensors at once; with ``"background"`` it
+    returns immediately and the caller must call ``handle.wait_staged()`` before changing
+    any tensor of ``state``. Checksums, writes and the commit run in the background;
+    ``handle.result()`` waits for them and re-raises any failure. At most one save is in
+    flight: a new save (sync or async) first waits for the previous one and raises its
+    error if nobody collected it. Under torch.distributed it is collective like ``save``:
+    the planning runs on the calling thread, while the background part talks to the
+    other ranks through the c10d Store only, never the training process group. See
+    ``Checkpointer.async_save`` for the arguments.
+    """
+    return default_checkpointer().async_save(state, path, staging=staging, overwrite=overwrite,
+                                             metadata=metadata, storage_options=storage_options,
+                                             process_group=process_group, timeout=timeout)
+
+
+__all__ = ["async_save", "default_checkpointer", "SaveHandle", "Checkpointer"]

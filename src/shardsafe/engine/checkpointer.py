@@ -1,0 +1,319 @@
+"""Checkpointer: a reusable saver that owns staging buffers and runs one save at a time.
+
+Sync saves stream: each write unit is copied into one of a few aligned bounce buffers
+and written with direct I/O, so they need no full copy of the state. Async saves
+stage the whole state into buffers the Checkpointer keeps (allocated once per layout,
+pre-faulted), then checksum, write and commit on a background thread while the
+caller goes on. The background thread is a plain thread, not an I/O-pool worker: it
+waits for I/O-pool jobs, and a pool worker waiting for its own pool can deadlock.
+
+Invariants:
+- at most one save of a Checkpointer is in flight; a new save first waits for it;
+- a background failure reaches the caller: ``SaveHandle.result()``, else the next
+  save raises it, else ``close()``; at interpreter exit pending saves are finished
+  and failures nobody collected are logged as errors.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures.thread  # noqa: F401 - registers its exit hook before ours (see _drain_at_exit)
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from ..comm import Comm, get_comm
+from ..errors import CheckpointError
+from ..storage.local import io_threads
+from . import cuda, pipeline
+from .buffers import BouncePool, HostBuffer, StagingArena
+from .handle import SaveHandle
+from .pipeline import PreparedSave
+from .staging import StageTask, host_sources, stage_files
+from .units import FileUnits
+from .writer import FileWrite
+
+log = logging.getLogger("shardsafe")
+
+STAGING_MODES = ("blocking", "background")
+SLOW_WAIT_S = 1.0  # a new save waiting longer than this for the previous one logs a warning
+
+
+class Checkpointer:
+    """Saves training states, synchronously or in the background, reusing its buffers.
+
+    Args:
+        comm: The group of ranks taking part in each save (default: this process alone).
+        unit_size: Bytes per staging/write unit (a multiple of 4096).
+        pin_memory: Page-lock staging buffers for CUDA copies (default: when CUDA is present).
+        overlap_writes: With ``staging="blocking"``, start writing units while later units
+            are still being copied (shorter time to durable, but the writes compete with
+            the caller's copy for CPU and memory bandwidth, lengthening the stall).
+
+    Example::
+
+        ckpt = shardsafe.Checkpointer()
+        for step in range(steps):
+            train_step()
+            if step % 100 == 0:
+                ckpt.async_save({"model": model, "optim": opt, "step": step}, f"ckpt/{step}")
+        ckpt.close()  # waits for the last save; raises its error if it failed
+    """
+
+    def __init__(self, *, comm: Comm | None = None, unit_size: int = pipeline.UNIT_SIZE,
+                 pin_memory: bool | None = None, overlap_writes: bool = False) -> None:
+        self.comm = comm
+        self.unit_size = unit_size
+        self.overlap_writes = overlap_writes
+        self.arena = StagingArena(pin=cuda.available() if pin_memory is None else pin_memory)
+        self._bounce = BouncePool(unit_size, io_threads())
+        self._lock = threading.Lock()  # serialises save calls made from several threads
+        self._inflight: SaveHandle | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ public
+    def save(self, state: Mapping[str, Any], path: str, *, overwrite: bool = False,
+             metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
+             process_group: Any = None, timeout: float | None = None) -> None:
+        """Saves ``state`` and returns once the checkpoint is committed and durable.
+
+        Waits for an async save still in flight first (and raises its error if it failed
+        and nobody collected it). Arguments as for ``shardsafe.save``.
+        """
+        with self._lock:
+            self._check_open()
+            self._wait_previous()
+            prep = pipeline.prepare(state, path, overwrite=overwrite, metadata=metadata,
+                                    storage_options=storage_options,
+                                    comm=self._comm(process_group), timeout=timeout)
+            self._save_streamed(prep)
+
+    def async_save(self, state: Mapping[str, Any], path: str, *, staging: str = "blocking",
+                   overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
+                   storage_options: dict | None = None, process_group: Any = None,
+                   timeout: float | None = None) -> SaveHandle:
+        """Starts saving ``state``; checksums, writes and commit run in the background.
+
+        Args:
+            state: As for ``shardsafe.save``.
+            path: Checkpoint directory (or fsspec URL).
+            staging: ``"blocking"``: returns once the state is copied into host buffers;
+                the caller may change its tensors immediately. ``"background"``: returns
+                at once and copies in the background; call ``handle.wait_staged()``
+                before changing any tensor of ``state`` (e.g. before ``optimizer.step()``).
+            overwrite: Replace an existing committed checkpoint.
+            metadata: JSON-serialisable user metadata.
+            storage_options: Passed to fsspec for URLs.
+            process_group: As for ``shardsafe.save``: the group of a collective save.
+            timeout: As for ``shardsafe.save``: how long ranks wait for each other.
+
+        Returns:
+            A SaveHandle; ``result()`` waits for the commit and re-raises any failure.
+
+        Raises:
+            TypeError: a value cannot be saved (raised here, before anything is written).
+            CheckpointError: the previous async save failed and nobody collected the error,
+                or the path must not be overwritten.
+        """
+        if staging not in STAGING_MODES:
+            raise ValueError(f"staging must be one of {STAGING_MODES}, got {staging!r}")
+        with self._lock:
+            self._check_open()
+            self._wait_previous()
+            prep = pipeline.prepare(state, path, overwrite=overwrite, metadata=metadata,
+                                    storage_options=storage_options,
+                                    comm=self._comm(process_group), timeout=timeout)
+            buffers = self.arena.get([p.layout.size for p in prep.plans])
+            handle = SaveHandle(path, prep.nbytes)
+            writes, tasks = self._staged_jobs(prep, buffers)
+            background = staging == "background"
+            if background or self.overlap_writes:
+                self._start(prep, writes, tasks if background else None, handle)
+            if not background:
+                try:
+                    stage_files(tasks)
+                except BaseException as e:  # noqa: BLE001 - handed to the writer, then re-raised
+                    for fw in writes:
+                        fw.fail(e)
+                    if self._thread is not None:
+                        self._thread.join()
+                    else:  # no writer thread to abort: tell the other ranks ourselves
+                        pipeline.abort(prep, e)
+                    handle._mark_collected()  # the caller gets it right here
+                    self._inflight = None
+                    raise
+                handle._set_staged()
+                if not self.overlap_writes:
+                    self._start(prep, writes, None, handle)
+            return handle
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Waits for the save in flight (if any) and raises its error if it failed."""
+        h = self._inflight
+        if h is not None:
+            h.result(timeout)
+
+    def close(self) -> None:
+        """Waits for the save in flight, frees the buffers, and raises an uncollected failure."""
+        if self._closed:
+            return
+        with self._lock:
+            try:
+                self._wait_previous()
+            finally:
+                self._closed = True
+                self.arena.release()
+                self._bounce.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+    def _comm(self, process_group: Any) -> Comm | None:
+        """The group of one save: ``process_group`` if given, else this Checkpointer's."""
+        return get_comm(process_group) if process_group is not None else self.comm
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CheckpointError("this Checkpointer is closed")
+
+    def _wait_previous(self) -> None:
+        """Waits for the save in flight; raises its failure if nobody has seen it yet."""
+        h = self._inflight
+        if h is None:
+            return
+        if not h._done.wait(SLOW_WAIT_S):
+            log.warning("save waits for the previous async save to %s, still in flight after %.0f s "
+                        "(saving more often than the disk can absorb?)", h.path, SLOW_WAIT_S)
+            h._done.wait()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._inflight = None
+        err = h._uncollected
+        if err is not None:
+            h._mark_collected()
+            raise CheckpointError(f"the previous async save to {h.path!r} failed: "
+                                  f"{type(err).__name__}: {err}") from err
+
+    def _staged_jobs(self, prep: PreparedSave, buffers: list[HostBuffer]
+                     ) -> tuple[list[FileWrite], list[StageTask]]:
+        writes, tasks = [], []
+        for plan, buf in zip(prep.plans, buffers):
+            units = FileUnits(plan, self.unit_size, pipeline.BLOCK_SIZE)
+            fw = FileWrite(units, prep.storage, prep.file_path(plan), staged=buf)
+            writes.append(fw)
+            tasks.append(StageTask(units, buf.array, fw.unit_ready))
+        return writes, tasks
+
+    def _start(self, prep: PreparedSave, writes: list[FileWrite], tasks: list[StageTask] | None,
+               handle: SaveHandle) -> None:
+        self._inflight = handle
+        self._thread = threading.Thread(target=_background, args=(prep, writes, tasks, handle),
+                                        name="shardsafe-writer", daemon=False)
+        with _UNSETTLED_LOCK:
+            _UNSETTLED.add(handle)
+        self._thread.start()
+
+    def _save_streamed(self, prep: PreparedSave) -> None:
+        """Sync save: stage per unit through bounce buffers (or gather), write, commit."""
+        pipeline.begin(prep)
+        writes: list[FileWrite] = []
+        scratch: list[HostBuffer] = []
+        try:
+            for plan in prep.plans:
+                units = FileUnits(plan, self.unit_size, pipeline.BLOCK_SIZE)
+                path = prep.file_path(plan)
+                if hasattr(prep.storage, "open_writer"):
+                    fw = FileWrite(units, prep.storage, path, sources=host_sources(plan, device=False),
+                                   bounce=self._bounce)
+                    writes.append(fw)
+                    fw.start()
+                    fw.all_ready()
+                else:  # object stores take whole files: stage this one into scratch memory
+                    buf = HostBuffer(plan.layout.size)
+                    scratch.append(buf)
+                    fw = FileWrite(units, prep.storage, path, staged=buf)
+                    writes.append(fw)
+                    stage_files([StageTask(units, buf.array, fw.unit_ready)])
+                    fw.start()
+            sums = [fw.finish() for fw in writes]
+            pipeline.commit_save(prep, sums)
+        except BaseException as e:
+            for fw in writes:
+                fw.cancel()
+            pipeline.abort(prep, e)
+            raise
+        finally:
+            for b in scratch:
+                b.close()
+
+
+def _background(prep: PreparedSave, writes: list[FileWrite], tasks: list[StageTask] | None,
+                handle: SaveHandle) -> None:
+    """Body of the writer thread: [stage,] write, commit; the outcome goes to ``handle``."""
+    try:
+        pipeline.begin(prep)
+        for fw in writes:
+            fw.start()
+        if tasks is not None:
+            try:
+                stage_files(tasks)
+            except BaseException as e:  # noqa: BLE001 - forwarded to the waiting writers
+                for fw in writes:
+                    fw.fail(e)
+                raise
+            handle._set_staged()
+        sums = [fw.finish() for fw in writes]
+        pipeline.commit_save(prep, sums)
+    # Everything the save raises is delivered to the caller through the handle (result(),
+    # the next save, close(), or the exit hook); nothing here swallows it.
+    except BaseException as e:  # noqa: BLE001
+        for fw in writes:
+            fw.cancel()
+        pipeline.abort(prep, e)
+        handle._set_done(e)
+        log.debug("async save to %s failed: %s", handle.path, e)
+        return
+    handle._set_done(None)
+    with _UNSETTLED_LOCK:
+        _UNSETTLED.discard(handle)
+
+
+# Saves started and not yet known to be fine: the exit hook finishes them (even when their
+# Checkpointer is gone) and logs the failures nobody collected.
+_UNSETTLED: set[SaveHandle] = set()
+_UNSETTLED_LOCK = threading.Lock()
+
+
+def _drain_at_exit() -> None:
+    """Finishes saves still in flight when the main thread ends; logs uncollected failures.
+
+    Registered with ``threading._register_atexit`` so it runs before the I/O pool's own
+    exit hook (hooks run newest first) and the pool still accepts the save's jobs.
+    """
+    with _UNSETTLED_LOCK:
+        pending = list(_UNSETTLED)
+        _UNSETTLED.clear()
+    for h in pending:
+        if not h.done():
+            log.info("waiting for the async save to %s to finish before exit", h.path)
+            h._done.wait()
+        err = h._uncollected
+        if err is not None:
+            h._mark_collected()
+            log.error("async save to %s failed and nobody called result(): %s: %s", h.path,
+                      type(err).__name__, err)
+
+
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:
+    _register(_drain_at_exit)
+else:  # pragma: no cover - CPython always has it (3.9+)
+    import atexit
+
+    atexit.register(_drain_at_exit)

@@ -1,0 +1,100 @@
+"""SaveHandle: the future of one asynchronous save."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ..errors import CheckpointTimeoutError
+
+
+class SaveHandle:
+    """Tracks one ``async_save``: staging, then writing and committing in the background.
+
+    Errors of the background work are never only logged: ``result()`` re-raises them,
+    and if nobody does, the next save of the same Checkpointer raises them.
+
+    Attributes:
+        path: The checkpoint path being written.
+        nbytes: Bytes this process stages and writes.
+        timings: Seconds from the ``async_save`` call to ``"staged"`` and ``"durable"``
+            (filled in as the save progresses; for benchmarks and logs).
+    """
+
+    def __init__(self, path: str, nbytes: int = 0) -> None:
+        self.path = path
+        self.nbytes = nbytes
+        self.timings: dict[str, float] = {}
+        self._t0 = time.perf_counter()
+        self._staged = threading.Event()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._collected = False
+
+    # ----------------------------------------------------------------- public
+    def wait_staged(self, timeout: float | None = None) -> None:
+        """Blocks until the state has been copied; the caller may then mutate its tensors.
+
+        Raises:
+            CheckpointTimeoutError: ``timeout`` seconds passed first.
+            BaseException: staging failed (the same error ``result()`` raises).
+        """
+        if not self._staged.wait(timeout):
+            raise CheckpointTimeoutError(f"staging of {self.path!r} not finished after {timeout} s")
+        if self._error is not None and not self._done.is_set():
+            self._done.wait()  # a staging failure also ends the save; report it once settled
+        if self._error is not None and "staged" not in self.timings:
+            self._collected = True
+            raise self._error
+
+    def result(self, timeout: float | None = None) -> None:
+        """Blocks until the checkpoint is committed and durable; re-raises any failure.
+
+        Raises:
+            CheckpointTimeoutError: ``timeout`` seconds passed first (the save goes on).
+            BaseException: the error that made the save fail.
+        """
+        if not self._done.wait(timeout):
+            raise CheckpointTimeoutError(f"async save to {self.path!r} not finished after {timeout} s")
+        if self._error is not None:
+            self._collected = True
+            raise self._error
+
+    def done(self) -> bool:
+        """True once the save has committed or failed (``result()`` then returns at once)."""
+        return self._done.is_set()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Waits like ``result()`` and returns the error instead of raising it (None on success)."""
+        if not self._done.wait(timeout):
+            raise CheckpointTimeoutError(f"async save to {self.path!r} not finished after {timeout} s")
+        self._collected = True
+        return self._error
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error else "done" if self.done() else \
+            "writing" if self._staged.is_set() else "staging"
+        return f"SaveHandle({self.path!r}, {state})"
+
+    # ----------------------------------------------------------------- engine side
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def _set_staged(self) -> None:
+        self.timings.setdefault("staged", self._elapsed())
+        self._staged.set()
+
+    def _set_done(self, error: BaseException | None = None) -> None:
+        if error is None:
+            self.timings["durable"] = self._elapsed()
+        self._error = error
+        self._staged.set()
+        self._done.set()
+
+    @property
+    def _uncollected(self) -> BaseException | None:
+        """The failure nobody has seen yet (None when none or already raised)."""
+        return None if self._collected else self._error
+
+    def _mark_collected(self) -> None:
+        self._collected = True

@@ -1,0 +1,204 @@
+"""Write one data file at disk speed: parallel ranged writes plus checksums, per unit.
+
+``FileWrite`` receives "unit k is ready" notifications (from staging threads, in any
+order) and turns each into I/O-pool jobs: a write of the unit, and the checksums of
+the blocks that end in it once every unit before it is ready too. Checksums thus run
+off the training thread, concurrently with the writes (CRC32C releases the GIL).
+
+Two sources of bytes:
+- *staged*: a HostBuffer holding the file image (async saves): units are written
+  straight from it; blocks are checksummed from it.
+- *streamed* (sync saves): nothing is staged in full. Each write job copies its unit
+  into one of a few bounce buffers (aligned, for direct I/O) or, when the file is not
+  written with direct I/O, gathers the source slices straight into ``pwritev``;
+  checksums read the source tensors, which do not change during a sync save.
+
+Storages without ranged writes (object stores) get the whole staged file in one
+``Storage.write`` at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Protocol
+
+import numpy as np
+
+from ..format.checksum import crc32c
+from ..storage.base import Storage
+from ..storage.local import io_pool, wait_all
+from .buffers import BouncePool, HostBuffer, round_up
+from .staging import copy_unit
+from .units import HEADER, Block, FileUnits
+
+log = logging.getLogger("shardsafe")
+
+class RangeWriter(Protocol):
+    """What ``Storage.open_writer`` returns (see ``storage.local.LocalFileWriter``)."""
+
+    direct: bool
+
+    def write_at(self, offset: int, data: memoryview) -> None: ...
+    def write_gather(self, offset: int, views: Sequence[memoryview]) -> None: ...
+    def close(self, *, sync: bool = True) -> None: ...
+    def abort(self) -> None: ...
+
+
+def open_writer(storage: Storage, path: str, size: int) -> RangeWriter | None:
+    """A ranged writer when the backend has one (local files), else None."""
+    opener = getattr(storage, "open_writer", None)
+    return opener(path, size) if opener is not None else None
+
+
+class FileWrite:
+    """Checksums and writes one data file as its units become ready.
+
+    Args:
+        units: The file's units and checksum blocks.
+        storage: Backend; ``path`` is the file's path in it.
+        staged: The file image (staged mode), or None for streamed mode.
+        sources: Per-item flat uint8 host views (streamed mode).
+        bounce: Bounce buffers for streamed direct writes.
+    """
+
+    def __init__(self, units: FileUnits, storage: Storage, path: str, *,
+                 staged: HostBuffer | None = None, sources: Sequence[np.ndarray] | None = None,
+                 bounce: BouncePool | None = None) -> None:
+        if (staged is None) == (sources is None):
+            raise ValueError("give exactly one of staged= and sources=")
+        self.units, self.storage, self.path = units, storage, path
+        self.staged, self.sources, self.bounce = staged, sources, bounce
+        self.sums: list[list[int]] = [[0] * n for n in units.nblocks]
+        self._lock = threading.Lock()
+        self._ready = [False] * units.nunits
+        self._prefix = 0  # units [0, prefix) are all ready
+        self._pending: list[tuple[str, int]] = []  # jobs noted before start()
+        self._futures: list[Future] = []
+        self._writer: RangeWriter | None = None
+        self._started = False
+        self._all_ready = threading.Event()
+        self._failed: BaseException | None = None
+
+    # ------------------------------------------------------------------ dispatch
+    def start(self) -> None:
+        """Opens the file; jobs for units already ready are submitted now, later ones on arrival."""
+        self._writer = open_writer(self.storage, self.path, self.units.size)
+        if self._writer is None and self.staged is None:
+            raise ValueError(f"{type(self.storage).__name__} has no ranged writes; stage the file")
+        with self._lock:
+            self._started = True
+            pending, self._pending = self._pending, []
+        for job in pending:
+            self._submit(job)
+
+    def unit_ready(self, k: int) -> None:
+        """Notes that unit ``k`` holds its final bytes (thread-safe, any order)."""
+        jobs: list[tuple[str, int]] = [("write", k)]
+        with self._lock:
+            self._ready[k] = True
+            while self._prefix < len(self._ready) and self._ready[self._prefix]:
+                jobs.append(("sums", self._prefix))
+                self._prefix += 1
+            if not self._started:
+                self._pending.extend(jobs)
+                jobs = []
+            if self._prefix == len(self._ready):
+                self._all_ready.set()
+        for job in jobs:
+            self._submit(job)
+
+    def fail(self, exc: BaseException) -> None:
+        """Staging failed: ``finish`` raises ``exc`` instead of waiting for more units."""
+        self._failed = exc
+        self._all_ready.set()
+
+    def all_ready(self) -> None:
+        """Marks every unit ready (streamed mode: the sources are complete from the start)."""
+        for k in range(self.units.nunits):
+            self.unit_ready(k)
+
+    def _submit(self, job: tuple[str, int]) -> None:
+        kind, k = job
+        if kind == "write" and self._writer is None:
+            return  # no ranged writes: the whole image is written in finish()
+        if kind == "sums" and not self.units.blocks_by_unit[k]:
+            return
+        fn = self._write_unit if kind == "write" else self._checksum_unit
+        fut = io_pool().submit(fn, k)
+        with self._lock:
+            self._futures.append(fut)
+
+    # ------------------------------------------------------------------ jobs
+    def _block_view(self, b: Block) -> memoryview:
+        if self.staged is not None:
+            return self.staged.view(b.start, b.stop)
+        off = self.units.plan.layout.offsets[b.item]
+        return memoryview(self.sources[b.item])[b.start - off : b.stop - off]
+
+    def _checksum_unit(self, k: int) -> None:
+        for b in self.units.blocks_by_unit[k]:
+            self.sums[b.item][b.index] = crc32c(self._block_view(b))
+
+    def _write_unit(self, k: int) -> None:
+        start, stop = self.units.span(k)
+        w = self._writer
+        if self.staged is not None:
+            # The buffer is padded to 4096, so the file's last unit also goes out direct;
+            # the writer truncates the padding away on close.
+            end = round_up(stop) if k == self.units.nunits - 1 else stop
+            w.write_at(start, self.staged.view(start, end))
+        elif w.direct and self.bounce is not None:
+            buf = self.bounce.acquire()
+            try:
+                copy_unit(self.units, k, self.sources, buf.array, base=start)
+                w.write_at(start, buf.view(0, round_up(stop - start)))
+            finally:
+                self.bounce.release(buf)
+        else:
+            self._gather_write(k)
+
+    def _gather_write(self, k: int) -> None:
+        """Writes unit ``k`` straight from the source slices (buffered files: no bounce copy)."""
+        header = memoryview(self.units.plan.layout.header)
+        parts = self.units.parts(k)
+        views = [(header if p.item == HEADER else memoryview(self.sources[p.item]))[p.src : p.src + p.length]
+                 for p in parts]
+        if views:
+            self._writer.write_gather(parts[0].dst, views)
+
+    # ------------------------------------------------------------------ completion
+    def finish(self, timeout: float | None = None) -> list[list[int]]:
+        """Waits for every unit and job, makes the file durable, returns the block checksums.
+
+        On error the file is closed unsynced and the error re-raised (after every job of
+        this file has stopped, so the caller may free the buffers).
+        """
+        if not self._all_ready.wait(timeout):
+            raise TimeoutError(f"{self.path}: staging did not finish")
+        try:
+            if self._failed is not None:
+                raise self._failed
+            with self._lock:
+                futures = list(self._futures)
+            wait_all(futures)
+            if self._writer is None:
+                self.storage.write(self.path, [self.staged.view(0, self.units.size)])
+            else:
+                self._writer.close(sync=True)
+        except BaseException:
+            if self._writer is not None:
+                self._writer.abort()
+            raise
+        return self.sums
+
+    def cancel(self) -> None:
+        """Waits for submitted jobs and closes the file without syncing (save failed elsewhere)."""
+        with self._lock:
+            futures = list(self._futures)
+        for f in futures:
+            f.exception()
+        if self._writer is not None:
+            self._writer.abort()

@@ -1,0 +1,206 @@
+"""async_save semantics: what is saved is the state at the call (or at wait_staged), errors
+reach the caller, saves never overlap, staging buffers are reused."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import shardsafe
+from shardsafe.engine import checkpointer as checkpointer_mod
+
+
+def _state(seed: int = 0, n: int = 4, numel: int = 2 << 20) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"w": [torch.randn(numel, generator=g) for _ in range(n)],
+            "small": torch.arange(1000, dtype=torch.int64), "np": np.full(333, seed, dtype=np.float64),
+            "step": seed, "name": "run"}
+
+
+def _clone(state: dict) -> dict:
+    return {"w": [t.clone() for t in state["w"]], "small": state["small"].clone(),
+            "np": state["np"].copy(), "step": state["step"], "name": state["name"]}
+
+
+def _mutate(state: dict) -> None:
+    for t in state["w"]:
+        t.mul_(-3.0).add_(1.0)
+    state["small"].fill_(-1)
+    state["np"][:] = -7.0
+
+
+def _assert_saved(path: str, expect: dict) -> None:
+    got = shardsafe.load(path)
+    assert got["step"] == expect["step"] and got["name"] == expect["name"]
+    for a, b in zip(got["w"], expect["w"]):
+        assert torch.equal(a, b)
+    assert torch.equal(got["small"], expect["small"])
+    np.testing.assert_array_equal(got["np"], expect["np"])
+
+
+def test_blocking_staging_snapshot_survives_immediate_mutation(tmp_path):
+    state = _state(1)
+    expect = _clone(state)
+    h = shardsafe.async_save(state, str(tmp_path / "c"))
+    _mutate(state)  # allowed right away with staging="blocking"
+    h.result()
+    assert h.done()
+    _assert_saved(str(tmp_path / "c"), expect)
+
+
+def test_background_staging_snapshot_survives_mutation_after_wait_staged(tmp_path):
+    state = _state(2)
+    expect = _clone(state)
+    with shardsafe.Checkpointer() as ckpt:
+        h = ckpt.async_save(state, str(tmp_path / "c"), staging="background")
+        h.wait_staged()
+        _mutate(state)
+        h.result()
+    _assert_saved(str(tmp_path / "c"), expect)
+
+
+def test_handle_reports_progress_and_timings(tmp_path):
+    with shardsafe.Checkpointer() as ckpt:
+        h = ckpt.async_save(_state(3), str(tmp_path / "c"))
+        assert isinstance(h, shardsafe.SaveHandle)
+        h.result(timeout=60)
+        assert h.done() and h.exception() is None
+        assert 0 <= h.timings["staged"] <= h.timings["durable"]
+        assert h.nbytes > 4 * (2 << 20) * 4
+
+
+def test_unknown_staging_mode_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="staging"):
+        shardsafe.async_save({"x": 1}, str(tmp_path / "c"), staging="lazy")
+
+
+def test_unsavable_value_raises_at_the_call_and_leaves_nothing(tmp_path):
+    with shardsafe.Checkpointer() as ckpt:
+        with pytest.raises(TypeError, match="bad"):
+            ckpt.async_save({"bad": object()}, str(tmp_path / "c"))
+        ckpt.async_save({"ok": torch.ones(3)}, str(tmp_path / "d")).result()  # still usable
+    assert sorted(os.listdir(tmp_path)) == ["d"]
+
+
+def test_second_save_waits_for_the_first(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(checkpointer_mod, "SLOW_WAIT_S", 0.0)  # any wait at all is "slow"
+    first, second = _state(4, n=8), _state(5)
+    with shardsafe.Checkpointer() as ckpt:
+        h1 = ckpt.async_save(first, str(tmp_path / "a"), staging="background")
+        with caplog.at_level(logging.WARNING, logger="shardsafe"):
+            h2 = ckpt.async_save(second, str(tmp_path / "b"))
+        assert h1.done(), "the second save started before the first finished"
+        assert any("previous async save" in r.getMessage() and "/a," in r.getMessage()
+                   for r in caplog.records)
+        h2.result()
+        ckpt.save({"x": torch.ones(2)}, str(tmp_path / "c"))  # sync save waits too
+        assert h2.done()
+    _assert_saved(str(tmp_path / "a"), _state(4, n=8))
+    _assert_saved(str(tmp_path / "b"), _state(5))
+
+
+def test_buffers_are_reused_for_the_same_layout(tmp_path):
+    with shardsafe.Checkpointer() as ckpt:
+        ckpt.async_save(_state(6), str(tmp_path / "a")).result()
+        first = ckpt.arena.buffers
+        ckpt.async_save(_state(7), str(tmp_path / "b"), staging="background").result()
+        assert ckpt.arena.buffers == first and all(a is b for a, b in zip(first, ckpt.arena.buffers))
+        assert ckpt.arena.allocations == 1
+        ckpt.async_save(_state(8, n=2), str(tmp_path / "c")).result()  # new layout: new buffers
+        assert ckpt.arena.allocations == 2
+        assert ckpt.arena.nbytes < sum(b.nbytes for b in first)
+    _assert_saved(str(tmp_path / "b"), _state(7))
+    _assert_saved(str(tmp_path / "c"), _state(8, n=2))
+
+
+def test_overwrite_and_metadata_pass_through(tmp_path):
+    p = str(tmp_path / "c")
+    shardsafe.async_save({"v": torch.zeros(4)}, p, metadata={"step": 1}).result()
+    with pytest.raises(shardsafe.CheckpointError, match="already exists"):
+        shardsafe.async_save({"v": torch.ones(4)}, p)
+    shardsafe.async_save({"v": torch.ones(4)}, p, overwrite=True, metadata={"step": 2}).result()
+    assert torch.equal(shardsafe.load(p)["v"], torch.ones(4))
+    assert shardsafe.api.load.read_checkpoint_index(p).metadata == {"step": 2}
+
+
+def test_overlapped_writes_save_the_same_bytes(tmp_path):
+    state = _state(9)
+    expect = _clone(state)
+    with shardsafe.Checkpointer(overlap_writes=True, unit_size=1 << 20) as ckpt:
+        h = ckpt.async_save(state, str(tmp_path / "c"))
+        _mutate(state)
+        h.result()
+    _assert_saved(str(tmp_path / "c"), expect)
+
+
+# A real write error in the background: the file-size limit (RLIMIT_FSIZE) makes the
+# kernel refuse writes past 1 MiB with EFBIG (root ignores permissions, not this).
+FAILING = textwrap.dedent("""
+    import errno, resource, signal, sys, os, time, torch, shardsafe
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    d = sys.argv[1]
+    state = {"w": torch.ones(4 << 20)}
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+    ckpt = shardsafe.Checkpointer()
+    h = ckpt.async_save(state, os.path.join(d, "a"), staging=sys.argv[2])
+    try:
+        h.result()
+        print("NO ERROR FROM RESULT")
+    except OSError as e:
+        print("result:", errno.errorcode[e.errno])
+    h2 = ckpt.async_save(state, os.path.join(d, "b"), staging=sys.argv[2])
+    while not h2.done():  # let it fail in the background; nobody collects its error
+        time.sleep(0.01)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    try:
+        ckpt.save(state, os.path.join(d, "c"))
+        print("NO ERROR FROM NEXT SAVE")
+    except shardsafe.CheckpointError as e:
+        print("next save:", type(e.__cause__).__name__, errno.errorcode[e.__cause__.errno])
+    ckpt.save(state, os.path.join(d, "d"))  # the error was delivered once; saving works again
+    print("listing:", sorted(os.listdir(d)))
+""")
+
+
+@pytest.mark.parametrize("staging", ["blocking", "background"])
+def test_background_write_error_reaches_result_and_next_save(tmp_path, subprocess_env, python, staging):
+    r = subprocess.run([python, "-c", FAILING, str(tmp_path), staging], env=subprocess_env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "result: EFBIG" in r.stdout
+    assert "next save: OSError EFBIG" in r.stdout
+    assert "listing: ['d']" in r.stdout, r.stdout  # failed saves leave nothing, not even tmp dirs
+
+
+FAILING_UNCOLLECTED = textwrap.dedent("""
+    import resource, signal, sys, os, torch, shardsafe
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    d = sys.argv[1]
+    state = {"w": torch.ones(4 << 20)}
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+    shardsafe.async_save(state, os.path.join(d, "a"))  # fails in the background; never collected
+    try:
+        shardsafe.save(state, os.path.join(d, "b"))
+        print("NO ERROR FROM NEXT SAVE")
+    except shardsafe.CheckpointError as e:
+        print("next save raised:", type(e.__cause__).__name__, "|", e)
+    shardsafe.async_save(state, os.path.join(d, "z"))  # fails again, nobody asks before exit
+""")
+
+
+def test_uncollected_error_is_raised_by_next_save_and_logged_at_exit(tmp_path, subprocess_env, python):
+    r = subprocess.run([python, "-c", FAILING_UNCOLLECTED, str(tmp_path)], env=subprocess_env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "next save raised: OSError" in r.stdout and "previous async save" in r.stdout
+    assert "async save to" in r.stderr and "nobody called result()" in r.stderr
+    assert os.listdir(tmp_path) == []

@@ -1,0 +1,89 @@
+"""Property: any nested structure of supported values round-trips exactly (hypothesis)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import shardsafe
+
+from roundtrip_helpers import assert_same, random_tensor
+
+TORCH_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float8_e4m3fn,
+                torch.float8_e5m2, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,
+                torch.uint16, torch.uint32, torch.uint64, torch.bool, torch.complex64, torch.complex128]
+NP_DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+             "float16", "float32", "float64", "complex64", "complex128"]
+
+shapes = st.lists(st.integers(0, 4), max_size=3).map(tuple)
+
+
+@st.composite
+def torch_tensors(draw: st.DrawFn) -> torch.Tensor:
+    t = random_tensor(draw(st.sampled_from(TORCH_DTYPES)), draw(shapes), seed=draw(st.integers(0, 2**16)))
+    if t.dim() >= 2 and draw(st.booleans()):
+        t = t.transpose(0, 1)  # non-contiguous
+    return t
+
+
+@st.composite
+def numpy_arrays(draw: st.DrawFn) -> np.ndarray:
+    dt = np.dtype(draw(st.sampled_from(NP_DTYPES)))
+    shape = draw(shapes)
+    n = int(np.prod(shape)) * dt.itemsize
+    raw = np.frombuffer(draw(st.binary(min_size=n, max_size=n)), dtype=np.uint8)
+    if dt == np.bool_:
+        return (raw > 127).reshape(shape)
+    return raw.view(dt).reshape(shape).copy()
+
+
+@st.composite
+def numpy_scalars(draw: st.DrawFn) -> np.generic:
+    return draw(numpy_arrays().filter(lambda a: a.size > 0)).reshape(-1)[0]
+
+
+plain = (st.none() | st.booleans() | st.integers() | st.integers(-(2**200), 2**200)
+         | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20) | st.binary(max_size=20))
+leaves = plain | torch_tensors() | numpy_arrays() | numpy_scalars()
+keys = st.text(max_size=8) | st.integers(-(2**40), 2**40)
+
+
+def containers(children: st.SearchStrategy) -> st.SearchStrategy:
+    return (st.lists(children, max_size=4)
+            | st.lists(children, max_size=4).map(tuple)
+            | st.dictionaries(keys, children, max_size=4))
+
+
+values = st.recursive(leaves, containers, max_leaves=20)
+states = st.dictionaries(keys, values, max_size=5)
+
+
+@pytest.fixture(scope="module")
+def scratch() -> Any:
+    d = tempfile.mkdtemp(prefix="shardsafe-prop-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(state=states)
+def test_roundtrip(scratch: str, state: dict) -> None:
+    path = os.path.join(scratch, uuid.uuid4().hex)
+    shardsafe.save(state, path)
+    try:
+        assert_same(shardsafe.load(path), state)
+        # loading in place into the original structure changes nothing and reports nothing
+        result = shardsafe.load(path, state)
+        assert (result.missing, result.unexpected, result.mismatched) == ([], [], [])
+    finally:
+        shutil.rmtree(path)

@@ -1,0 +1,137 @@
+"""Parallel reads into targets: every block verified (a flipped byte anywhere is caught,
+named by file and key), small chunks coalesced, partial pieces read only what they need."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import shardsafe
+from shardsafe.engine import reader as reader_mod
+from shardsafe.engine.commit import read_index
+from shardsafe.engine.reader import Reader, ReadJob, _byte_span, _coalesce
+from shardsafe.plan.load_plan import pieces_for
+from shardsafe.storage.local import LocalStorage
+
+DATA = "data-r00000-000.safetensors"
+
+
+@pytest.fixture
+def saved(tmp_path, monkeypatch):
+    monkeypatch.setattr(reader_mod, "SPLIT_MIN", 4096)
+    g = torch.Generator().manual_seed(1)
+    state = {"big": torch.randn(5 << 20, generator=g),  # 20 MiB: two 16 MiB checksum blocks
+             "mid": torch.randn(3000, 7, generator=g),
+             "small": [torch.randn(i + 1, generator=g) for i in range(300)]}
+    path = str(tmp_path / "c")
+    shardsafe.save(state, path)
+    return path, state
+
+
+def _offset_of(path: str, key: tuple) -> tuple[int, int]:
+    index = read_index(LocalStorage(), path)
+    entry = next(t for t in index.tensors if t.key == key)
+    return entry.chunks[0].offset, entry.nbytes
+
+
+def _flip(path: str, pos: int) -> None:
+    with open(os.path.join(path, DATA), "r+b") as f:
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def test_parallel_in_place_load_is_exact(saved):
+    path, state = saved
+    target = {"big": torch.zeros(5 << 20), "mid": torch.zeros(3000, 7),
+              "small": [torch.zeros(i + 1) for i in range(300)]}
+    big_ptr = target["big"].data_ptr()
+    shardsafe.load(path, target)
+    assert target["big"].data_ptr() == big_ptr  # read into the target's own memory
+    assert torch.equal(target["big"], state["big"]) and torch.equal(target["mid"], state["mid"])
+    assert all(torch.equal(a, b) for a, b in zip(target["small"], state["small"]))
+
+
+@pytest.mark.parametrize("where,key", [
+    ("big-block0", ("big",)), ("big-block1", ("big",)), ("mid", ("mid",)), ("small", ("small", 150)),
+])
+def test_flipped_byte_is_detected_in_every_read_path(saved, where, key):
+    path, _ = saved
+    off, n = _offset_of(path, key)
+    pos = {"big-block0": off + 12345, "big-block1": off + (16 << 20) + 99}.get(where, off + n // 2)
+    _flip(path, pos)
+    target = {"big": torch.zeros(5 << 20), "mid": torch.zeros(3000, 7),
+              "small": [torch.zeros(i + 1) for i in range(300)]}
+    with pytest.raises(shardsafe.CorruptCheckpointError) as e:
+        shardsafe.load(path, target)
+    assert e.value.file == DATA and e.value.key == ".".join(map(str, key))
+    with pytest.raises(shardsafe.CorruptCheckpointError):
+        shardsafe.load(path)
+
+
+def test_partial_piece_reads_only_covering_blocks(saved):
+    path, state = saved
+    storage = LocalStorage()
+    index = read_index(storage, path)
+    entry = next(t for t in index.tensors if t.key == ("big",))
+    # a region in the second checksum block: flip a byte in the first, which must not be read
+    _flip(path, entry.chunks[0].offset + 100)
+    lo = (16 << 20) // 4 + 10
+    dest = np.zeros(1000 * 4, dtype=np.uint8)
+    Reader(storage, path, index).run([ReadJob(entry, dest, (lo,), (1000,))])
+    assert np.array_equal(dest.view(np.float32), state["big"][lo : lo + 1000].numpy())
+    with pytest.raises(shardsafe.CorruptCheckpointError):
+        Reader(storage, path, index).run([ReadJob(entry, dest, (5,), (10,))])
+
+
+def test_byte_span_of_a_2d_region():
+    from shardsafe.format.index import ChunkEntry
+
+    c = ChunkEntry("f", 0, 4 * 10 * 6, (0, 0), (10, 6), (0,))
+    p = pieces_for([c], (2, 1), (3, 2))[0]
+    assert _byte_span(p, c.shape, 4) == ((2 * 6 + 1) * 4, (4 * 6 + 2 + 1) * 4)
+
+
+def test_coalesce_groups_neighbours_only():
+    from shardsafe.engine.reader import _Small
+    from shardsafe.format.index import ChunkEntry
+
+    def s(file, off, n):
+        return _Small(ChunkEntry(file, off, n, (0,), (n,), (0,)), np.empty(0), "k")
+
+    groups = _coalesce([s("a", 0, 10), s("a", 10, 10), s("b", 20, 5), s("a", 1 << 20, 4)], 1 << 20)
+    assert [[x.chunk.offset for x in g] for g in groups] == [[0, 10], [1 << 20], [20]]
+
+
+def test_mmap_load_is_zero_copy_verified_and_copy_on_write(saved):
+    path, state = saved
+    got = shardsafe.load(path, mmap=True)
+    assert torch.equal(got["big"], state["big"]) and torch.equal(got["mid"], state["mid"])
+    assert all(torch.equal(a, b) for a, b in zip(got["small"], state["small"]))
+    got["big"].zero_()  # private mapping: the checkpoint is untouched
+    assert torch.equal(shardsafe.load(path)["big"], state["big"])
+    with pytest.raises(ValueError, match="mmap"):
+        shardsafe.load(path, {"big": torch.zeros(1)}, mmap=True)
+
+
+def test_mmap_load_verifies_before_returning(saved):
+    path, _ = saved
+    off, n = _offset_of(path, ("small", 7))
+    _flip(path, off + n - 1)
+    with pytest.raises(shardsafe.CorruptCheckpointError) as e:
+        shardsafe.load(path, mmap=True)
+    assert e.value.key == "small.7"
+
+
+def test_mmap_load_of_numpy_bfloat16_and_empty(tmp_path):
+    state = {"np": np.arange(10, dtype=np.int16), "bf": torch.randn(9).to(torch.bfloat16),
+             "e": torch.zeros(0, 3), "s": torch.tensor(2.5)}
+    shardsafe.save(state, str(tmp_path / "c"))
+    got = shardsafe.load(str(tmp_path / "c"), mmap=True)
+    np.testing.assert_array_equal(got["np"], state["np"])
+    assert torch.equal(got["bf"], state["bf"]) and got["e"].shape == (0, 3)
+    assert got["s"].shape == () and got["s"].item() == 2.5

@@ -1,0 +1,42 @@
+"""Helpers for tests that edit a real index.json and re-seal it with a valid checksum."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Any
+
+from shardsafe.format.checksum import crc32c
+
+
+def read_raw(ckpt: str) -> dict[str, Any]:
+    """The parsed JSON of ``ckpt/index.json`` without its checksum member."""
+    with open(os.path.join(ckpt, "index.json"), "rb") as f:
+        raw = json.loads(f.read())
+    raw.pop("index_checksum")
+    return raw
+
+
+def seal(raw: Any) -> bytes:
+    """Encodes ``raw`` like shardsafe does, with a correct trailing index checksum.
+
+    The checksum is right, so whatever rejects the result is the validation, not the CRC.
+    """
+    text = json.dumps(raw, separators=(",", ":"), ensure_ascii=False)
+    if not (isinstance(raw, dict) and raw):
+        prefix = text.encode()  # not an object: append the trailer anyway
+        return prefix + b',"index_checksum":"crc32c:%08x"}\n' % crc32c(prefix)
+    prefix = text[:-1].encode("utf-8")
+    return prefix + b',"index_checksum":"crc32c:%08x"}\n' % crc32c(prefix)
+
+
+def write_raw(ckpt: str, raw: Any) -> None:
+    with open(os.path.join(ckpt, "index.json"), "wb") as f:
+        f.write(seal(raw))
+
+
+def edited(raw: dict[str, Any], fn) -> dict[str, Any]:
+    out = copy.deepcopy(raw)
+    fn(out)
+    return out

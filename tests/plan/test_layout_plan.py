@@ -1,0 +1,45 @@
+"""plan_file / chunk_entries: slot names, offsets and index chunks of a data file."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardsafe.format.datafile import parse_header
+from shardsafe.plan.flatten import TensorItem, flatten
+from shardsafe.plan.layout import chunk_entries, data_file_name, plan_file
+
+
+def test_data_file_name() -> None:
+    assert data_file_name(0) == "data-r00000-000.safetensors"
+    assert data_file_name(12345, 7) == "data-r12345-007.safetensors"
+
+
+def test_colliding_and_reserved_names_get_suffixes() -> None:
+    _, items = flatten({"a.b": np.zeros(1), "a": {"b": np.zeros(2)}, "__metadata__": np.zeros(3),
+                        "x": {1: np.zeros(1)}, "x.1": np.zeros(1)})
+    plan = plan_file("f", items)
+    _, entries = parse_header(plan.layout.header)
+    names = [k for k in entries if k != "__metadata__"]
+    assert sorted(names) == sorted(["a.b", "a.b#1", "__metadata__#1", "x.1", "x.1#1"])
+    assert entries["__metadata__"] == {"format": "pt", "writer": "shardsafe"}
+
+
+def test_sharded_items_name_their_offsets() -> None:
+    it = TensorItem(id=0, path=("w",), value=np.zeros((2, 3), np.float32), kind="numpy",
+                    dtype="float32", shape=(4, 3), offsets=(2, 0), replicated=False)
+    plan = plan_file("f", [it])
+    _, entries = parse_header(plan.layout.header)
+    assert "w@2,0" in entries
+    chunk = chunk_entries(plan, [[7]])[0]
+    assert (chunk.file, chunk.offset, chunk.nbytes, chunk.offsets, chunk.shape, chunk.checksums) == (
+        "f", 4096, 24, (2, 0), (2, 3), (7,))
+
+
+def test_chunk_entries_follow_the_layout() -> None:
+    _, items = flatten({"i8": np.zeros(3, np.int8), "f64": np.zeros(2), "empty": np.zeros((0, 5)),
+                        "scalar": np.array(1, np.float32)})
+    plan = plan_file("f", items)
+    chunks = chunk_entries(plan, [[i] for i in range(len(items))])
+    assert [chunks[it.id].offset for it in items] == list(plan.layout.offsets)
+    assert [chunks[it.id].nbytes for it in items] == [3, 16, 0, 4]
+    assert plan.layout.size == 4096 + 23
