@@ -219,7 +219,36 @@ def s_kill(out: str) -> dict[str, Any]:
     return res
 
 
-SCENARIOS = {"comm": s_comm, "save": s_save, "load": s_load, "kill": s_kill}
+def s_async(out: str) -> dict[str, Any]:
+    """FSDP2 training whose collectives keep running while async saves commit."""
+    model, opt = build_fsdp(0)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    payload = distribute_tensor(torch.zeros(WORLD * 512, 4096), mesh, [Shard(0)])  # 8 MiB/rank
+    state = {"app": shardsafe.ModelOptimizerState(model, opt), "payload": payload, "step": 0}
+    handles: list[Any] = []
+    overlapped = 0
+    for step in range(9):
+        g = torch.Generator().manual_seed(1000 * step + RANK)
+        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 7, generator=g)
+        F.mse_loss(model(x), y).backward()  # FSDP all-gathers and reduce-scatters
+        if handles:
+            handles[-1].wait_staged()  # background staging must finish before we mutate
+        opt.step()
+        opt.zero_grad()
+        payload.to_local().fill_(float(step))
+        overlapped += sum(1 for h in handles if not h.done())
+        if step % 3 == 2:
+            state["step"] = step
+            write_full_state(model, opt, os.path.join(out, f"async-ref-{step}.safetensors"))
+            mode = "background" if step % 2 else "blocking"
+            handles.append(shardsafe.async_save(state, os.path.join(out, f"async-{step}"),
+                                                staging=mode, timeout=60))
+    for h in handles:
+        h.result(timeout=120)
+    return {"saved": [3 * i + 2 for i in range(len(handles))], "overlapped": overlapped}
+
+
+SCENARIOS = {"comm": s_comm, "save": s_save, "load": s_load, "kill": s_kill, "async": s_async}
 
 
 def main() -> None:
