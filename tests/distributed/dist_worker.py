@@ -185,6 +185,11 @@ def s_load(out: str) -> dict[str, Any]:
     res["mesh_equal"] = {k: bool(torch.equal(targets[k].full_tensor(), full[k])) for k in full}
     res["mesh_local_shapes"] = {k: list(targets[k].to_local().shape) for k in full}
     res["plain_equal"] = bool(torch.equal(tgt["plain"], torch.arange(10))) and tgt["n"] == 5
+    try:  # rank 0 finds nothing: every rank raises the same error
+        shardsafe.load(os.path.join(out, "absent"), {"n": 0})
+        res["absent"] = "loaded"
+    except shardsafe.CheckpointNotFoundError as e:
+        res["absent"] = type(e).__name__
     return res
 
 

@@ -53,6 +53,7 @@ def test_fsdp_reloads_bit_identically_on_other_world_sizes(cluster, saved, world
     # the 2x2-mesh checkpoint onto a 1-D mesh of this world size (resharded)
     for r in results:
         assert r["mesh_equal"] == {"a": True, "b": True, "c": True} and r["plain_equal"]
+        assert r["absent"] == "CheckpointNotFoundError"
     if world == 4:  # training goes on exactly as it did in the saving job
         assert [r["losses_after"] for r in results] == [r["losses_after"] for r in before]
         assert_bit_identical(load_file(os.path.join(out, "fsdp-ref-after.safetensors")),
