@@ -22,6 +22,7 @@ from .errors import (
     CorruptCheckpointError,
     StateMismatchError,
 )
+from .per_rank import PerRank
 from .rng import RNGState
 
 
@@ -43,6 +44,7 @@ __all__ = [
     "SaveHandle",
     "LoadResult",
     "RNGState",
+    "PerRank",
     "ModelOptimizerState",
     "CheckpointError",
     "CorruptCheckpointError",

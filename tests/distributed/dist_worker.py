@@ -153,6 +153,12 @@ def s_save(out: str) -> dict[str, Any]:
 
     shardsafe.save(replicated_state(), os.path.join(out, "replicated"))
 
+    torch.manual_seed(100 + RANK)  # every rank its own generator state
+    per = {"rng": shardsafe.PerRank(shardsafe.RNGState()),
+           "mine": shardsafe.PerRank({"rank": RANK, "t": torch.full((3,), float(RANK))})}
+    shardsafe.save(per, os.path.join(out, "perrank"))
+    res["draw_after_save"] = torch.rand(4).tolist()
+
     bad: dict[str, Any] = {"ok": torch.ones(3)}
     if RANK == 1:
         bad["oops"] = {1, 2}  # a set cannot be saved: rank 1 raises TypeError
@@ -185,6 +191,12 @@ def s_load(out: str) -> dict[str, Any]:
     res["mesh_equal"] = {k: bool(torch.equal(targets[k].full_tensor(), full[k])) for k in full}
     res["mesh_local_shapes"] = {k: list(targets[k].to_local().shape) for k in full}
     res["plain_equal"] = bool(torch.equal(tgt["plain"], torch.arange(10))) and tgt["n"] == 5
+    torch.manual_seed(999)  # whatever: the load must bring back this rank's own generator
+    mine: dict[str, Any] = {"rank": -1}
+    shardsafe.load(os.path.join(out, "perrank"),
+                   {"rng": shardsafe.PerRank(shardsafe.RNGState()), "mine": shardsafe.PerRank(mine)})
+    res["draw_after_load"] = torch.rand(4).tolist()
+    res["mine"] = [mine["rank"], mine["t"].tolist()]
     try:  # rank 0 finds nothing: every rank raises the same error
         shardsafe.load(os.path.join(out, "absent"), {"n": 0})
         res["absent"] = "loaded"

@@ -108,3 +108,15 @@ def test_a_rank_raising_while_preparing_fails_every_rank(saved) -> None:  # noqa
     assert not os.path.exists(os.path.join(out, "bad"))
     assert not [n for n in os.listdir(out) if n.startswith(".bad")]
 
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_per_rank_state_comes_back_to_its_own_rank(cluster, saved, world: int) -> None:  # noqa: ANN001
+    out, before = saved
+    for rank, r in enumerate(cluster[1][("load", world)]):
+        assert r["draw_after_load"] == before[rank]["draw_after_save"]  # RNG of this very rank
+        assert r["mine"] == [rank, [float(rank)] * 3]
+    state = shardsafe.load(os.path.join(out, "perrank"))  # one process: every rank's entry
+    assert sorted(state["rng"]) == ["0", "1", "2", "3"]
+    assert [state["mine"][str(r)]["rank"] for r in range(4)] == [0, 1, 2, 3]
+    assert len({bytes(state["rng"][str(r)]["torch"].numpy()) for r in range(4)}) == 4
