@@ -22,6 +22,7 @@ from .errors import (
     CorruptCheckpointError,
     StateMismatchError,
 )
+from .manager import CheckpointManager, ManagerOptions
 from .per_rank import PerRank
 from .rng import RNGState
 
@@ -46,6 +47,8 @@ __all__ = [
     "RNGState",
     "PerRank",
     "ModelOptimizerState",
+    "CheckpointManager",
+    "ManagerOptions",
     "CheckpointError",
     "CorruptCheckpointError",
     "CheckpointNotFoundError",

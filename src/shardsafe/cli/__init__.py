@@ -20,7 +20,7 @@ EXIT_USAGE = 2        # bad arguments
 EXIT_NOT_FOUND = 3    # no committed checkpoint at the path
 EXIT_CORRUPT = 4      # the checkpoint is damaged
 
-COMMANDS: tuple[str, ...] = ("demo",)  # each helper appends its subcommand module name
+COMMANDS: tuple[str, ...] = ("demo", "bench", "ls", "info", "verify", "export", "import_", "diff", "gc")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CorruptCheckpointError as e:
         print(f"shardsafe: corrupt checkpoint: {e}", file=sys.stderr)
         return EXIT_CORRUPT
-    except (CheckpointError, OSError, ValueError, TypeError) as e:
+    except (CheckpointError, OSError, ValueError, TypeError, ImportError) as e:
         print(f"shardsafe: error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:

@@ -1,0 +1,208 @@
+"""Helpers shared by the subcommands: storage options, directory scans, progress, formatting.
+
+Nothing here prints; the subcommand modules do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine.commit import TMP_MARKER, is_committed, is_temporary, read_index
+from ..errors import CheckpointError, CheckpointNotFoundError
+from ..format.index import Index
+from ..storage import LocalStorage, Storage, storage_for
+
+STEP_DIR = re.compile(r"^step_(\d+)$")  # the manager's step directories (step_00000042)
+DATA_FILE = re.compile(r"^data-r\d+-\d+\.safetensors$")
+MANAGER_KEY = "shardsafe.manager"  # where the manager keeps step/metrics in index metadata
+QUARANTINED = re.compile(r"\.corrupt(\.\d+)?$")  # the manager sets damaged steps aside as step_N.corrupt
+
+
+def add_storage_options(parser: argparse.ArgumentParser) -> None:
+    """Adds ``--storage-options JSON`` (passed to fsspec for URLs such as ``s3://``)."""
+    parser.add_argument("--storage-options", metavar="JSON", default=None,
+                        help="fsspec options for URLs, as a JSON object, e.g. "
+                             "'{\"endpoint_url\": \"http://127.0.0.1:9000\"}'")
+
+
+def storage_options(args: argparse.Namespace) -> dict:
+    """The parsed ``--storage-options`` (an empty dict when absent)."""
+    raw = getattr(args, "storage_options", None)
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"--storage-options is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError("--storage-options must be a JSON object")
+    return value
+
+
+def open_checkpoint(path: str, options: dict) -> tuple[Storage, str, Index]:
+    """Storage, backend path and validated index of the committed checkpoint at ``path``."""
+    storage, spath = storage_for(path, options)
+    return storage, spath, read_index(storage, spath)
+
+
+@dataclass(slots=True)
+class Entry:
+    """A checkpoint (or the leftover of an unfinished save) found in a directory.
+
+    Attributes:
+        name: Name inside the directory.
+        path: Backend path.
+        state: ``committed``, ``partial`` (an unfinished or crashed save) or ``corrupt``
+            (committed, but its index or file sizes fail validation).
+        index: The index of a committed checkpoint.
+        error: Why it is corrupt.
+    """
+
+    name: str
+    path: str
+    state: str
+    index: Index | None = None
+    error: str | None = None
+
+    @property
+    def step(self) -> int | None:
+        """The step: from the manager's metadata, else from a ``step_N`` name."""
+        if self.index is not None:
+            md = self.index.metadata.get(MANAGER_KEY)
+            if isinstance(md, dict) and isinstance(md.get("step"), int):
+                return md["step"]
+        m = STEP_DIR.match(QUARANTINED.sub("", _final_name(self.name)))
+        return int(m.group(1)) if m else None
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        md = self.index.metadata.get(MANAGER_KEY) if self.index is not None else None
+        metrics = md.get("metrics") if isinstance(md, dict) else None
+        return metrics if isinstance(metrics, dict) else {}
+
+    @property
+    def size(self) -> int | None:
+        return sum(f.size for f in self.index.files) if self.index is not None else None
+
+
+def _final_name(name: str) -> str:
+    """``step_00000002`` for a temporary ``.step_00000002.shardsafe-tmp-<id>``."""
+    if is_temporary(name):
+        return name[1:].split(TMP_MARKER, 1)[0]
+    return name
+
+
+def _classify(storage: Storage, parent: str, name: str) -> Entry | None:
+    path = storage.join(parent, name)
+    if is_temporary(name):
+        return Entry(name, path, "partial")
+    if QUARANTINED.search(name):
+        return Entry(name, path, "corrupt", error="set aside as damaged")
+    if is_committed(storage, path):
+        try:
+            return Entry(name, path, "committed", index=read_index(storage, path))
+        except CheckpointError as e:
+            return Entry(name, path, "corrupt", error=str(e))
+    # object stores write data under the final prefix: data files without an index are a
+    # save that has not committed (or never will); so is a step directory without an
+    # index (a delete, index first, was interrupted). Other directories are not ours.
+    if STEP_DIR.match(name) or any(DATA_FILE.match(n) for n in storage.list(path)):
+        return Entry(name, path, "partial")
+    return None
+
+
+def scan(storage: Storage, path: str) -> list[Entry]:
+    """Checkpoints and unfinished saves directly under ``path``, steps in order.
+
+    Raises:
+        CheckpointNotFoundError: ``path`` does not exist.
+    """
+    names = storage.list(path)
+    if not names and not storage.exists(path):
+        raise CheckpointNotFoundError(f"{path!r} does not exist")
+    # listing a prefix needs one request per child on object stores: do them concurrently
+    with ThreadPoolExecutor(8) as pool:
+        found = [e for e in pool.map(lambda n: _classify(storage, path, n), names) if e is not None]
+    return sorted(found, key=lambda e: (e.step is None, e.step or 0, e.name))
+
+
+def checkpoints_at(storage: Storage, path: str) -> list[Entry]:
+    """``path`` itself when it is a committed checkpoint, else the checkpoints under it."""
+    if is_committed(storage, path):
+        name = path.rstrip("/").rsplit("/", 1)[-1] or path
+        try:
+            return [Entry(name, path, "committed", index=read_index(storage, path))]
+        except CheckpointError as e:
+            return [Entry(name, path, "corrupt", error=str(e))]
+    return scan(storage, path)
+
+
+def modified(storage: Storage, path: str) -> float | None:
+    """Newest modification time (POSIX seconds) of ``path`` or the files directly in it."""
+    if isinstance(storage, LocalStorage):
+        try:
+            times = [os.stat(path).st_mtime]
+            times += [os.stat(os.path.join(path, n)).st_mtime for n in storage.list(path)]
+        except FileNotFoundError:
+            return None
+        return max(times)
+    get = getattr(storage, "modified", None)
+    if get is None:
+        return None
+    times = [t for t in (get(storage.join(path, n)) for n in storage.list(path)) if t is not None]
+    return max(times) if times else None
+
+
+def human_bytes(n: int | None) -> str:
+    """``1.5 GiB``-style sizes."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+def local_time(ts: float | None) -> str:
+    """Local ``YYYY-MM-DD HH:MM:SS`` for a POSIX time; ``-`` when unknown."""
+    if not ts:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def table(rows: list[list[str]]) -> Iterator[str]:
+    """Left-aligned text columns (the first row is the header)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        yield "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+
+
+class _NoProgress:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress(total: int, desc: str) -> Any:
+    """A byte progress bar on stderr when it is a terminal and tqdm is installed; else silent."""
+    if not sys.stderr.isatty():
+        return _NoProgress()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoProgress()
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+                file=sys.stderr, leave=False)

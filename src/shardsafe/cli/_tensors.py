@@ -1,0 +1,124 @@
+"""Walking a checkpoint's leaves and reading single tensors (for info, export and diff).
+
+Reads go through ``engine.reader.Reader``, so every byte the CLI hands out has passed
+its checksum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .. import tensors
+from ..engine.reader import Reader, ReadJob
+from ..format.index import Index, TensorEntry
+from ..format.tree import KeyPath, Node, decode_plain, render_path
+
+
+@dataclass(frozen=True, slots=True)
+class Leaf:
+    """A leaf of the checkpoint tree: a tensor, a plain value, or an empty container.
+
+    Attributes:
+        key: Key path.
+        node: The tree node (``{"t": "int", "v": 7}``, ``{"t": "tensor", "id": 3}``, ...).
+        entry: The tensor entry, for tensors.
+    """
+
+    key: KeyPath
+    node: Node
+    entry: TensorEntry | None
+
+    @property
+    def dotted(self) -> str:
+        return render_path(self.key)
+
+    @property
+    def kind(self) -> str:
+        return self.node["t"]
+
+    def value(self) -> Any:
+        """The decoded plain value (an empty container for ``dict``/``list``/``tuple``)."""
+        t = self.node["t"]
+        if t in ("dict", "list"):
+            return {} if t == "dict" else []
+        if t == "tuple":
+            return ()
+        return decode_plain(self.node)
+
+
+def leaves(index: Index, node: Node | None = None, path: KeyPath = ()) -> Iterator[Leaf]:
+    """Every leaf of the (validated) tree in order, empty containers included.
+
+    ``node``/``path`` start the walk at a subtree (see ``subtree``).
+    """
+
+    def walk(node: Node, path: KeyPath) -> Iterator[Leaf]:
+        t = node["t"]
+        if t == "dict" and node["k"]:
+            for k, v in zip(node["k"], node["v"]):
+                yield from walk(v, path + (k,))
+        elif t in ("list", "tuple") and node["v"]:
+            for i, v in enumerate(node["v"]):
+                yield from walk(v, path + (i,))
+        elif t == "tensor":
+            yield Leaf(path, node, index.tensors[node["id"]])
+        else:
+            yield Leaf(path, node, None)
+
+    yield from walk(index.tree if node is None else node, path)
+
+
+def subtree(index: Index, only: str | None) -> tuple[Node, KeyPath]:
+    """The tree node at dotted path ``only`` (the root when None) and its key path.
+
+    Raises:
+        KeyError: No key path renders as ``only``.
+    """
+    if not only:
+        return index.tree, ()
+
+    def find(node: Node, path: KeyPath) -> tuple[Node, KeyPath] | None:
+        if render_path(path) == only:
+            return node, path
+        t = node["t"]
+        if t == "dict":
+            children = zip(node["k"], node["v"])
+        elif t in ("list", "tuple"):
+            children = enumerate(node["v"])
+        else:
+            return None
+        for k, v in children:
+            sub = path + (k,)
+            rendered = render_path(sub)
+            if rendered == only or only.startswith(rendered + "."):
+                hit = find(v, sub)
+                if hit is not None:
+                    return hit
+        return None
+
+    hit = find(index.tree, ())
+    if hit is None:
+        raise KeyError(only)
+    return hit
+
+
+def read_tensor(reader: Reader, entry: TensorEntry) -> Any:
+    """Reads one whole tensor (torch, or numpy for arrays saved from numpy), verified."""
+    value, dest = tensors.empty(entry.kind, entry.dtype, entry.shape)
+    reader.run([ReadJob(entry, dest, (0,) * len(entry.shape), entry.shape)])
+    return value
+
+
+def as_torch(value: Any) -> Any:
+    """A torch tensor for a torch tensor or numpy array (sharing memory)."""
+    if tensors.is_torch_tensor(value):
+        return value
+    return tensors.torch.from_numpy(value)
+
+
+def require_torch(what: str) -> None:
+    """Raises ImportError naming the command when torch is not installed."""
+    if not tensors.HAVE_TORCH:
+        raise ImportError(f"{what} needs torch (pip install 'shardsafe[torch]')")

@@ -1,0 +1,177 @@
+"""``shardsafe export CKPT OUT``: consolidate a checkpoint into one .safetensors or .pt file.
+
+``.safetensors``: tensor keys are the dotted key paths (relative to ``--only``); plain
+values (int, float, str, bool, None) are stored as JSON text in the header's
+``__metadata__`` under their dotted key path; bytes, numpy scalars and empty containers
+have no safetensors form and are skipped with a note on stderr. The file is written
+tensor by tensor, so memory stays at about the largest tensor.
+
+``.pt``: the nested structure as ``load`` returns it, loadable with
+``torch.load(path, weights_only=True)``: numpy arrays become torch tensors and numpy
+scalars Python numbers (weights-only unpickling admits neither).
+
+Both are written to a temporary name and renamed into place when complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import sys
+from typing import Any
+
+from . import EXIT_OK
+from .. import tensors
+from ._common import add_storage_options, open_checkpoint, progress, storage_options
+from ._tensors import as_torch, leaves, read_tensor, require_torch, subtree
+from ..engine.reader import Reader
+from ..format.dtypes import lookup
+from ..format.index import Index
+from ..format.tree import KeyPath, Node, decode_plain, render_path
+
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+          "half": "float16", "fp32": "float32", "float32": "float32", "float": "float32",
+          "fp64": "float64", "float64": "float64", "double": "float64"}
+_JSON_KINDS = ("int", "float", "str", "bool", "none")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write a checkpoint as one .safetensors or .pt file",
+                       description="Consolidate CKPT into OUT: .safetensors (keys are dotted key "
+                                   "paths; plain values go to __metadata__ as JSON) or .pt "
+                                   "(loadable with torch.load(weights_only=True)).")
+    p.add_argument("ckpt", metavar="CKPT", help="checkpoint directory or URL")
+    p.add_argument("out", metavar="OUT", help="output file (.safetensors, .pt or .pth)")
+    p.add_argument("--only", metavar="KEY", help="export only this subtree (e.g. 'model'); its "
+                                                 "prefix is dropped from the exported keys")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="cast floating-point tensors")
+    p.add_argument("--format", choices=("safetensors", "pt"), help="default: from OUT's suffix")
+    add_storage_options(p)
+    p.set_defaults(func=run)
+
+
+def _out_format(args: argparse.Namespace) -> str:
+    if args.format:
+        return args.format
+    suffix = os.path.splitext(args.out)[1].lower()
+    if suffix == ".safetensors":
+        return "safetensors"
+    if suffix in (".pt", ".pth", ".bin"):
+        return "pt"
+    raise ValueError(f"cannot tell the format of {args.out!r} from its suffix; pass --format")
+
+
+def _cast_to(saved: str, dtype: str | None) -> str:
+    """The dtype a tensor saved as ``saved`` is exported as (``--dtype`` casts floating point)."""
+    if dtype is not None and getattr(tensors.torch, saved).is_floating_point:
+        return dtype
+    return saved
+
+
+def _prepare(t: Any, dtype: str | None) -> Any:
+    """A contiguous torch tensor, cast to ``dtype`` when it is floating point."""
+    t = as_torch(t)
+    return t.to(getattr(tensors.torch, _cast_to(tensors.torch_dtype_name(t.dtype), dtype))).contiguous()
+
+
+def _relative(key: KeyPath, base: KeyPath) -> str:
+    rel = key[len(base):]
+    return render_path(rel) if rel else render_path(key)
+
+
+def _st_header(index: Index, node: Node, base: KeyPath, dtype: str | None) -> tuple[bytes, list, list[str]]:
+    """The safetensors header, the tensors to write in order, and the skipped key paths."""
+    entries: dict[str, Any] = {}
+    meta: dict[str, str] = {}
+    order, skipped, pos = [], [], 0
+    for leaf in leaves(index, node, base):
+        name = _relative(leaf.key, base)
+        if name in entries or name in meta:
+            raise ValueError(f"two key paths export as {name!r}; use .pt, which keeps the nesting")
+        e = leaf.entry
+        if e is None:
+            if leaf.kind in _JSON_KINDS:
+                meta[name] = json.dumps(leaf.value())
+            else:
+                skipped.append(f"{leaf.dotted} ({leaf.kind})")
+            continue
+        out_dtype = _cast_to(e.dtype, dtype)
+        d = lookup(out_dtype)
+        if d.safetensors is None:
+            raise ValueError(f"{leaf.dotted}: safetensors has no dtype for {out_dtype}; export to .pt")
+        n = d.itemsize
+        for s in e.shape:
+            n *= s
+        entries[name] = {"dtype": d.safetensors, "shape": list(e.shape), "data_offsets": [pos, pos + n]}
+        order.append((e, n))
+        pos += n
+    meta.setdefault("format", "pt")  # what transformers expects of torch weights
+    text = json.dumps({"__metadata__": meta, **entries}, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # safetensors recommends an 8-byte aligned data section
+    return struct.pack("<Q", len(text)) + text, order, skipped
+
+
+def _write_safetensors(reader: Reader, node: Node, base: KeyPath, out: str, dtype: str | None) -> list[str]:
+    header, order, skipped = _st_header(reader.index, node, base, dtype)
+    bar = progress(sum(n for _, n in order), "export")
+    try:
+        with open(out, "wb") as f:
+            f.write(header)
+            for entry, n in order:
+                t = _prepare(read_tensor(reader, entry), dtype)
+                data = t.reshape(-1).view(tensors.torch.uint8).numpy()
+                if data.size != n:  # the header promised n bytes: never write a file that lies
+                    raise ValueError(f"{render_path(entry.key)}: {data.size} bytes, expected {n}")
+                f.write(memoryview(data))
+                bar.update(n)
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        bar.close()
+    return skipped
+
+
+def _build_pt(reader: Reader, node: Node, dtype: str | None) -> Any:
+    """The nested value at ``node`` with only types weights-only unpickling admits."""
+    t = node["t"]
+    if t == "dict":
+        return {k: _build_pt(reader, v, dtype) for k, v in zip(node["k"], node["v"])}
+    if t in ("list", "tuple"):
+        vals = [_build_pt(reader, v, dtype) for v in node["v"]]
+        return tuple(vals) if t == "tuple" else vals
+    if t == "tensor":
+        return _prepare(read_tensor(reader, reader.index.tensors[node["id"]]), dtype)
+    value = decode_plain(node)
+    return value.item() if t == "npscalar" else value
+
+
+def run(args: argparse.Namespace) -> int:
+    require_torch("export")
+    fmt = _out_format(args)
+    if "://" in args.out:
+        raise ValueError("export writes a local file; OUT must be a local path")
+    storage, spath, index = open_checkpoint(args.ckpt, storage_options(args))
+    try:
+        node, base = subtree(index, args.only)
+    except KeyError:
+        raise ValueError(f"no key path {args.only!r} in {args.ckpt}") from None
+    dtype = DTYPES[args.dtype] if args.dtype else None
+    reader = Reader(storage, spath, index)
+    tmp = f"{args.out}.tmp-{os.getpid()}"
+    try:
+        if fmt == "safetensors":
+            skipped = _write_safetensors(reader, node, base, tmp, dtype)
+        else:
+            skipped = []
+            tensors.torch.save(_build_pt(reader, node, dtype), tmp)
+        os.replace(tmp, args.out)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    if skipped:
+        print(f"note: skipped {len(skipped)} value(s) safetensors cannot hold: "
+              f"{', '.join(skipped[:10])}{' ...' if len(skipped) > 10 else ''}", file=sys.stderr)
+    print(f"wrote {args.out}")
+    return EXIT_OK

@@ -1,0 +1,126 @@
+"""``shardsafe import SRC CKPT``: convert a torch.save file, a safetensors file or a DCP checkpoint.
+
+* torch.save files are read with ``torch.load(weights_only=True)``: files holding
+  arbitrary Python objects are refused, never unpickled.
+* safetensors files become a flat dict keyed by their tensor names; their
+  ``__metadata__`` is kept in the checkpoint's metadata.
+* A DCP (torch.distributed.checkpoint) directory is read in this process without a
+  process group. DCP's own ``.metadata`` file is a pickle, so this runs only for a
+  local directory the user names explicitly (never a URL) and should only be used on
+  trusted checkpoints. Non-tensor values inside DCP are read with
+  ``torch.load(weights_only=True)``, not DCP's default full unpickling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from pickle import UnpicklingError  # the error torch raises for refused objects; nothing is unpickled here
+from typing import Any
+
+from . import EXIT_OK
+from .. import tensors
+from ..api.save import save
+from ._common import add_storage_options, storage_options
+from ._tensors import require_torch
+
+DCP_METADATA = ".metadata"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("import", help="convert a torch.save / safetensors / DCP checkpoint",
+                       description="Convert SRC into a shardsafe checkpoint at CKPT. SRC is a "
+                                   "torch.save file (loaded with weights_only=True), a "
+                                   ".safetensors file, or a DCP checkpoint directory (local and "
+                                   "trusted: DCP metadata is pickled).")
+    p.add_argument("src", metavar="SRC", help="source file or DCP directory (local)")
+    p.add_argument("ckpt", metavar="CKPT", help="checkpoint to create (directory or URL)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint")
+    add_storage_options(p)
+    p.set_defaults(func=run)
+
+
+def read_torch_save(src: str) -> Any:
+    """A torch.save file's content, loaded weights-only (no arbitrary objects)."""
+    try:
+        try:  # memory-mapped: the tensors are paged in while they are saved, not held twice
+            return tensors.torch.load(src, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):
+                raise
+            return tensors.torch.load(src, map_location="cpu", weights_only=True)  # legacy format
+    except UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{src}: refused by torch.load(weights_only=True), it holds arbitrary "
+                         f"Python objects ({first})") from None
+    except RuntimeError as e:  # torch reports a non-zip / damaged file this way
+        raise ValueError(f"{src}: not a readable torch.save file ({str(e).splitlines()[0]})") from None
+
+
+def read_safetensors(src: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The tensors of a safetensors file and its ``__metadata__``."""
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        raise ImportError("importing .safetensors needs the safetensors package "
+                          "(pip install 'shardsafe[cli]')") from None
+    from safetensors import SafetensorError
+
+    try:
+        with safe_open(src, framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, dict(f.metadata() or {})
+    except SafetensorError as e:
+        raise ValueError(f"{src}: not a valid safetensors file ({e})") from None
+
+
+def read_dcp(src: str) -> dict[str, Any]:
+    """The full state of a DCP checkpoint directory, read without a process group."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint._traverse import set_element
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    class WeightsOnlyPlanner(_EmptyStateDictLoadPlanner):
+        """DCP's own planner unpickles non-tensor values fully; this one refuses objects."""
+
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            loaded = tensors.torch.load(value, weights_only=True)
+            fqn = read_item.dest_index.fqn
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], loaded)
+            else:
+                self.state_dict[fqn] = loaded
+
+    state: dict[str, Any] = {}
+    try:
+        _load_state_dict(state, storage_reader=FileSystemReader(src), planner=WeightsOnlyPlanner(),
+                         no_dist=True)
+    except UnpicklingError as e:
+        raise ValueError(f"{src}: a DCP value holds arbitrary Python objects ({e})") from None
+    return state
+
+
+def run(args: argparse.Namespace) -> int:
+    require_torch("import")
+    src = args.src
+    if "://" in src:
+        raise ValueError("import reads a local SRC; copy it from object storage first")
+    metadata: dict[str, Any] = {"source": os.path.abspath(src)}
+    if os.path.isdir(src):
+        if not os.path.isfile(os.path.join(src, DCP_METADATA)):
+            raise ValueError(f"{src} is a directory without {DCP_METADATA}: not a DCP checkpoint")
+        state, metadata["format"] = read_dcp(src), "dcp"
+    elif not os.path.exists(src):
+        raise FileNotFoundError(f"{src} does not exist")
+    elif src.lower().endswith(".safetensors"):
+        state, st_meta = read_safetensors(src)
+        metadata.update(format="safetensors", safetensors_metadata=st_meta)
+    else:
+        state, metadata["format"] = read_torch_save(src), "torch.save"
+    if not isinstance(state, Mapping):
+        raise ValueError(f"{src} holds a {type(state).__name__}, not a dict of state")
+    save(state, args.ckpt, overwrite=args.overwrite, metadata={"shardsafe.import": metadata},
+         storage_options=storage_options(args))
+    print(f"imported {src} ({metadata['format']}) into {args.ckpt}")
+    return EXIT_OK

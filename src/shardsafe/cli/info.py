@@ -1,0 +1,97 @@
+"""``shardsafe info CKPT``: format version, writers, files and the tree of keys."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from . import EXIT_OK
+from ._common import add_storage_options, human_bytes, local_time, open_checkpoint, storage_options, table
+from ._tensors import Leaf, leaves
+from ..format.index import Index
+
+_VALUE_WIDTH = 60  # plain values longer than this are shortened in the table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="show what a checkpoint holds",
+                       description="Show a checkpoint's format version, the ranks that wrote "
+                                   "it, its files, and every key with dtype, shape, bytes and "
+                                   "number of chunks (plain values with their type and value).")
+    p.add_argument("ckpt", metavar="CKPT", help="checkpoint directory or URL")
+    p.add_argument("--json", action="store_true", help="print JSON for machines")
+    add_storage_options(p)
+    p.set_defaults(func=run)
+
+
+def _leaf_record(leaf: Leaf) -> dict[str, Any]:
+    rec: dict[str, Any] = {"key": list(leaf.key), "path": leaf.dotted, "type": leaf.kind}
+    e = leaf.entry
+    if e is not None:
+        rec.update(kind=e.kind, dtype=e.dtype, shape=list(e.shape), bytes=e.nbytes,
+                   chunks=len(e.chunks), files=sorted({c.file for c in e.chunks}))
+    elif leaf.kind in ("dict", "list", "tuple"):
+        rec["value"] = [] if leaf.kind != "dict" else {}
+    else:
+        rec["value"] = leaf.node.get("v")  # JSON-safe: floats nan/inf as strings, bytes base64
+        if leaf.kind == "npscalar":
+            rec["dtype"] = leaf.node["dtype"]
+    return rec
+
+
+def describe(index: Index, path: str) -> dict[str, Any]:
+    """Everything ``info`` shows, as plain JSON-serialisable data."""
+    return {
+        "path": path,
+        "format_version": index.format_version,
+        "library": index.library,
+        "created": index.created,
+        "world_size": index.world_size,
+        "ranks": sorted({f.rank for f in index.files}),
+        "block_size": index.block_size,
+        "bytes": sum(f.size for f in index.files),
+        "files": [{"name": f.name, "rank": f.rank, "bytes": f.size} for f in index.files],
+        "metadata": index.metadata,
+        "leaves": [_leaf_record(leaf) for leaf in leaves(index)],
+    }
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _VALUE_WIDTH else text[: _VALUE_WIDTH - 3] + "..."
+
+
+def _print_text(d: dict[str, Any], index: Index) -> None:
+    tensors = [r for r in d["leaves"] if r["type"] == "tensor"]
+    print(f"checkpoint   {d['path']}")
+    print(f"format       version {d['format_version']} (written by {d['library'] or 'unknown'})")
+    print(f"created      {local_time(d['created'])}")
+    print(f"ranks        world size {d['world_size']}; data written by rank(s) "
+          f"{', '.join(map(str, d['ranks'])) or '-'}")
+    print(f"files        {len(d['files'])} data file(s), {human_bytes(d['bytes'])}")
+    print(f"tensors      {len(tensors)} ({human_bytes(sum(r['bytes'] for r in tensors))}); "
+          f"other values {len(d['leaves']) - len(tensors)}")
+    if d["metadata"]:
+        print(f"metadata     {json.dumps(d['metadata'], sort_keys=True)}")
+    print()
+    rows = [["KEY", "TYPE", "SHAPE", "BYTES", "CHUNKS", "VALUE"]]
+    for leaf in leaves(index):
+        e = leaf.entry
+        if e is not None:
+            rows.append([leaf.dotted, e.dtype, str(list(e.shape)), human_bytes(e.nbytes),
+                         str(len(e.chunks)), ""])
+        else:
+            rows.append([leaf.dotted, leaf.kind, "", "", "", _short(leaf.value())])
+    for line in table(rows):
+        print(line)
+
+
+def run(args: argparse.Namespace) -> int:
+    _, _, index = open_checkpoint(args.ckpt, storage_options(args))
+    d = describe(index, args.ckpt)
+    if args.json:
+        print(json.dumps(d, indent=2))
+    else:
+        _print_text(d, index)
+    return EXIT_OK

@@ -1,0 +1,56 @@
+"""``shardsafe ls DIR``: the checkpoints in a directory with state, size, time and metrics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from . import EXIT_OK
+from ._common import (Entry, add_storage_options, checkpoints_at, human_bytes, local_time,
+                      modified, storage_options, table)
+from ..storage import storage_for
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ls", help="list checkpoints (steps) in a directory",
+                       description="List the checkpoints under DIR (a manager directory of "
+                                   "step_<N> checkpoints or any directory holding checkpoints) "
+                                   "with committed/partial state, size, time and metrics.")
+    p.add_argument("dir", metavar="DIR", help="directory or URL (s3://bucket/run)")
+    p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    add_storage_options(p)
+    p.set_defaults(func=run)
+
+
+def _metrics_text(metrics: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in sorted(metrics.items()))
+
+
+def _record(e: Entry, mtime: float | None) -> dict[str, Any]:
+    return {"name": e.name, "path": e.path, "state": e.state, "step": e.step, "bytes": e.size,
+            "time": e.index.created if e.index is not None else mtime, "metrics": e.metrics,
+            "error": e.error}
+
+
+def run(args: argparse.Namespace) -> int:
+    storage, path = storage_for(args.dir, storage_options(args))
+    entries = checkpoints_at(storage, path)
+    # the time of a committed checkpoint is in its index; others only have file times
+    records = [_record(e, None if e.index is not None else modified(storage, e.path))
+               for e in entries]
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return EXIT_OK
+    if not records:
+        print(f"no checkpoints in {args.dir}")
+        return EXIT_OK
+    rows = [["NAME", "STATE", "STEP", "SIZE", "TIME", "METRICS"]]
+    for r in records:
+        rows.append([r["name"], r["state"], "-" if r["step"] is None else str(r["step"]),
+                     human_bytes(r["bytes"]), local_time(r["time"]),
+                     r["error"] or _metrics_text(r["metrics"])])
+    for line in table(rows):
+        print(line)
+    return EXIT_OK

@@ -1,0 +1,179 @@
+"""``shardsafe verify CKPT|DIR``: check the index, every data-file header and every checksum.
+
+Reads are coalesced: neighbouring chunks of a file are fetched as one byte range of up
+to ``MAX_READ`` bytes (one request on object stores instead of one per small tensor),
+and ranges are checked concurrently on the shared I/O pool. Memory stays at
+``MAX_READ`` per I/O thread however large the checkpoint is.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from concurrent.futures import as_completed
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import EXIT_FAILED, EXIT_OK
+from ._common import Entry, add_storage_options, checkpoints_at, progress, storage_options
+from ..errors import CheckpointError, CheckpointNotFoundError
+from ..format.checksum import crc32c
+from ..format.datafile import parse_header
+from ..format.index import Index
+from ..format.tree import render_path
+from ..storage import Storage, storage_for
+from ..storage.local import io_pool
+
+MAX_READ = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """One checksummed block: ``length`` bytes at ``offset`` of a data file."""
+
+    offset: int
+    length: int
+    crc: int
+    key: str
+    number: int
+
+
+@dataclass(slots=True)
+class ReadRange:
+    """Bytes ``[start, end)`` of ``file`` covering ``blocks``."""
+
+    file: str
+    start: int
+    end: int
+    blocks: list[Block] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """A damaged part of a checkpoint: one output line of ``verify``."""
+
+    checkpoint: str
+    message: str
+    file: str | None = None
+    key: str | None = None
+
+    def __str__(self) -> str:
+        where = "".join(f" {k}={v!r}" for k, v in (("file", self.file), ("key", self.key)) if v)
+        return f"BAD {self.checkpoint}:{where} {self.message}"
+
+
+def plan_reads(index: Index, max_read: int = MAX_READ) -> list[ReadRange]:
+    """Groups every checksum block of ``index`` into coalesced reads (pure)."""
+    per_file: dict[str, list[Block]] = {}
+    for t in index.tensors:
+        key = render_path(t.key)
+        for c in t.chunks:
+            for i, crc in enumerate(c.checksums):
+                start = c.offset + i * index.block_size
+                length = min(index.block_size, c.nbytes - i * index.block_size)
+                per_file.setdefault(c.file, []).append(Block(start, max(length, 0), crc, key, i))
+    ranges: list[ReadRange] = []
+    for name in sorted(per_file):
+        current: ReadRange | None = None
+        for b in sorted(per_file[name], key=lambda b: b.offset):
+            end = b.offset + b.length
+            if current is None or b.offset != current.end or end - current.start > max_read:
+                current = ReadRange(name, b.offset, end)
+                ranges.append(current)
+            current.blocks.append(b)
+            current.end = max(current.end, end)
+    return ranges
+
+
+def _check_range(storage: Storage, path: str, r: ReadRange, label: str) -> list[Problem]:
+    buf = np.empty(r.end - r.start, dtype=np.uint8)
+    try:
+        storage.read_into(storage.join(path, r.file), r.start, memoryview(buf))
+    except EOFError:
+        return [Problem(label, "data file is truncated", r.file, r.blocks[0].key)]
+    bad: dict[str, Problem] = {}
+    for b in r.blocks:
+        lo = b.offset - r.start
+        if b.key not in bad and crc32c(memoryview(buf[lo : lo + b.length])) != b.crc:
+            bad[b.key] = Problem(label, f"checksum mismatch in block {b.number} (file bytes "
+                                        f"{b.offset}-{b.offset + b.length})", r.file, b.key)
+    return list(bad.values())
+
+
+def _check_headers(storage: Storage, path: str, index: Index, label: str) -> list[Problem]:
+    """Each data file must stay a valid safetensors file describing the chunks the index names."""
+    problems = []
+    for f in index.files:
+        prefix = bytearray(f.data_start)
+        want = sorted((c.offset - f.data_start, c.offset - f.data_start + c.nbytes)
+                      for t in index.tensors for c in t.chunks if c.file == f.name)
+        try:
+            storage.read_into(storage.join(path, f.name), 0, memoryview(prefix))
+            start, entries = parse_header(bytes(prefix))
+            got = sorted(tuple(v["data_offsets"]) for k, v in entries.items()
+                         if k != "__metadata__" and isinstance(v, dict))
+        except (ValueError, KeyError, TypeError, EOFError) as e:
+            problems.append(Problem(label, f"safetensors header is damaged ({e})", f.name))
+            continue
+        if start != f.data_start or got != want:
+            problems.append(Problem(label, "safetensors header does not match the index", f.name))
+    return problems
+
+
+def verify_checkpoint(storage: Storage, entry: Entry, label: str,
+                      on_bytes: Callable[[int], None] | None = None) -> list[Problem]:
+    """Every problem of one checkpoint (empty when it is intact)."""
+    if entry.index is None:
+        return [Problem(label, entry.error or f"not a committed checkpoint ({entry.state})")]
+    index = entry.index
+    problems = _check_headers(storage, entry.path, index, label)
+    futures = {io_pool().submit(_check_range, storage, entry.path, r, label): r
+               for r in plan_reads(index)}
+    for fut in as_completed(futures):
+        try:
+            problems.extend(fut.result())
+        except (OSError, CheckpointError) as e:
+            r = futures[fut]
+            problems.append(Problem(label, f"cannot read: {e}", r.file, r.blocks[0].key))
+        if on_bytes is not None:
+            r = futures[fut]
+            on_bytes(r.end - r.start)
+    return sorted(problems, key=lambda p: (p.file or "", p.key or "", p.message))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("verify", help="check every checksum of a checkpoint or directory",
+                       description="Check the index, the data-file headers and every chunk "
+                                   "checksum of CKPT, or of every checkpoint in DIR. Prints one "
+                                   "line per damaged file/key and exits 1 if any is found.")
+    p.add_argument("path", metavar="CKPT|DIR", help="checkpoint, or directory of checkpoints")
+    add_storage_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    storage, path = storage_for(args.path, storage_options(args))
+    entries = [e for e in checkpoints_at(storage, path) if e.state != "partial"]
+    if not entries:
+        raise CheckpointNotFoundError(f"no committed checkpoint in {args.path!r}")
+    single = len(entries) == 1 and entries[0].path == path
+    total = sum(f.size for e in entries if e.index is not None for f in e.index.files)
+    bar = progress(total, "verify")
+    bad = 0
+    try:
+        for e in entries:
+            label = args.path if single else e.name
+            problems = verify_checkpoint(storage, e, label, bar.update)
+            for p in problems:
+                print(p)
+            if problems:
+                bad += 1
+            else:
+                print(f"OK  {label}: {len(e.index.tensors)} tensors, {len(e.index.files)} file(s)")
+    finally:
+        bar.close()
+    if bad:
+        print(f"{bad} of {len(entries)} checkpoint(s) damaged")
+        return EXIT_FAILED
+    return EXIT_OK

@@ -1,0 +1,69 @@
+"""``shardsafe gc``: retention by step and removal of leftovers older than --min-age."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from cli_helpers import save_step  # noqa: E402
+
+import shardsafe  # noqa: E402
+
+
+def _leftover(run: str, name: str, age: float) -> str:
+    path = os.path.join(run, name)
+    os.makedirs(path)
+    data = os.path.join(path, "data-r00000-000.safetensors")
+    with open(data, "wb") as f:
+        f.write(b"\0" * 64)
+    t = time.time() - age
+    os.utime(data, (t, t))
+    os.utime(path, (t, t))
+    return path
+
+
+def test_gc_keeps_newest_steps_and_removes_old_leftovers(cli, tmp_path) -> None:  # noqa: ANN001
+    run = str(tmp_path / "run")
+    for step in (1, 2, 10, 3):
+        save_step(run, step)
+    old = _leftover(run, ".step_00000011.shardsafe-tmp-aaaaaaaaaaaaaaaa", age=7200)
+    young = _leftover(run, ".step_00000012.shardsafe-tmp-bbbbbbbbbbbbbbbb", age=5)
+    os.makedirs(os.path.join(run, "logs"))  # not ours: never touched
+
+    dry = cli("gc", run, "--max-to-keep", "2", "--min-age", "600", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would delete step_00000001 (step 1)" in dry.stdout
+    assert sorted(os.listdir(run)) == sorted(["step_00000001", "step_00000002", "step_00000003",
+                                              "step_00000010", os.path.basename(old),
+                                              os.path.basename(young), "logs"])
+
+    proc = cli("gc", run, "--max-to-keep", "2", "--min-age", "600")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["deleted step_00000001 (step 1)", "deleted step_00000002 (step 2)",
+                                        f"deleted leftover {os.path.basename(old)}"]
+    assert sorted(os.listdir(run)) == sorted(["step_00000003", "step_00000010",
+                                              os.path.basename(young), "logs"])
+    assert shardsafe.load(os.path.join(run, "step_00000010"))["optim"]["step"] == 10
+
+    again = cli("gc", run, "--max-to-keep", "2", "--min-age", "600")
+    assert again.stdout.strip() == "nothing to remove"
+
+
+def test_gc_orders_unnamed_checkpoints_by_creation_time(cli, tmp_path) -> None:  # noqa: ANN001
+    import torch
+
+    for name in ("zeta", "alpha", "mid"):  # saved in this order: names do not sort by age
+        shardsafe.save({"x": torch.ones(1)}, str(tmp_path / name))
+        time.sleep(0.05)
+    proc = cli("gc", tmp_path, "--max-to-keep", "1")
+    assert proc.stdout.splitlines() == ["deleted zeta", "deleted alpha"]
+    assert sorted(os.listdir(tmp_path)) == ["mid"]
+
+
+def test_gc_rejects_keeping_nothing(cli, tmp_path) -> None:  # noqa: ANN001
+    proc = cli("gc", tmp_path, "--max-to-keep", "0")
+    assert proc.returncode == 1 and "at least 1" in proc.stderr

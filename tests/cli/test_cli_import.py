@@ -1,0 +1,85 @@
+"""``shardsafe import``: torch.save (weights-only), safetensors and DCP directories."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import shardsafe  # noqa: E402
+from cli_helpers import one_line_error  # noqa: E402
+
+
+def _state() -> dict:
+    return {"model": {"w": torch.randn(6, 2), "b": torch.zeros(2, dtype=torch.bfloat16)},
+            "step": 12, "lrs": [0.1, 0.01], "name": "run-a"}
+
+
+def test_import_torch_save_file(cli, tmp_path) -> None:  # noqa: ANN001
+    state = _state()
+    torch.save(state, tmp_path / "ck.pt")
+    proc = cli("import", tmp_path / "ck.pt", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    got = shardsafe.load(str(tmp_path / "out"))
+    assert torch.equal(got["model"]["w"], state["model"]["w"]) and got["model"]["b"].dtype == torch.bfloat16
+    assert (got["step"], got["lrs"], got["name"]) == (12, [0.1, 0.01], "run-a")
+
+
+class Payload:
+    """Unpickling this object would create a marker file; weights-only loading must refuse it."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204
+        return (open, (self.marker, "w"))
+
+
+def test_import_refuses_arbitrary_objects_without_running_them(cli, tmp_path) -> None:  # noqa: ANN001
+    marker = tmp_path / "pwned"
+    torch.save({"w": torch.ones(1), "evil": Payload(str(marker))}, tmp_path / "evil.pt")
+    proc = cli("import", tmp_path / "evil.pt", tmp_path / "out")
+    assert proc.returncode == 1
+    assert "weights_only" in one_line_error(proc)
+    assert not marker.exists()
+    assert not (tmp_path / "out").exists()
+
+
+def test_import_safetensors_file(cli, tmp_path) -> None:  # noqa: ANN001
+    st = pytest.importorskip("safetensors.torch")
+    tensors = {"model.w": torch.randn(3, 3), "model.b": torch.arange(3, dtype=torch.int32)}
+    st.save_file(tensors, str(tmp_path / "m.safetensors"), metadata={"note": "hi"})
+    proc = cli("import", tmp_path / "m.safetensors", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    got = shardsafe.load(str(tmp_path / "out"))
+    assert sorted(got) == ["model.b", "model.w"] and torch.equal(got["model.w"], tensors["model.w"])
+    index = shardsafe.api.load.read_checkpoint_index(str(tmp_path / "out"))
+    assert index.metadata["shardsafe.import"]["safetensors_metadata"] == {"note": "hi"}
+
+
+def test_import_dcp_directory(cli, tmp_path) -> None:  # noqa: ANN001
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    state = {"model": {"w": torch.randn(4, 5), "b": torch.ones(5)}, "step": 99, "extra": {"lr": 0.5}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "torch.distributed is disabled ... single process"
+        dcp.save(state, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    assert os.path.exists(tmp_path / "dcp" / ".metadata")
+    proc = cli("import", tmp_path / "dcp", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    got = shardsafe.load(str(tmp_path / "out"))
+    assert torch.equal(got["model"]["w"], state["model"]["w"]) and torch.equal(got["model"]["b"], state["model"]["b"])
+    assert got["step"] == 99 and got["extra"] == {"lr": 0.5}
+
+
+def test_import_errors(cli, tmp_path) -> None:  # noqa: ANN001
+    proc = cli("import", tmp_path / "missing.pt", tmp_path / "out")
+    assert proc.returncode == 1 and "does not exist" in one_line_error(proc)
+    (tmp_path / "plain").mkdir()
+    proc = cli("import", tmp_path / "plain", tmp_path / "out")
+    assert proc.returncode == 1 and "not a DCP checkpoint" in one_line_error(proc)
+    torch.save(torch.ones(2), tmp_path / "t.pt")
+    proc = cli("import", tmp_path / "t.pt", tmp_path / "out")
+    assert proc.returncode == 1 and "not a dict" in one_line_error(proc)

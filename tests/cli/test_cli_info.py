@@ -1,0 +1,60 @@
+"""``shardsafe info``: key tree with dtype, shape, bytes, chunks; format version; ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+
+from cli_helpers import one_line_error, save_step  # noqa: E402
+
+
+def test_info_text_lists_every_key(cli, tmp_path) -> None:  # noqa: ANN001
+    path = save_step(str(tmp_path / "run"), 4)
+    proc = cli("info", path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "version 1" in out and "data written by rank(s) 0" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[out.splitlines().index(
+        next(line for line in out.splitlines() if line.startswith("KEY"))) + 1:]}
+    assert rows["model.layer.weight"] == ["model.layer.weight", "float32", "[8,", "4]", "128", "B", "1"]
+    assert rows["model.layer.bias"][1] == "bfloat16"
+    assert rows["table"][1:3] == ["int64", "[2,"]
+    assert rows["optim.step"] == ["optim.step", "int", "4"]
+    assert rows["optim.betas.1"] == ["optim.betas.1", "float", "0.999"]
+    assert rows["optim.empty"] == ["optim.empty", "dict", "{}"]
+
+
+def test_info_json(cli, tmp_path) -> None:  # noqa: ANN001
+    path = save_step(str(tmp_path / "run"), 4)
+    d = json.loads(cli("info", path, "--json").stdout)
+    assert d["format_version"] == 1 and d["ranks"] == [0] and d["world_size"] == 1
+    assert d["metadata"]["shardsafe.manager"]["step"] == 4
+    by_path = {leaf["path"]: leaf for leaf in d["leaves"]}
+    w = by_path["model.layer.weight"]
+    assert (w["key"], w["dtype"], w["shape"], w["bytes"], w["chunks"]) == (
+        ["model", "layer.weight"], "float32", [8, 4], 128, 1)
+    assert w["files"] == ["data-r00000-000.safetensors"]
+    assert by_path["optim.step"] == {"key": ["optim", "step"], "path": "optim.step", "type": "int", "value": 4}
+    assert by_path["optim.blob"]["type"] == "bytes"
+    assert sum(f["bytes"] for f in d["files"]) == d["bytes"] == os.path.getsize(
+        os.path.join(path, "data-r00000-000.safetensors"))
+
+
+def test_info_on_damaged_index_exits_4_in_one_line(cli, tmp_path) -> None:  # noqa: ANN001
+    path = save_step(str(tmp_path / "run"), 1)
+    with open(os.path.join(path, "index.json"), "r+b") as f:
+        f.seek(50)
+        f.write(b"!")
+    proc = cli("info", path)
+    assert proc.returncode == 4
+    assert "index" in one_line_error(proc)
+
+
+def test_info_on_a_directory_without_checkpoint_exits_3(cli, tmp_path) -> None:  # noqa: ANN001
+    proc = cli("info", tmp_path)
+    assert proc.returncode == 3
+    assert "no committed checkpoint" in one_line_error(proc)

@@ -1,0 +1,133 @@
+"""A real S3-compatible server for tests: moto in server mode on 127.0.0.1, its own port.
+
+Import the fixtures into a directory's conftest.py to use them there::
+
+    from s3_server import s3, s3_server  # noqa: F401  (pytest fixtures)
+
+``s3_server`` (session) runs one ``python -m moto.server`` subprocess; ``s3`` (per test)
+creates a fresh bucket and yields an :class:`S3Location` holding its URL, the
+``storage_options`` for fsspec/s3fs and environment variables for child processes.
+Everything talks to the server through the real s3fs/botocore client over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+KEY = "shardsafe-test-key"
+SECRET = "shardsafe-test-secret"
+REGION = "us-west-2"  # not us-east-1: s3fs sends it as a LocationConstraint, which S3 rejects
+_START_TIMEOUT = 90.0  # moto imports slowly on a busy 2-core machine
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """A fresh bucket on the test server.
+
+    Attributes:
+        url: ``s3://<bucket>``; append ``/run1`` etc.
+        storage_options: fsspec options reaching the test server.
+        endpoint: The server's ``http://127.0.0.1:<port>``.
+        env: Variables that make a child process's s3fs/botocore reach the server.
+    """
+
+    url: str
+    storage_options: dict
+    endpoint: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def bucket(self) -> str:
+        return self.url[len("s3://"):]
+
+    def options_json(self) -> str:
+        """``storage_options`` as JSON, for the CLI's ``--storage-options``."""
+        return json.dumps(self.storage_options)
+
+    def filesystem(self):  # noqa: ANN201 - s3fs.S3FileSystem, imported lazily
+        """A fresh s3fs client (no instance or listings cache) for inspecting the bucket."""
+        import s3fs
+
+        return s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False,
+                                 **self.storage_options)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(proc: subprocess.Popen, endpoint: str) -> bool:
+    deadline = time.monotonic() + _START_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2):
+                return True
+        except urllib.error.HTTPError:
+            return True  # the server answered
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            time.sleep(0.2)
+    return False
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Runs moto's S3 server in a subprocess; yields its endpoint URL."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    # the server logs every request: to a file, since an unread pipe would fill and block it
+    log = tmp_path_factory.mktemp("moto") / "server.log"
+    with open(log, "wb") as out:
+        for _attempt in range(3):  # the free port can be taken between probe and bind
+            port = _free_port()
+            endpoint = f"http://127.0.0.1:{port}"
+            proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                                     "-p", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
+            if _wait_ready(proc, endpoint):
+                break
+            _stop(proc)
+        else:
+            pytest.fail(f"moto server did not start: {log.read_text(errors='replace')[-2000:]}")
+        try:
+            yield endpoint
+        finally:
+            _stop(proc)
+
+
+@pytest.fixture
+def s3(s3_server: str) -> Iterator[S3Location]:
+    """A fresh, empty bucket on the test server."""
+    opts = {"endpoint_url": s3_server, "key": KEY, "secret": SECRET,
+            "client_kwargs": {"region_name": REGION}}
+    env = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": REGION,
+           "AWS_ENDPOINT_URL": s3_server, "NO_PROXY": "127.0.0.1,localhost",
+           "no_proxy": "127.0.0.1,localhost"}
+    loc = S3Location(f"s3://test-{uuid.uuid4().hex[:12]}", opts, s3_server, env)
+    loc.filesystem().mkdir(loc.bucket)
+    yield loc

@@ -1,0 +1,185 @@
+"""One conformance suite for every storage backend: local POSIX, fsspec memory://, and S3.
+
+S3 runs against a real moto server through the real s3fs client (tests/s3_server.py).
+A new backend joins by adding a case to the ``backend`` fixture.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from shardsafe.storage import LocalStorage, Storage, storage_for
+from shardsafe.storage.fsspec import FsspecStorage
+
+MiB = 1 << 20
+
+
+@dataclass
+class Backend:
+    name: str
+    storage: Storage
+    root: str  # an empty directory/prefix owned by the test
+
+    def path(self, *parts: str) -> str:
+        return self.storage.join(self.root, *parts)
+
+
+@pytest.fixture(params=["local", "memory", "s3"])
+def backend(request: pytest.FixtureRequest, tmp_path) -> Iterator[Backend]:  # noqa: ANN001
+    if request.param == "local":
+        yield Backend("local", LocalStorage(), str(tmp_path / "root"))
+        return
+    if request.param == "memory":
+        url = f"memory://shardsafe-conformance-{uuid.uuid4().hex}"
+        storage, root = storage_for(url)
+        yield Backend("memory", storage, root)
+        storage.delete(root)
+        return
+    s3 = request.getfixturevalue("s3")
+    storage, root = storage_for(s3.url + "/root", s3.storage_options)
+    # the smallest part size S3 allows, so multipart uploads and split reads happen at test sizes
+    yield Backend("s3", FsspecStorage(storage.fs, part_size=5 * MiB, max_concurrency=3), root)
+
+
+def _write(b: Backend, name: str, *chunks: bytes) -> str:
+    p = b.path(name)
+    b.storage.makedirs(b.root)
+    b.storage.write(p, [memoryview(c) for c in chunks])
+    return p
+
+
+def test_is_a_storage(backend: Backend) -> None:
+    assert isinstance(backend.storage, Storage)
+    assert isinstance(backend.storage.atomic_rename, bool)
+
+
+def test_write_concatenates_buffers_and_read_returns_them(backend: Backend) -> None:
+    p = _write(backend, "f", b"hello", b"", b" world")
+    assert backend.storage.read(p) == b"hello world"
+    assert backend.storage.size(p) == 11
+
+
+def test_write_replaces_longer_content(backend: Backend) -> None:
+    p = _write(backend, "f", b"x" * 1000)
+    _write(backend, "f", b"short")
+    assert backend.storage.read(p) == b"short"
+    assert backend.storage.size(p) == 5
+
+
+def test_empty_file(backend: Backend) -> None:
+    p = _write(backend, "empty")
+    assert backend.storage.read(p) == b""
+    assert backend.storage.size(p) == 0
+    backend.storage.read_into(p, 0, memoryview(bytearray(0)))
+
+
+def test_read_into_reads_a_byte_range(backend: Backend) -> None:
+    data = bytes(range(256)) * 4
+    p = _write(backend, "f", data)
+    out = bytearray(100)
+    backend.storage.read_into(p, 300, memoryview(out))
+    assert bytes(out) == data[300:400]
+
+
+def test_read_into_past_the_end_raises_eof(backend: Backend) -> None:
+    p = _write(backend, "f", b"0123456789")
+    with pytest.raises(EOFError):
+        backend.storage.read_into(p, 5, memoryview(bytearray(10)))
+
+
+def test_missing_file_raises_file_not_found(backend: Backend) -> None:
+    missing = backend.path("nope")
+    with pytest.raises(FileNotFoundError):
+        backend.storage.read(missing)
+    with pytest.raises(FileNotFoundError):
+        backend.storage.size(missing)
+    assert not backend.storage.exists(missing)
+
+
+def test_publish_is_readable_and_replaces(backend: Backend) -> None:
+    backend.storage.makedirs(backend.root)
+    p = backend.path("index.json")
+    backend.storage.publish(p, b'{"a": 1}')
+    backend.storage.publish(p, b'{"b": 2}')
+    assert backend.storage.read(p) == b'{"b": 2}'
+    assert backend.storage.list(backend.root) == ["index.json"]  # no temporaries left behind
+
+
+def test_exists_for_files_and_directories(backend: Backend) -> None:
+    backend.storage.makedirs(backend.path("sub"))
+    backend.storage.write(backend.path("sub", "f"), [memoryview(b"1")])
+    assert backend.storage.exists(backend.path("sub"))
+    assert backend.storage.exists(backend.path("sub", "f"))
+    assert not backend.storage.exists(backend.path("su"))
+
+
+def test_list_is_sorted_and_one_level_deep(backend: Backend) -> None:
+    s = backend.storage
+    for d in ("b", "a", "ab"):
+        s.makedirs(backend.path(d))
+        s.write(backend.path(d, "x"), [memoryview(b"1")])
+    s.makedirs(backend.path("a", "deep"))
+    s.write(backend.path("a", "deep", "y"), [memoryview(b"2")])
+    s.write(backend.path("file"), [memoryview(b"3")])
+    assert s.list(backend.root) == ["a", "ab", "b", "file"]
+    assert s.list(backend.path("a")) == ["deep", "x"]
+    assert s.list(backend.path("missing")) == []
+    assert s.list(backend.path("file")) == []  # a file is not a directory
+
+
+def test_delete_file_directory_and_missing(backend: Backend) -> None:
+    s = backend.storage
+    for d in ("a", "ab"):
+        s.makedirs(backend.path(d, "deep"))
+        s.write(backend.path(d, "deep", "x"), [memoryview(b"1")])
+        s.write(backend.path(d, "y"), [memoryview(b"2")])
+    s.delete(backend.path("a", "y"))
+    assert s.list(backend.path("a")) == ["deep"]
+    s.delete(backend.path("a"))
+    assert not s.exists(backend.path("a"))
+    assert s.read(backend.path("ab", "deep", "x")) == b"1"  # a sibling sharing the prefix survives
+    s.delete(backend.path("a"))  # already gone: no error
+    s.delete(backend.path("never-existed"))
+
+
+def test_large_write_and_split_read_round_trip(backend: Backend) -> None:
+    rng = np.random.default_rng(0)
+    parts = [rng.integers(0, 256, n, dtype=np.uint8) for n in (7 * MiB + 3, 1, 6 * MiB - 11)]
+    whole = np.concatenate(parts)
+    p = _write(backend, "big", *[a.tobytes() for a in parts])
+    assert backend.storage.size(p) == whole.size
+    out = np.empty(12 * MiB, dtype=np.uint8)  # spans several 5 MiB read pieces
+    backend.storage.read_into(p, 777, memoryview(out))
+    assert np.array_equal(out, whole[777 : 777 + out.size])
+    if backend.name == "s3":  # a multipart upload leaves an ETag ending in "-<number of parts>"
+        etag = backend.storage.fs.info(p)["ETag"].strip('"')
+        assert etag.endswith("-3"), etag
+
+
+def test_rename_follows_atomic_rename(backend: Backend) -> None:
+    s = backend.storage
+    src, dst = backend.path("src"), backend.path("dst")
+    s.makedirs(src)
+    s.write(s.join(src, "f"), [memoryview(b"1")])
+    if s.atomic_rename:
+        s.makedirs(dst)
+        s.write(s.join(dst, "f"), [memoryview(b"2")])
+        s.rename(src, dst, exchange=True)
+        assert s.read(s.join(dst, "f")) == b"1" and s.read(s.join(src, "f")) == b"2"
+    else:
+        with pytest.raises(OSError, match="no atomic rename"):
+            s.rename(src, dst)
+
+
+def test_makedirs_and_sync_dir_are_harmless(backend: Backend) -> None:
+    s = backend.storage
+    s.makedirs(backend.path("d", "e"))
+    s.makedirs(backend.path("d", "e"))
+    s.write(backend.path("d", "e", "f"), [memoryview(b"1")])
+    s.sync_dir(backend.path("d", "e"))
+    assert s.read(backend.path("d", "e", "f")) == b"1"
