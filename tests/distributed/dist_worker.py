@@ -265,7 +265,47 @@ def s_async(out: str) -> dict[str, Any]:
     return {"saved": [3 * i + 2 for i in range(len(handles))], "overlapped": overlapped}
 
 
-SCENARIOS = {"comm": s_comm, "save": s_save, "load": s_load, "kill": s_kill, "async": s_async}
+def s_manager(out: str) -> dict[str, Any]:
+    """CheckpointManager on every rank: retention, a signal only rank 1 gets, fallback."""
+    res: dict[str, Any] = {}
+    directory = os.path.join(out, "managed")
+    model, opt = build_fsdp(0)
+    state = {"app": shardsafe.ModelOptimizerState(model, opt), "step": 0}
+    opts = dict(save_interval_steps=2, max_to_keep=2, preemption_signals=(signal.SIGUSR1,))
+    with shardsafe.CheckpointManager(directory, **opts) as mgr:
+        for step in range(1, 20):
+            train(model, opt, step, 1)
+            state["step"] = step
+            if step == 7 and RANK == 1:
+                os.kill(os.getpid(), signal.SIGUSR1)  # the preemption notice reaches rank 1 only
+            if mgr.should_save(step):
+                write_full_state(model, opt, os.path.join(out, f"managed-ref-{step}.safetensors"))
+            mgr.save(step, state)
+            if mgr.reached_preemption(step):
+                break
+        res["stopped_at"] = step
+    res["steps_after_retention"] = shardsafe.CheckpointManager(directory, read_only=True).all_steps()
+    dist.barrier()
+    if RANK == 0:  # damage a chunk of step 7 that only rank 2 reads
+        victim = os.path.join(directory, "step_00000007", "data-r00002-000.safetensors")
+        with open(victim, "r+b") as f:
+            f.seek(os.path.getsize(victim) - 3)
+            b = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([b[0] ^ 0xFF]))
+    dist.barrier()
+    model2, opt2 = build_fsdp(1234)
+    state2 = {"app": shardsafe.ModelOptimizerState(model2, opt2), "step": 0}
+    with shardsafe.CheckpointManager(directory, max_to_keep=2) as mgr:
+        res["restored"] = mgr.restore(state2)
+        res["steps_after_restore"] = mgr.all_steps()
+    res["restored_step_value"] = state2["step"]
+    write_full_state(model2, opt2, os.path.join(out, f"managed-restored-r{RANK}.safetensors"))
+    return res
+
+
+SCENARIOS = {"comm": s_comm, "save": s_save, "load": s_load, "kill": s_kill, "async": s_async,
+             "manager": s_manager}
 
 
 def main() -> None:

@@ -91,6 +91,10 @@ class Comm(Protocol):
         """The JSON-like ``obj`` of rank ``src``, returned on every rank."""
         ...
 
+    def allreduce_max(self, values: Sequence[int]) -> list[int]:
+        """The element-wise maximum of every rank's ``values`` (how ranks agree on flags)."""
+        ...
+
     def channel(self, namespace: str) -> Channel:
         """A store-backed channel whose keys live under ``namespace`` (unique per save)."""
         ...
@@ -183,6 +187,33 @@ def timeout_error(what: str, timeout: float, missing: Sequence[int], world_size:
         f"died, raised, or is much slower")
 
 
+def announce(channel: Channel, key: str, value: bytes, readers: int, timeout: float) -> bool:
+    """Publishes ``value`` and waits (bounded) until ``readers`` ranks have ``receive``d it.
+
+    The publisher usually hosts the store: leaving at once could cut the readers off
+    from the answer. Frees the key afterwards. Returns False if not all read in time.
+    """
+    channel.set(key, value)
+    deadline = time.monotonic() + timeout
+    delay = 0.0005
+    while channel.add(key + "/read", 0) < readers:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(delay)
+        delay = min(2 * delay, 0.05)
+    channel.delete(key)
+    channel.delete(key + "/read")
+    return True
+
+
+def receive(channel: Channel, key: str, timeout: float) -> bytes:
+    """Waits (bounded) for an ``announce``d value and acknowledges it."""
+    try:
+        return channel.get(key, timeout)
+    finally:
+        channel.add(key + "/read", 1)
+
+
 class LocalChannel:
     """An in-memory Channel for world size 1 (and for unit tests of the protocol)."""
 
@@ -255,6 +286,9 @@ class SingleProcessComm:
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         return obj
+
+    def allreduce_max(self, values: Sequence[int]) -> list[int]:
+        return [int(v) for v in values]
 
     def channel(self, namespace: str) -> Channel:
         return LocalChannel()

@@ -8,6 +8,7 @@ torch.distributed. Messages are bytes carried in uint8 tensors; nothing is pickl
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -112,6 +113,11 @@ class TorchComm(JsonCollectives):
         # a tiny all_reduce is a barrier that every backend implements the same way
         t = torch.zeros(1, dtype=torch.int64, device=self.device)
         dist.all_reduce(t, group=self.group)
+
+    def allreduce_max(self, values: Sequence[int]) -> list[int]:
+        t = torch.tensor(list(values), dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return [int(v) for v in t.cpu().tolist()]
 
     def _global(self, group_rank: int) -> int:
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)

@@ -23,14 +23,13 @@ import json
 import logging
 import math
 import os
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..comm import Channel, Comm
-from ..comm.base import missing_ranks, timeout_error
+from ..comm.base import announce, missing_ranks, receive, timeout_error
 from ..errors import CheckpointError
 from ..format import index as fmt
 from ..format.tree import Node, render_path
@@ -174,16 +173,17 @@ def commit_save(prep: PreparedSave, entries: bytes, build_index: Any) -> None:
     """
     ch = prep.channel
     assert ch is not None
-    prep.reported = True
     if prep.comm.rank != 0:
+        prep.reported = True
         ch.gather("chunks", b"R" + entries, prep.timeout, dst=0)
         try:
             # waits a little longer than rank 0 does, so that its verdict (naming the rank
             # that failed) normally arrives before this rank's own timeout would fire
             ch.get("gathered", prep.timeout + min(0.1 * prep.timeout + 0.5, 10.0))
-            verdict = ch.get("result", prep.timeout)  # rank 0 writes the index meanwhile
-        finally:
-            ch.add("read", 1)
+        except CheckpointError:
+            ch.add("result/read", 1)
+            raise
+        verdict = receive(ch, "result", prep.timeout)  # rank 0 writes the index meanwhile
         if verdict != b"ok":
             raise CheckpointError(verdict.decode("utf-8", "replace"))
         return
@@ -201,21 +201,38 @@ def commit_save(prep: PreparedSave, entries: bytes, build_index: Any) -> None:
         check_coverage(prep.items, parts)
         commit.finish(prep.txn, build_index(prep, parts))
     except BaseException as e:
-        _announce_failure(prep, e)
-        _await_readers(ch, readers, prep.timeout)
+        _announce_failure(prep, e, readers)
         raise
-    ch.set("result", b"ok")
-    _await_readers(ch, readers, prep.timeout)
+    prep.reported = True
+    _finish_announcing(ch, b"ok", readers, prep.timeout)
 
 
-def _announce_failure(prep: PreparedSave, error: BaseException) -> None:
-    """Rank 0: tells every waiting rank that the save failed (and why)."""
+def _announce_failure(prep: PreparedSave, error: BaseException, readers: int | None = None) -> None:
+    """Rank 0: tells every waiting rank that the save failed (and why).
+
+    ``readers``: how many ranks will read the verdict (None when rank 0 failed before
+    it could know: the keys are then left in the store rather than freed too early).
+    """
     ch = prep.channel
     assert ch is not None
+    prep.reported = True
     ch.set("begun", b"E")
     ch.set("gathered", b"1")
-    ch.set("result", f"collective save to {prep.txn.final!r} not committed: "
-                     f"{type(error).__name__}: {error}".encode("utf-8", "replace"))
+    verdict = (f"collective save to {prep.txn.final!r} not committed: "
+               f"{type(error).__name__}: {error}").encode("utf-8", "replace")
+    if readers is None:
+        ch.set("result", verdict)
+    else:
+        _finish_announcing(ch, verdict, readers, prep.timeout)
+
+
+def _finish_announcing(ch: Channel, verdict: bytes, readers: int, timeout: float) -> None:
+    """Rank 0: publishes the verdict, waits until ``readers`` ranks read it, frees the keys."""
+    if not announce(ch, "result", verdict, readers, timeout):
+        log.warning("%d rank(s) did not read the save verdict within %g s", readers, timeout)
+        return
+    ch.delete("begun")
+    ch.delete("gathered")
 
 
 def abort(prep: PreparedSave, error: BaseException | None) -> None:
@@ -229,26 +246,13 @@ def abort(prep: PreparedSave, error: BaseException | None) -> None:
     text = f"{type(error).__name__}: {error}" if error is not None else "aborted"
     try:
         if prep.comm.rank == 0:
-            _announce_failure(prep, error or CheckpointError("aborted"))
+            if not prep.reported:
+                _announce_failure(prep, error or CheckpointError("aborted"))
         elif not prep.reported:
             prep.reported = True
             ch.gather("chunks", b"E" + text.encode("utf-8", "replace"), prep.timeout, dst=0)
     except CheckpointError as e:  # the store is gone too; the original error matters more
         log.warning("could not tell the other ranks that this save failed: %s", e)
-
-
-def _await_readers(ch: Channel, n: int, timeout: float) -> None:
-    """Rank 0: waits until ``n`` ranks have read the verdict, then frees the keys."""
-    deadline = time.monotonic() + timeout
-    delay = 0.0005
-    while ch.add("read", 0) < n:
-        if time.monotonic() >= deadline:
-            log.warning("%d rank(s) did not read the save verdict within %g s", n, timeout)
-            return
-        time.sleep(delay)
-        delay = min(2 * delay, 0.05)
-    for key in ("begun", "gathered", "result", "read"):
-        ch.delete(key)
 
 
 # ----------------------------------------------------------------------------- load side
