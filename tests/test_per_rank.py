@@ -32,3 +32,13 @@ def test_missing_rank_raises_or_keeps() -> None:
         shardsafe.PerRank(d, missing="first")
     with pytest.raises(TypeError):
         shardsafe.PerRank(3)
+
+
+def test_checkpoint_without_this_rank_is_a_mismatch_unless_kept(tmp_path) -> None:  # noqa: ANN001
+    path = str(tmp_path / "ck")
+    shardsafe.save({"d": {"1": {"n": 1}}}, path)  # as if saved by ranks 0..1 without rank 0
+    with pytest.raises(shardsafe.StateMismatchError, match="missing in checkpoint: d.0"):
+        shardsafe.load(path, {"d": shardsafe.PerRank({"n": 0})})
+    d = {"n": 0}
+    shardsafe.load(path, {"d": shardsafe.PerRank(d, missing="keep")})
+    assert d == {"n": 0}

@@ -11,16 +11,19 @@ a value in ``PerRank`` and every rank's copy is saved, under the rank's number::
 On load each rank restores its own entry, so per-rank state resumes exactly on the
 same number of ranks. A rank whose number the checkpoint lacks (a job resumed on more
 ranks) raises ``StateMismatchError`` unless ``missing="keep"`` was given, which keeps
-its current value. ``state_dict()`` is a collective call (every rank's local state
-goes to every rank, as JSON bytes: nothing is pickled), which ``shardsafe.save`` and
-``shardsafe.load`` make on every rank anyway.
+its current value. When saving, ``state_dict()`` is a collective call (every rank's
+local state goes to every rank, as JSON bytes: nothing is pickled), which
+``shardsafe.save`` makes on every rank anyway; inside ``shardsafe.load`` it only names
+this rank's entry (see ``loading``), so loads need no extra collective.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from . import tensors
@@ -30,6 +33,19 @@ from .format.tree import Node, build
 from .plan.flatten import flatten, is_stateful
 
 MISSING_POLICIES = ("raise", "keep")
+
+_LOADING: contextvars.ContextVar[bool] = contextvars.ContextVar("shardsafe_loading", default=False)
+
+
+@contextlib.contextmanager
+def loading() -> Iterator[None]:
+    """Marks a ``shardsafe.load`` in progress (``PerRank.state_dict`` then describes only
+    what this rank restores, instead of gathering every rank's state)."""
+    token = _LOADING.set(True)
+    try:
+        yield
+    finally:
+        _LOADING.reset(token)
 
 
 def _encode(value: Mapping[str, Any]) -> bytes:
@@ -78,8 +94,14 @@ class PerRank:
         return self.value.state_dict() if is_stateful(self.value) else self.value
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"<rank>": state of that rank}`` for every rank (a collective call)."""
+        """``{"<rank>": state of that rank}`` for every rank (a collective call).
+
+        During ``shardsafe.load``: only this rank's entry (empty with ``missing="keep"``,
+        so that a checkpoint without it is no mismatch).
+        """
         comm = get_comm(self.process_group)
+        if _LOADING.get():
+            return {str(comm.rank): self._local()} if self.missing == "raise" else {}
         if comm.world_size == 1:
             return {"0": self._local()}
         gathered = comm.gather_bytes(_encode(self._local()), dst=0)

@@ -15,6 +15,7 @@ from ..engine.mmap_load import load_mapped
 from ..engine.reader import Reader, ReadJob
 from ..errors import StateMismatchError
 from ..format.index import Index
+from ..per_rank import loading
 from ..storage import LocalStorage, storage_for
 from .restore import TensorTarget, build_new, match
 
@@ -91,7 +92,8 @@ def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bo
         value, targets = build_new(index)
         _read(reader, targets)
         return value
-    m = match(index, state)
+    with loading():  # PerRank values describe only this rank's entry
+        m = match(index, state)
     problems = m.problems()
     if problems and strict:
         raise StateMismatchError(problems)
