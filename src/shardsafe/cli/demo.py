@@ -22,6 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="new or empty directory to keep the checkpoints in (default: a temporary "
                         "directory, removed at the end)")
     p.add_argument("--seed", type=int, default=0, help="seeds the job and the crash point")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="ranks per training job (default 1); 2 or more run an FSDP2 job on that "
+                        "many processes (gloo on the CPU) and kill the whole job")
     # for tests: resume deliberately wrong, so the report must say DIFFERENT
     p.add_argument("--corrupt-resume", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=run)
@@ -42,10 +45,20 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"shardsafe demo: {e}", file=sys.stderr)
         return EXIT_USAGE
+    if args.nproc > 1:  # the distributed mode lives in its own module
+        from ..demo.distributed import report as report_distributed
+        from ..demo.distributed import run_distributed_demo
+
+        run_it, show = (lambda: run_distributed_demo(opts, args.nproc)), report_distributed
+    elif args.nproc < 1:
+        print(f"shardsafe demo: --nproc must be at least 1, got {args.nproc}", file=sys.stderr)
+        return EXIT_USAGE
+    else:
+        run_it, show = (lambda: run_demo(opts)), report
     try:
-        result = run_demo(opts)
+        result = run_it()
     except DemoError as e:
         print(f"shardsafe demo: {e}", file=sys.stderr)
         return EXIT_FAILED
-    print(report(result))
+    print(show(result))
     return EXIT_OK if result.identical else EXIT_FAILED
