@@ -19,7 +19,10 @@ import posixpath
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import fsspec
+try:
+    import fsspec
+except ImportError as e:  # the optional dependency of URL paths
+    raise ImportError(f"URL paths need fsspec ({e}); install 'shardsafe[s3]' for S3") from None
 
 log = logging.getLogger("shardsafe")
 
