@@ -22,6 +22,7 @@ from .errors import (
     CorruptCheckpointError,
     StateMismatchError,
 )
+from .manager import CheckpointManager, ManagerOptions
 from .rng import RNGState
 
 __all__ = [
@@ -33,6 +34,8 @@ __all__ = [
     "SaveHandle",
     "LoadResult",
     "RNGState",
+    "CheckpointManager",
+    "ManagerOptions",
     "CheckpointError",
     "CorruptCheckpointError",
     "CheckpointNotFoundError",

@@ -35,8 +35,18 @@ class CorruptCheckpointError(CheckpointError):
         if key is not None:
             parts.append(f"key={key!r}")
         super().__init__(" | ".join(parts))
+        self.message = message
         self.file = file
         self.key = key
+
+    def __reduce__(self) -> tuple:
+        # BaseException pickles as cls(*args); args holds the joined text, so rebuild from parts
+        return _rebuild_corrupt, (type(self), self.message, self.file, self.key)
+
+
+def _rebuild_corrupt(cls: type[CorruptCheckpointError], message: str, file: str | None,
+                     key: str | None) -> CorruptCheckpointError:
+    return cls(message, file=file, key=key)
 
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
@@ -55,6 +65,9 @@ class StateMismatchError(CheckpointError):
         shown = "\n  ".join(self.problems[:200])
         more = "" if len(self.problems) <= 200 else f"\n  ... and {len(self.problems) - 200} more"
         super().__init__(f"{len(self.problems)} key path(s) do not match:\n  {shown}{more}")
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.problems,)
 
 
 class CheckpointTimeoutError(CheckpointError, TimeoutError):

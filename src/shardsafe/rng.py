@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any
 
 import numpy as np
 
 from . import tensors
+
+
+log = logging.getLogger("shardsafe")
+
+
+def _as_byte_tensor(x: Any) -> Any:
+    """Generator states load as uint8 tensors, or numpy arrays where torch was absent at load."""
+    torch = tensors.torch
+    return x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x, dtype=np.uint8))
 
 
 class RNGState:
@@ -27,6 +37,9 @@ class RNGState:
             "numpy": {"name": name, "keys": np.asarray(keys).copy(), "pos": int(pos),
                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         }
+        # The key set is the same on every machine (absent generators are None / []), so a
+        # checkpoint from a CPU box loads strictly on a GPU box, or in a numpy-only install.
+        out["torch"], out["cuda"] = None, []
         if tensors.HAVE_TORCH:
             torch = tensors.torch
             out["torch"] = torch.get_rng_state()
@@ -41,12 +54,19 @@ class RNGState:
         n = state["numpy"]
         np.random.set_state((n["name"], np.asarray(n["keys"], dtype=np.uint32), n["pos"],
                              n["has_gauss"], n["cached_gaussian"]))
-        if tensors.HAVE_TORCH and "torch" in state:
-            torch = tensors.torch
-            torch.set_rng_state(state["torch"])
-            cuda = state.get("cuda")
-            if cuda is not None and torch.cuda.is_available():
-                if len(cuda) != torch.cuda.device_count():
-                    raise ValueError(f"checkpoint has {len(cuda)} CUDA generator states, this process "
-                                     f"sees {torch.cuda.device_count()} devices")
-                torch.cuda.set_rng_state_all(cuda)
+        if not tensors.HAVE_TORCH:
+            return
+        torch = tensors.torch
+        if state.get("torch") is not None:
+            torch.set_rng_state(_as_byte_tensor(state["torch"]))
+        cuda = state.get("cuda") or []
+        if cuda and torch.cuda.is_available():
+            devices = torch.cuda.device_count()
+            if len(cuda) != devices:
+                # restoring on another device count cannot be exact; refusing would make the
+                # checkpoint unloadable after everything else was restored, so restore the
+                # devices both sides have and say so
+                log.warning("checkpoint has %d CUDA generator states, this process sees %d devices; "
+                            "restoring the first %d", len(cuda), devices, min(devices, len(cuda)))
+            for i, gen in enumerate(cuda[:devices]):
+                torch.cuda.set_rng_state(_as_byte_tensor(gen), i)

@@ -49,6 +49,10 @@ def dtype_of(x: Any) -> DType:
 def check_supported(x: Any) -> None:
     """Raises TypeError (without a key path; the caller adds it) for unsavable tensors."""
     if isinstance(x, np.ndarray):
+        if type(x) is not np.ndarray and not isinstance(x, np.memmap):
+            # a masked array would lose its mask, a matrix its type: never silently
+            raise TypeError(f"numpy array subclass {type(x).__name__} cannot be saved as is; "
+                            f"pass np.asarray(x) (and the mask separately) if that is what you want")
         if x.dtype.hasobject:
             raise TypeError("numpy object arrays cannot be saved safely")
         try:
@@ -127,5 +131,6 @@ def copy_into(target: Any, source: Any) -> None:
         np.copyto(target, source if isinstance(source, np.ndarray) else source.numpy())
         return
     src = source if is_torch_tensor(source) else torch.from_numpy(np.asarray(source))
-    with torch.no_grad():
+    # an inference tensor may only be updated in place inside inference mode
+    with torch.inference_mode() if target.is_inference() else torch.no_grad():
         target.copy_(src)

@@ -49,7 +49,8 @@ def test_every_single_byte_flip_in_tensor_data_is_caught(ckpt) -> None:
     for key, (off, n) in _chunk_ranges(ckpt).items():
         for pos in range(off, off + n):
             _flip(data, pos)
-            for load in (lambda: shardsafe.load(ckpt), lambda: shardsafe.load(ckpt, _target())):
+            for load in (lambda: shardsafe.load(ckpt), lambda: shardsafe.load(ckpt, _target()),
+                         lambda: shardsafe.load(ckpt, mmap=True)):
                 with pytest.raises(shardsafe.CorruptCheckpointError) as info:
                     load()
                 assert info.value.file == DATA and info.value.key == key
@@ -94,7 +95,8 @@ def test_truncated_data_file_names_file_and_key(ckpt, keep: int) -> None:
     data = os.path.join(ckpt, DATA)
     size = os.path.getsize(data)
     os.truncate(data, keep if keep >= 0 else size + keep)
-    for load in (lambda: shardsafe.load(ckpt), lambda: shardsafe.load(ckpt, _target())):
+    for load in (lambda: shardsafe.load(ckpt), lambda: shardsafe.load(ckpt, _target()),
+                 lambda: shardsafe.load(ckpt, mmap=True)):
         with pytest.raises(shardsafe.CorruptCheckpointError, match="truncated") as info:
             load()
         assert info.value.file == DATA
@@ -153,3 +155,34 @@ def test_error_hierarchy() -> None:
         assert issubclass(cls, shardsafe.CheckpointError)
     e = shardsafe.CorruptCheckpointError("bad", file="f", key="k")
     assert str(e) == "bad | file='f' | key='k'" and (e.file, e.key) == ("f", "k")
+
+
+def test_errors_survive_pickling_across_processes() -> None:
+    # frameworks pickle exceptions to carry them between processes (multiprocessing, futures);
+    # the attributes must come back intact (pickle here is the test's, never shardsafe's)
+    import pickle
+
+    e = pickle.loads(pickle.dumps(shardsafe.CorruptCheckpointError("bad", file="f", key="k")))
+    assert (str(e), e.file, e.key) == ("bad | file='f' | key='k'", "f", "k")
+    m = pickle.loads(pickle.dumps(shardsafe.StateMismatchError(["a: x", "b: y"])))
+    assert m.problems == ["a: x", "b: y"] and "2 key path(s)" in str(m)
+    n = pickle.loads(pickle.dumps(shardsafe.CheckpointNotFoundError("no checkpoint at 'p'")))
+    assert str(n) == "no checkpoint at 'p'" and isinstance(n, FileNotFoundError)
+
+
+def test_data_file_symlinked_outside_the_checkpoint_is_refused(ckpt, tmp_path) -> None:
+    # even with the right size and checksums, loading must not read outside the checkpoint
+    outside = tmp_path / "outside.bin"
+    os.replace(os.path.join(ckpt, DATA), outside)
+    os.symlink(outside, os.path.join(ckpt, DATA))
+    for load in (lambda: shardsafe.load(ckpt), lambda: shardsafe.load(ckpt, _target()),
+                 lambda: shardsafe.load(ckpt, mmap=True)):
+        with pytest.raises(shardsafe.CorruptCheckpointError) as info:
+            load()
+        assert info.value.file == DATA
+
+
+def test_checkpoint_directory_itself_may_be_a_symlink(ckpt, tmp_path) -> None:
+    link = tmp_path / "latest"
+    os.symlink(ckpt, link)
+    assert shardsafe.load(str(link))["n"] == 2

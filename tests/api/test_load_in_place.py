@@ -250,3 +250,11 @@ def test_stateful_internals_are_not_mutated_behind_its_back(tmp_path) -> None:
     assert target.got["table"]["a"] == 5 and target.got["table"]["b"] is b  # tensors still in place
     assert torch.equal(b, torch.ones(2))
     assert target.shared == [0.0] and target.table["a"] == 1  # only load_state_dict decides
+
+
+def test_inference_mode_targets(tmp_path) -> None:
+    shardsafe.save({"c": torch.ones(3), "t": torch.arange(6.0).reshape(2, 3)}, _path(tmp_path))
+    with torch.inference_mode():
+        c, t = torch.zeros(3), torch.zeros(3, 2).t()  # t is restored through a copy
+    shardsafe.load(_path(tmp_path), {"c": c, "t": t})
+    assert torch.equal(c, torch.ones(3)) and torch.equal(t, torch.arange(6.0).reshape(2, 3))

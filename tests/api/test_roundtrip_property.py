@@ -74,6 +74,34 @@ def scratch() -> Any:
     shutil.rmtree(d, ignore_errors=True)
 
 
+def scrambled(x: Any) -> Any:
+    """Same structure, shapes, dtypes and strides; every value different (or None)."""
+    if isinstance(x, torch.Tensor):
+        junk = torch.full((x.numel() * x.element_size(),), 0xA5, dtype=torch.uint8)
+        out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype)
+        out.copy_(junk.view(x.dtype).reshape(x.shape))  # keeps x's strides (e.g. transposed)
+        return out
+    if isinstance(x, np.ndarray):
+        return np.full_like(x, 1 if x.dtype != np.bool_ else False)
+    if isinstance(x, dict):
+        return {k: scrambled(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [scrambled(v) for v in x]
+    if isinstance(x, tuple):
+        return tuple(scrambled(v) for v in x)
+    return None
+
+
+def tensors_by_path(x: Any, path: tuple = ()) -> dict[tuple, Any]:
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        return {path: x}
+    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, (list, tuple)) else ()
+    out: dict[tuple, Any] = {}
+    for k, v in items:
+        out.update(tensors_by_path(v, path + (k,)))
+    return out
+
+
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(state=states)
@@ -82,8 +110,13 @@ def test_roundtrip(scratch: str, state: dict) -> None:
     shardsafe.save(state, path)
     try:
         assert_same(shardsafe.load(path), state)
-        # loading in place into the original structure changes nothing and reports nothing
-        result = shardsafe.load(path, state)
+        # in place: a target of the same structure gets every value, in its own tensors
+        target = scrambled(state)
+        before = tensors_by_path(target)
+        result = shardsafe.load(path, target)
         assert (result.missing, result.unexpected, result.mismatched) == ([], [], [])
+        assert_same(target, state)
+        after = tensors_by_path(target)
+        assert after.keys() == before.keys() and all(after[p] is before[p] for p in before)
     finally:
         shutil.rmtree(path)

@@ -20,17 +20,18 @@ TORCH_DTYPES = [getattr(torch, n) for n in sorted(DTYPES)]
 SHAPES = [(), (0,), (3, 0, 2), (5,), (4, 7)]
 
 
-def roundtrip(state: dict, tmp_path, name: str = "ckpt") -> dict:
+def roundtrip(state: dict, tmp_path, name: str = "ckpt", **load_kw) -> dict:
     path = os.path.join(tmp_path, name)
     shardsafe.save(state, path)
-    return shardsafe.load(path)
+    return shardsafe.load(path, **load_kw)
 
 
-def test_every_torch_dtype_and_shape(tmp_path) -> None:
+@pytest.mark.parametrize("mmap", [False, True])
+def test_every_torch_dtype_and_shape(tmp_path, mmap: bool) -> None:
     state = {str(dt).removeprefix("torch."): {str(s): random_tensor(dt, s, seed=i)
                                                for i, s in enumerate(SHAPES)}
              for dt in TORCH_DTYPES}
-    got = roundtrip(state, tmp_path)
+    got = roundtrip(state, tmp_path, mmap=mmap)
     assert_same(got, state)
     assert got["float32"]["()"].dim() == 0
 
@@ -98,8 +99,9 @@ NUMPY_DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "
                 "float16", "float32", "float64", "complex64", "complex128"]
 
 
+@pytest.mark.parametrize("mmap", [False, True])
 @pytest.mark.parametrize("dt", NUMPY_DTYPES)
-def test_numpy_arrays(tmp_path, dt: str) -> None:
+def test_numpy_arrays(tmp_path, dt: str, mmap: bool) -> None:
     rng = np.random.default_rng(0)
     raw = rng.integers(0, 256, 6 * 5 * 16, dtype=np.uint8)
     base = raw[: 30 * np.dtype(dt).itemsize].view(dt).reshape(6, 5)
@@ -108,7 +110,7 @@ def test_numpy_arrays(tmp_path, dt: str) -> None:
     state = {"a": base, "t": base.T, "s": base[::2, 1:], "f": np.asfortranarray(base),
              "e": base[:0], "z": np.array(base[0, 0]), "ro": base.copy()}
     state["ro"].flags.writeable = False
-    got = roundtrip(state, tmp_path)
+    got = roundtrip(state, tmp_path, mmap=mmap)
     assert_same(got, state)
     assert got["z"].shape == () and type(got["z"]) is np.ndarray
     assert got["ro"].flags.writeable

@@ -165,3 +165,16 @@ def test_many_problems_are_all_listed(tmp_path) -> None:
         shardsafe.load(path, {f"k{i}": torch.ones(2) for i in range(300)})
     assert len(info.value.problems) == 300
     assert "300 key path(s)" in str(info.value) and "and 100 more" in str(info.value)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_targets_of_unsupported_dtypes_are_mismatches(tmp_path) -> None:
+    path = os.path.join(tmp_path, "c")
+    shardsafe.save({"q": torch.ones(2), "s": np.zeros(2), "d": torch.ones(1)}, path)
+    target = {"q": torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8),
+              "s": np.array(["a", "b"]), "d": torch.ones(1)}
+    with pytest.raises(shardsafe.StateMismatchError) as info:
+        shardsafe.load(path, target)
+    assert [p.split(":")[1].strip() for p in info.value.problems] == ["q", "s"]
+    result = shardsafe.load(path, target, strict=False)
+    assert [m.split(":")[0] for m in result.mismatched] == ["q", "s"]

@@ -31,6 +31,15 @@ def seal(raw: Any) -> bytes:
     return prefix + b',"index_checksum":"crc32c:%08x"}\n' % crc32c(prefix)
 
 
+def reseal_text(sealed: bytes, old: bytes, new: bytes) -> bytes:
+    """Replaces ``old`` with ``new`` in sealed index bytes (raw text, e.g. a NaN literal or
+    invalid UTF-8 that json.dumps cannot produce) and recomputes the trailer checksum."""
+    assert old in sealed
+    text = sealed.replace(old, new, 1)
+    body = text[: text.rindex(b',"index_checksum"')]
+    return body + b',"index_checksum":"crc32c:%08x"}\n' % crc32c(body)
+
+
 def write_raw(ckpt: str, raw: Any) -> None:
     with open(os.path.join(ckpt, "index.json"), "wb") as f:
         f.write(seal(raw))

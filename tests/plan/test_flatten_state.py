@@ -110,6 +110,8 @@ UNSUPPORTED = [
     ("datetime array", {"o": np.zeros(2, "M8[s]")}, "o"),
     ("structured array", {"o": np.zeros(2, [("a", "f4")])}, "o"),
     ("numpy str scalar", {"o": np.str_("x")}, "o"),
+    ("masked array", {"o": {"m": np.ma.masked_array([1, 2], mask=[0, 1])}}, "o.m"),
+    ("matrix", {"o": np.matrix([[1, 2]])}, "o"),
     ("lone surrogate", {"s": "a\ud800"}, "s"),
     ("lone surrogate key", {"s": {"\udc00": 1}}, "s"),
     ("huge int", {"i": 10**5000}, "i"),
@@ -135,6 +137,12 @@ def test_unsupported_values_name_their_key_path(state: dict, path: str) -> None:
 def test_state_must_be_a_mapping(state: Any) -> None:
     with pytest.raises(TypeError, match="mapping"):
         flatten(state)  # type: ignore[arg-type]
+
+
+def test_memmap_is_a_plain_array(tmp_path) -> None:
+    m = np.memmap(tmp_path / "m", dtype=np.float32, mode="w+", shape=(3,))
+    _, items = flatten({"m": m})
+    assert items[0].kind == "numpy" and items[0].shape == (3,)
 
 
 def test_deepest_allowed_nesting_flattens() -> None:

@@ -159,7 +159,12 @@ class _Matcher:
             self.mismatch(path, f"target is a tensor, checkpoint holds {_kind(node)}")
             return target
         e = self.index.tensors[node["id"]]
-        shape, dtype = tensors.shape_of(target), tensors.dtype_of(target).name
+        try:
+            dtype = tensors.dtype_of(target).name
+        except (ValueError, TypeError):  # qint8, numpy strings...: nothing could be read into it
+            self.mismatch(path, f"target dtype {target.dtype} cannot hold checkpoint {e.dtype}{list(e.shape)}")
+            return target
+        shape = tensors.shape_of(target)
         if shape != e.shape or dtype != e.dtype:
             self.mismatch(path, f"target {dtype}{list(shape)}, checkpoint {e.dtype}{list(e.shape)}")
             return target

@@ -20,7 +20,7 @@ EXIT_USAGE = 2        # bad arguments
 EXIT_NOT_FOUND = 3    # no committed checkpoint at the path
 EXIT_CORRUPT = 4      # the checkpoint is damaged
 
-COMMANDS: tuple[str, ...] = ("demo", "ls", "info", "verify", "export", "import_", "diff", "gc")  # each helper appends its subcommand module name
+COMMANDS: tuple[str, ...] = ("demo", "bench", "ls", "info", "verify", "export", "import_", "diff", "gc")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ log = logging.getLogger("shardsafe")
 
 PAGE = mmap.PAGESIZE
 ALIGN = 4096  # direct-I/O alignment; buffers are padded to it so last ranges go direct too
+HUGE = 2 << 20  # transparent huge page size on x86-64/arm64
 
 
 def round_up(n: int, to: int = ALIGN) -> int:
@@ -46,6 +47,13 @@ class HostBuffer:
         self.nbytes = nbytes
         self.capacity = max(round_up(nbytes), ALIGN)
         self._map = mmap.mmap(-1, self.capacity, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if self.capacity >= HUGE and hasattr(mmap, "MADV_HUGEPAGE"):
+            # 2 MiB pages where the kernel allows them: 512x fewer faults to pre-fault, and
+            # fewer TLB misses while copying. Purely advisory.
+            try:
+                self._map.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:  # kernel without transparent huge pages
+                pass
         self._full = np.frombuffer(self._map, dtype=np.uint8)
         self.array = self._full[:nbytes]
         if prefault:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import concurrent.futures.thread  # noqa: F401 - registers its exit hook before ours (see _drain_at_exit)
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..comm import Comm
@@ -36,6 +36,7 @@ from .writer import FileWrite
 log = logging.getLogger("shardsafe")
 
 STAGING_MODES = ("blocking", "background")
+_JobMaker = Callable[[], "tuple[list[FileWrite], list[StageTask]]"]
 SLOW_WAIT_S = 1.0  # a new save waiting longer than this for the previous one logs a warning
 
 
@@ -118,26 +119,31 @@ class Checkpointer:
             self._wait_previous()
             prep = pipeline.prepare(state, path, overwrite=overwrite, metadata=metadata,
                                     storage_options=storage_options, comm=self.comm)
-            buffers = self.arena.get([p.layout.size for p in prep.plans])
             handle = SaveHandle(path, prep.nbytes)
-            writes, tasks = self._staged_jobs(prep, buffers)
-            background = staging == "background"
-            if background or self.overlap_writes:
-                self._start(prep, writes, tasks if background else None, handle)
-            if not background:
-                try:
-                    stage_files(tasks)
-                except BaseException as e:  # noqa: BLE001 - handed to the writer, then re-raised
-                    for fw in writes:
-                        fw.fail(e)
-                    if self._thread is not None:
-                        self._thread.join()
-                    handle._mark_collected()  # the caller gets it right here
-                    self._inflight = None
-                    raise
-                handle._set_staged()
-                if not self.overlap_writes:
-                    self._start(prep, writes, None, handle)
+            sizes = [p.layout.size for p in prep.plans]
+            if staging == "background":
+                # Even the buffers are got (and, for a new layout, allocated and
+                # pre-faulted) in the background: the call returns after planning.
+                self._start(prep, handle, lambda: self._staged_jobs(prep, self.arena.get(sizes)),
+                            stage=True)
+                return handle
+            writes, tasks = self._staged_jobs(prep, self.arena.get(sizes))
+            if self.overlap_writes:
+                self._start(prep, handle, lambda: (writes, tasks), stage=False)
+            try:
+                stage_files(tasks)
+            except BaseException as e:  # noqa: BLE001 - handed to the writer, then re-raised
+                for fw in writes:
+                    fw.fail(e)
+                if self._thread is not None:
+                    self._thread.join()
+                    self._thread = None
+                handle._mark_collected()  # the caller gets it right here
+                self._inflight = None
+                raise
+            handle._set_staged()
+            if not self.overlap_writes:
+                self._start(prep, handle, lambda: (writes, tasks), stage=False)
             return handle
 
     def wait(self, timeout: float | None = None) -> None:
@@ -198,10 +204,9 @@ class Checkpointer:
             tasks.append(StageTask(units, buf.array, fw.unit_ready))
         return writes, tasks
 
-    def _start(self, prep: PreparedSave, writes: list[FileWrite], tasks: list[StageTask] | None,
-               handle: SaveHandle) -> None:
+    def _start(self, prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, *, stage: bool) -> None:
         self._inflight = handle
-        self._thread = threading.Thread(target=_background, args=(prep, writes, tasks, handle),
+        self._thread = threading.Thread(target=_background, args=(prep, handle, jobs, stage),
                                         name="shardsafe-writer", daemon=False)
         with _UNSETTLED_LOCK:
             _UNSETTLED.add(handle)
@@ -241,14 +246,15 @@ class Checkpointer:
                 b.close()
 
 
-def _background(prep: PreparedSave, writes: list[FileWrite], tasks: list[StageTask] | None,
-                handle: SaveHandle) -> None:
+def _background(prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, stage: bool) -> None:
     """Body of the writer thread: [stage,] write, commit; the outcome goes to ``handle``."""
+    writes: list[FileWrite] = []
     try:
+        writes, tasks = jobs()
         pipeline.begin(prep)
         for fw in writes:
             fw.start()
-        if tasks is not None:
+        if stage:
             try:
                 stage_files(tasks)
             except BaseException as e:  # noqa: BLE001 - forwarded to the waiting writers

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from ..format import INDEX_NAME
-from ..format.index import Index, decode_index
+from ..format.index import MAX_INDEX_BYTES, Index, decode_index
 from ..format.tree import render_path
 from ..storage.base import Storage
 
@@ -43,8 +43,13 @@ def read_index(storage: Storage, path: str) -> Index:
         CheckpointNotFoundError: ``path`` holds no committed checkpoint.
         CorruptCheckpointError: the index is damaged or a data file is truncated.
     """
+    index_path = storage.join(path, INDEX_NAME)
     try:
-        data = storage.read(storage.join(path, INDEX_NAME))
+        # size first: a forged multi-GB index must not be read into memory to be refused
+        if storage.size(index_path) > MAX_INDEX_BYTES:
+            raise CorruptCheckpointError(f"index is larger than the {MAX_INDEX_BYTES} bytes allowed",
+                                         file=INDEX_NAME)
+        data = storage.read(index_path)
     except (FileNotFoundError, NotADirectoryError):
         raise CheckpointNotFoundError(f"no committed checkpoint at {path!r} "
                                       f"(no {INDEX_NAME})") from None
@@ -57,7 +62,7 @@ def read_index(storage: Storage, path: str) -> Index:
                                          key=_first_key_beyond(index, f.name, 0)) from None
         if size != f.size:
             raise CorruptCheckpointError(f"data file has {size} bytes, index says {f.size} "
-                                         f"(truncated?)", file=f.name,
+                                         f"(truncated? a symlink?)", file=f.name,
                                          key=_first_key_beyond(index, f.name, size))
     return index
 

@@ -269,7 +269,8 @@ def _check_byte_ranges(files: Sequence[FileEntry], tensors: Sequence[TensorEntry
             ranges = by_file.get(c.file)
             if ranges is None:
                 raise _bad(f"tensor {tree.render_path(t.key)} names unknown file {c.file!r}")
-            ranges.append((c.offset, c.offset + c.nbytes, tree.render_path(t.key)))
+            if c.nbytes:  # an empty chunk reads nothing: its offset constrains nothing (FORMAT.md 9.6)
+                ranges.append((c.offset, c.offset + c.nbytes, tree.render_path(t.key)))
     for f in files:
         prev_end, prev_key = f.data_start, "<header>"
         for start, end, key in sorted(by_file[f.name]):
@@ -277,8 +278,22 @@ def _check_byte_ranges(files: Sequence[FileEntry], tensors: Sequence[TensorEntry
                 raise _bad(f"byte range of {key} in {f.name} overlaps {prev_key}")
             if end > f.size:
                 raise _bad(f"byte range of {key} ends at {end}, past the end of {f.name} ({f.size})")
-            if end > start:
-                prev_end, prev_key = end, key
+            prev_end, prev_key = end, key
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):  # "1e400" would otherwise become inf, which the encoder never writes
+        raise ValueError(f"number {text} is out of range")
+    return v
+
+
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # parsers disagree on which duplicate wins (first or last): refuse the ambiguity
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("duplicate member name in a JSON object")
+    return out
 
 
 def _reject_constant(name: str) -> Any:
@@ -295,7 +310,8 @@ def _parse(data: bytes) -> dict[str, Any]:
     if crc32c(data[: m.start()]) != int(m.group(1), 16):
         raise CorruptCheckpointError("index checksum mismatch", file=INDEX_NAME)
     try:
-        raw = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+        raw = json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float,
+                         object_pairs_hook=_unique_members)
     except (ValueError, RecursionError) as e:
         raise _bad(f"not valid JSON: {e}") from None
     if not isinstance(raw, dict):

@@ -77,7 +77,10 @@ def _float(v: Any) -> float:
     if isinstance(v, bool):
         raise TreeError("float node holds a bool")
     if isinstance(v, (int, float)):
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # a foreign writer's 10**400: not a float
+            raise TreeError(f"float value {v} is out of range") from None
     if v in ("nan", "inf", "-inf"):
         return float(v)
     raise TreeError(f"bad float value {v!r}")

@@ -255,7 +255,9 @@ class LocalStorage:
             os.close(fd)
 
     def size(self, path: str) -> int:
-        return os.stat(path).st_size
+        # lstat: a symlinked data file reports the link's size, so read_index refuses it
+        # before anything is read through it (a checkpoint never reads outside itself)
+        return os.lstat(path).st_size
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)

@@ -1,0 +1,134 @@
+"""``shardsafe bench``: shardsafe against torch.save and DCP, on the same state, in one run.
+
+Cases: (a) large fp32 tensors (default 2 GiB in 64 MiB tensors), (b) 20,000 small
+tensors of 1-64 KiB, (c) a small transformer trained on the CPU with an async save every
+10 steps vs none. The machine's limits (memcpy, direct-I/O write/read, buffered write)
+are measured in the same run, and results are reported as ratios, which stay meaningful
+on shared machines where absolute times drift. Medians of ``--repeat`` rounds, after an
+unrecorded warm-up round.
+
+Run ``python -m shardsafe.bench --help`` (or ``shardsafe bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
+              "g": 1 << 30, "gib": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``"2GiB"``, ``"512M"``, ``"1048576"`` -> bytes."""
+    t = text.strip().lower()
+    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(num):]
+    if unit not in SIZE_UNITS or not num:
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (use e.g. 2GiB, 512MiB)")
+    return int(float(num) * SIZE_UNITS[unit])
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Adds the benchmark's options to ``p`` (shared by the CLI and ``python -m``)."""
+    p.add_argument("--size", type=parse_size, default=parse_size("2GiB"),
+                   help="case (a) state size (default 2GiB)")
+    p.add_argument("--tensor-size", type=parse_size, default=parse_size("64MiB"),
+                   help="case (a) tensor size (default 64MiB)")
+    p.add_argument("--small-count", type=int, default=20000, help="case (b) tensor count")
+    p.add_argument("--cases", default="a,b,c", help="comma-separated subset of a,b,c")
+    p.add_argument("--dir", default=None, help="directory for checkpoints (default: a temp dir)")
+    p.add_argument("--repeat", type=int, default=3, help="recorded rounds per case (medians)")
+    p.add_argument("--steps", type=int, default=60, help="case (c) training steps per variant")
+    p.add_argument("--every", type=int, default=10, help="case (c) save every N steps")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one round (a smoke test)")
+    p.add_argument("--drop-caches", action="store_true",
+                   help="also write /proc/sys/vm/drop_caches for cold loads (root only)")
+    p.add_argument("--write-doc", metavar="PATH", help="write the tables into this markdown file")
+    p.add_argument("--json", metavar="PATH", help="write raw samples as JSON")
+    p.add_argument("--progress", action="store_true", help="log each measurement to stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the benchmark described by parsed ``args``; prints the markdown report."""
+    from . import limits, report, runner, states, training
+
+    if args.quick:
+        args.size, args.tensor_size, args.small_count = 4 << 20, 1 << 20, 100
+        args.repeat, args.steps, args.every = 1, 4, 2
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    if not set(cases) <= {"a", "b", "c"}:
+        raise ValueError(f"--cases takes a subset of a,b,c, got {args.cases!r}")
+    own_dir = args.dir is None
+    directory = tempfile.mkdtemp(prefix="shardsafe-bench-") if own_dir else args.dir
+    os.makedirs(directory, exist_ok=True)
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.progress else None
+    started = time.time()
+    results: dict[str, runner.CaseResult] = {}
+    sections: list[str] = []
+    train_ratios = None
+    raw: dict[str, object] = {}
+    try:
+        lim = limits.measure_limits(args.size, directory, max(1, args.repeat))
+        raw["limits"] = lim
+        if "a" in cases:
+            st = states.large_tensors(args.size, args.tensor_size)
+            results["a"] = runner.run_io_case(
+                "a", f"{args.size / (1 << 20):.0f} MiB fp32 in {args.tensor_size >> 20} MiB tensors",
+                st, directory, args.repeat, system_drop=args.drop_caches, warmup=not args.quick, log=log)
+            del st
+        if "b" in cases:
+            st = states.small_tensors(args.small_count)
+            results["b"] = runner.run_io_case("b", f"{args.small_count} small tensors (1-64 KiB)", st,
+                                              directory, args.repeat, system_drop=args.drop_caches,
+                                              warmup=not args.quick, log=log)
+            del st
+        for c in results.values():
+            sections.append(report.case_table(c, lim))
+            raw[c.name] = {o.label: o.samples.values for o in c.ops}
+        if "c" in cases:
+            size = training.QUICK if args.quick else training.ModelSize()
+            rates, sbytes = training.run_training(directory, size, args.steps, args.every, args.repeat,
+                                                  warmup_steps=0 if args.quick else 2)
+            desc = (f"d_model {size.d_model}, {size.layers} layers, seq {size.seq}, batch {size.batch}, "
+                    f"{args.steps} steps, save every {args.every}")
+            table, train_ratios = report.training_table(rates, sbytes, desc)
+            sections.append(table)
+            raw["c"] = rates
+    finally:
+        if own_dir:
+            shutil.rmtree(directory, ignore_errors=True)
+    cmd = "shardsafe bench " + " ".join(getattr(args, "argv", []) or [])
+    body = "\n\n".join([
+        f"Command: `{cmd.strip()}`  ",
+        f"Machine: {report.machine_line(directory)}  ",
+        f"Run: {time.strftime('%Y-%m-%d %H:%M', time.localtime(started))}, "
+        f"{time.time() - started:.0f} s, medians of {args.repeat} round(s)"
+        + (" (--quick: tiny sizes, no warm-up; not a measurement)." if args.quick else " after a warm-up round."),
+        report.targets_table(report.targets(results, lim, train_ratios)),
+        *sections,
+        report.limits_table(lim, args.size),
+    ])
+    print(body)
+    if args.write_doc:
+        report.write_doc(args.write_doc, body)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(raw, f, indent=1)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m shardsafe.bench``."""
+    p = argparse.ArgumentParser(prog="python -m shardsafe.bench", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = p.parse_args(argv)
+    args.argv = argv
+    return run(args)

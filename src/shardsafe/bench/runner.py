@@ -1,0 +1,114 @@
+"""Run the I/O cases: every system saves and loads the same state, repeatedly, interleaved."""
+
+from __future__ import annotations
+
+import gc
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import shardsafe
+
+from . import systems
+from .measure import PeakRSS, Samples, remove, warm_cache
+from .states import nbytes, zeros_like
+
+SAVE = "save"
+LOAD = "load"
+
+
+@dataclass
+class OpResult:
+    """One operation's samples and what it is."""
+
+    label: str
+    kind: str  # SAVE or LOAD
+    system: str  # "shardsafe", "torch", "dcp"
+    samples: Samples = field(default_factory=Samples)
+
+
+@dataclass
+class CaseResult:
+    """All operations of one case, on a state of ``nbytes`` bytes in ``ntensors`` tensors."""
+
+    name: str
+    title: str
+    nbytes: int
+    ntensors: int
+    ops: list[OpResult]
+
+    def op(self, label: str) -> OpResult | None:
+        return next((o for o in self.ops if o.label == label), None)
+
+
+def _save_ops(ckpt: shardsafe.Checkpointer) -> list[tuple[OpResult, Any, str]]:
+    return [
+        (OpResult("shardsafe save", SAVE, "shardsafe"), systems.shardsafe_save(ckpt), "ss"),
+        (OpResult("shardsafe async_save (blocking)", SAVE, "shardsafe"),
+         systems.shardsafe_async(ckpt, "blocking"), "ss"),
+        (OpResult("shardsafe async_save (background)", SAVE, "shardsafe"),
+         systems.shardsafe_async(ckpt, "background"), "ss"),
+        (OpResult("torch.save + fsync", SAVE, "torch"), systems.torch_save, "torch"),
+        (OpResult("dcp.save", SAVE, "dcp"), systems.dcp_save, "dcp"),
+        (OpResult("dcp.async_save", SAVE, "dcp"), systems.dcp_async_save, "dcp"),
+    ]
+
+
+def _load_ops(state: dict[str, Any], system_drop: bool) -> list[tuple[OpResult, Any, str, bool]]:
+    ss_target, dcp_target = zeros_like(state), zeros_like(state)
+    out = []
+    for cold in (True, False):
+        c = "cold" if cold else "warm"
+        out += [
+            (OpResult(f"shardsafe load in place ({c})", LOAD, "shardsafe"),
+             systems.shardsafe_load_in_place(ss_target, cold, system_drop), "ss", cold),
+            (OpResult(f"shardsafe load new ({c})", LOAD, "shardsafe"),
+             systems.shardsafe_load_new(cold, system_drop), "ss", cold),
+            (OpResult(f"torch.load weights_only ({c})", LOAD, "torch"),
+             systems.torch_load(cold, system_drop), "torch", cold),
+            (OpResult(f"dcp.load in place ({c})", LOAD, "dcp"),
+             systems.dcp_load_in_place(dcp_target, cold, system_drop), "dcp", cold),
+        ]
+    out.append((OpResult("shardsafe load mmap=True (cold)", LOAD, "shardsafe"),
+                systems.shardsafe_load_new(True, system_drop, mmap=True), "ss", True))
+    return out
+
+
+def run_io_case(name: str, title: str, state: dict[str, Any], directory: str, repeat: int, *,
+                system_drop: bool = False, warmup: bool = True, log: Any = None) -> CaseResult:
+    """Saves and loads ``state`` with every system ``repeat`` times (after a warm-up round)."""
+    ckpt = shardsafe.Checkpointer()
+    saves = _save_ops(ckpt)
+    loads = _load_ops(state, system_drop)
+    try:
+        for r in range(-1 if warmup else 0, repeat):  # round -1 warms up (allocations, imports)
+            latest: dict[str, str] = {}
+            for i, (res, op, fmt) in enumerate(saves):
+                path = os.path.join(directory, f"{name}-{fmt}-{i}-{r}")
+                gc.collect()
+                rss = PeakRSS()
+                with rss.track():
+                    m = op(state, path)
+                if r >= 0:
+                    res.samples.add(**m, rss=rss.extra)
+                if fmt in latest:
+                    remove(latest[fmt])
+                latest[fmt] = path
+                if log:
+                    log(f"  {name} round {r}: {res.label}: " + ", ".join(f"{k} {v:.3f}s" for k, v in m.items()))
+            for res, op, fmt, cold in loads:
+                if not cold:
+                    warm_cache(latest[fmt])
+                gc.collect()
+                rss = PeakRSS()
+                with rss.track():
+                    m = op(state, latest[fmt])
+                if r >= 0:
+                    res.samples.add(**m, rss=rss.extra)
+                if log:
+                    log(f"  {name} round {r}: {res.label}: {m['durable']:.3f}s")
+            for p in latest.values():
+                remove(p)
+    finally:
+        ckpt.close()
+    return CaseResult(name, title, nbytes(state), len(state), [o for o, *_ in saves + loads])

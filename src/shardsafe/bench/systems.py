@@ -1,0 +1,127 @@
+"""The systems under test, each as save/load operations returning their timings.
+
+Every operation returns a dict of seconds: ``stall`` (how long the caller is blocked),
+``durable`` (until the checkpoint is committed and on disk), and for background
+staging ``staged``. Loads return ``durable`` as their total time.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import shardsafe
+
+from .measure import drop_cache
+
+Op = Callable[[dict[str, Any], str], dict[str, float]]
+
+
+def _dcp() -> Any:
+    warnings.filterwarnings("ignore", module="torch.distributed.checkpoint")
+    warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
+
+
+# ---------------------------------------------------------------------- saves
+def shardsafe_save(ckpt: shardsafe.Checkpointer) -> Op:
+    def op(state: dict[str, Any], path: str) -> dict[str, float]:
+        t = time.perf_counter()
+        ckpt.save(state, path)
+        d = time.perf_counter() - t
+        return {"stall": d, "durable": d}
+    return op
+
+
+def shardsafe_async(ckpt: shardsafe.Checkpointer, staging: str) -> Op:
+    def op(state: dict[str, Any], path: str) -> dict[str, float]:
+        t = time.perf_counter()
+        h = ckpt.async_save(state, path, staging=staging)
+        stall = time.perf_counter() - t
+        h.wait_staged()
+        staged = time.perf_counter() - t
+        h.result()
+        return {"stall": stall, "staged": staged, "durable": time.perf_counter() - t}
+    return op
+
+
+def torch_save(state: dict[str, Any], path: str) -> dict[str, float]:
+    t = time.perf_counter()
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    d = time.perf_counter() - t
+    return {"stall": d, "durable": d}
+
+
+def dcp_save(state: dict[str, Any], path: str) -> dict[str, float]:
+    dcp = _dcp()
+    t = time.perf_counter()
+    dcp.save(state, checkpoint_id=path)
+    d = time.perf_counter() - t
+    return {"stall": d, "durable": d}
+
+
+def dcp_async_save(state: dict[str, Any], path: str) -> dict[str, float]:
+    dcp = _dcp()
+    t = time.perf_counter()
+    fut = dcp.async_save(state, checkpoint_id=path)
+    stall = time.perf_counter() - t
+    upload = getattr(fut, "upload_completion", fut)
+    upload.result()
+    return {"stall": stall, "durable": time.perf_counter() - t}
+
+
+# ---------------------------------------------------------------------- loads
+def _cold(path: str, cold: bool, system: bool) -> None:
+    if cold:
+        drop_cache(path, system=system)
+
+
+def shardsafe_load_in_place(target: dict[str, Any], cold: bool, system_drop: bool = False) -> Op:
+    def op(_: dict[str, Any], path: str) -> dict[str, float]:
+        _cold(path, cold, system_drop)
+        t = time.perf_counter()
+        shardsafe.load(path, target)
+        return {"durable": time.perf_counter() - t}
+    return op
+
+
+def shardsafe_load_new(cold: bool, system_drop: bool = False, mmap: bool = False) -> Op:
+    def op(_: dict[str, Any], path: str) -> dict[str, float]:
+        _cold(path, cold, system_drop)
+        t = time.perf_counter()
+        out = shardsafe.load(path, mmap=mmap)
+        d = time.perf_counter() - t
+        del out
+        return {"durable": d}
+    return op
+
+
+def torch_load(cold: bool, system_drop: bool = False) -> Op:
+    def op(_: dict[str, Any], path: str) -> dict[str, float]:
+        _cold(path, cold, system_drop)
+        t = time.perf_counter()
+        out = torch.load(path, weights_only=True)
+        d = time.perf_counter() - t
+        del out
+        return {"durable": d}
+    return op
+
+
+def dcp_load_in_place(target: dict[str, Any], cold: bool, system_drop: bool = False) -> Op:
+    def op(_: dict[str, Any], path: str) -> dict[str, float]:
+        dcp = _dcp()
+        _cold(path, cold, system_drop)
+        t = time.perf_counter()
+        dcp.load(target, checkpoint_id=path)
+        return {"durable": time.perf_counter() - t}
+    return op

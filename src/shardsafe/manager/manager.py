@@ -1,0 +1,438 @@
+"""``CheckpointManager``: the object a training loop uses (Orbax's verbs, shardsafe's commit).
+
+One writable manager owns a directory of ``step_<N>`` checkpoints. ``save`` decides whether
+a step is due, captures the state and returns (the write and commit continue on a
+background thread), then retention runs on that thread after the commit. ``restore``
+loads the newest step that verifies. Every decision about which steps exist goes through
+``steps.StepDirectory`` and therefore through ``engine.commit.is_committed``.
+
+Threads: the caller's thread runs ``save``/``restore``/...; one worker thread per manager
+waits for each save to commit and then applies retention. At most one save is in flight:
+a new save first waits for the previous one and raises its error, so no background error
+is lost (``wait_until_finished`` and ``close`` raise it too).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Mapping, MutableMapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import TracebackType
+from typing import Any
+
+from ..engine.checkpointer import Checkpointer
+from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+from ..storage import storage_for
+from . import recovery, saving
+from .options import ManagerOptions
+from .policy import StepRecord, best_step, policy_from_options, steps_to_delete
+from .preemption import PreemptionWatcher
+from .steps import StepDirectory, encode_metrics, manager_metadata, step_name
+
+log = logging.getLogger("shardsafe")
+
+
+class _Inflight:
+    """The save in flight (shared with the at-exit reporter, which must not hold the manager)."""
+
+    def __init__(self) -> None:
+        self.future: Future | None = None
+        self.step: int | None = None
+
+
+def _report_uncollected(slot: _Inflight) -> None:
+    fut = slot.future
+    if fut is not None and fut.done() and fut.exception() is not None:
+        log.error("checkpoint save of step %s failed and nobody called wait_until_finished() "
+                  "or close(): %s", slot.step, fut.exception())
+
+
+class CheckpointManager:
+    """Saves, retains and restores the checkpoints of a training run in one directory.
+
+    Example::
+
+        with shardsafe.CheckpointManager("ckpt", save_interval_steps=100, max_to_keep=3,
+                                         preemption_signals=(signal.SIGTERM,)) as mgr:
+            start = (mgr.restore(state) or -1) + 1
+            for step in range(start, num_steps):
+                train_step()
+                mgr.save(step, state, metrics={"loss": loss})
+                if mgr.reached_preemption(step):
+                    break
+
+    Args:
+        directory: Where the ``step_<N>`` checkpoints live (a local path or URL).
+        **options: The fields of ``ManagerOptions`` (see there).
+
+    Raises:
+        ValueError: Invalid or contradictory options.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], **options: Any) -> None:
+        self._opts = ManagerOptions(**options)
+        self._url = os.fspath(directory)
+        so = dict(self._opts.storage_options) if self._opts.storage_options is not None else None
+        storage, spath = storage_for(self._url, so)
+        self._dir = StepDirectory(storage, spath)
+        self._policy = policy_from_options(self._opts)
+        self._lock = threading.Lock()
+        self._records: dict[tuple[int, str], StepRecord] = {}
+        self._inflight = _Inflight()
+        self._last_started: int | None = None
+        self._saved_after_signal = False
+        self._closed = False
+        self._worker: ThreadPoolExecutor | None = None
+        self._saver: Checkpointer | None = None
+        self._watcher = PreemptionWatcher(self._opts.preemption_signals)  # main thread check first
+        built = False
+        try:
+            if not self._opts.read_only:
+                storage.makedirs(spath)
+                self._dir.remove_leftovers()
+                self._worker = ThreadPoolExecutor(1, thread_name_prefix="shardsafe-manager")
+                self._saver = Checkpointer()  # keeps its staging buffers from one save to the next
+            self._last_save_time = self._initial_save_time()
+            built = True
+        finally:
+            if not built:  # a constructor that raised must not leave handlers behind
+                self._watcher.close()
+        self._finalizer = weakref.finalize(self, _report_uncollected, self._inflight)
+
+    @classmethod
+    def from_options(cls, directory: str | os.PathLike[str], options: ManagerOptions) -> CheckpointManager:
+        """A manager configured by a ``ManagerOptions`` value."""
+        fields = {name: getattr(options, name) for name in ManagerOptions.__dataclass_fields__}
+        return cls(directory, **fields)
+
+    @property
+    def directory(self) -> str:
+        """The directory (or URL) this manager was given."""
+        return self._url
+
+    @property
+    def options(self) -> ManagerOptions:
+        """The validated options."""
+        return self._opts
+
+    # ------------------------------------------------------------------ listing
+    def all_steps(self) -> list[int]:
+        """Committed steps, oldest first (steps still being written are not listed)."""
+        return list(self._dir.committed())
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, or None."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def metrics(self, step: int) -> dict[str, Any] | None:
+        """The metrics saved with ``step`` (None if it was saved without metrics).
+
+        Raises:
+            CheckpointNotFoundError: ``step`` is not a committed checkpoint.
+        """
+        name = self._dir.committed().get(step)
+        if name is None:
+            raise CheckpointNotFoundError(f"step {step} is not a committed checkpoint in {self._url!r}")
+        m = self._record(step, name).metrics
+        return dict(m) if m is not None else None
+
+    def best_step(self) -> int | None:
+        """The committed step with the best ``best_fn`` (the latest step without ``best_fn``)."""
+        if self._opts.best_fn is None:
+            return self.latest_step()
+        return best_step(self._records_of(self._dir.committed()), self._opts.best_fn,
+                         self._opts.best_mode)
+
+    def _record(self, step: int, name: str) -> StepRecord:
+        # a committed step never changes, so a writer caches what it read; a reader does not
+        # (the trainer may set a corrupt step aside and later commit the same number again)
+        with self._lock:
+            rec = self._records.get((step, name))
+        if rec is None:
+            rec = self._dir.record(step, name)
+            if not self._opts.read_only:
+                with self._lock:
+                    self._records[(step, name)] = rec
+        return rec
+
+    def _records_of(self, committed: Mapping[int, str]) -> list[StepRecord]:
+        """Records of listed steps, skipping steps deleted since the listing.
+
+        A step whose index is damaged gets a record without metrics (saved at time 0), so
+        one bad step cannot stop retention; ``restore`` reports the damage.
+        """
+        out = []
+        for step, name in committed.items():
+            try:
+                out.append(self._record(step, name))
+            except CheckpointNotFoundError:
+                continue
+            except CorruptCheckpointError as e:
+                log.warning("step %d in %s has a damaged index (%s); retention treats it as "
+                            "saved without metrics", step, self._url, e)
+                rec = StepRecord(step, 0.0, None)
+                if not self._opts.read_only:
+                    with self._lock:
+                        self._records[(step, name)] = rec
+                out.append(rec)
+        return out
+
+    def _forget(self, step: int) -> None:
+        with self._lock:
+            for key in [k for k in self._records if k[0] == step]:
+                del self._records[key]
+
+    # ------------------------------------------------------------------ saving
+    def _scheduled(self, step: int) -> bool:
+        o = self._opts
+        return ((o.save_interval_steps is not None and step % o.save_interval_steps == 0)
+                or step in o.save_on_steps
+                or (o.save_interval_seconds is not None
+                    and time.time() - self._last_save_time >= o.save_interval_seconds))
+
+    def _initial_save_time(self) -> float:
+        """Reference of ``save_interval_seconds``: the newest checkpoint's time, or now."""
+        now = time.time()
+        if self._opts.save_interval_seconds is None or self._opts.read_only:
+            return now
+        committed = self._dir.committed()
+        if not committed:
+            return now
+        step, name = next(reversed(committed.items()))
+        try:
+            return min(now, self._record(step, name).time)
+        except CheckpointError as e:
+            log.warning("cannot read the save time of step %d in %s: %s", step, self._url, e)
+            return now
+
+    def _preempted(self) -> bool:
+        return self._watcher.received is not None
+
+    def _due_by_preemption(self) -> bool:
+        """A signal arrived and no save has started since (one save answers one signal)."""
+        return self._preempted() and not self._saved_after_signal
+
+    def _latest_known(self) -> int | None:
+        """Newest committed step, or the step being saved if that is newer."""
+        latest = self.latest_step()
+        fut, step = self._inflight.future, self._inflight.step
+        if step is not None and fut is not None and (not fut.done() or fut.exception() is None):
+            latest = step if latest is None else max(latest, step)
+        return latest
+
+    def should_save(self, step: int) -> bool:
+        """True when ``step`` is due: by interval, ``save_on_steps``, time, or preemption.
+
+        Always False for a read-only or closed manager and for steps not newer than the
+        newest saved step.
+        """
+        if self._opts.read_only or self._closed:
+            return False
+        if not (self._due_by_preemption() or self._scheduled(step)):
+            return False
+        latest = self._latest_known()
+        return latest is None or step > latest
+
+    def save(self, step: int, state: Mapping[str, Any], *,
+             metrics: Mapping[str, Any] | None = None, force: bool = False) -> bool:
+        """Saves ``state`` as ``step`` if it is due (or ``force``); returns whether it saved.
+
+        Returns once ``state`` has been captured: with ``async_save`` the caller may change
+        its tensors at once while the write continues in the background. Retention runs after
+        the commit, off the calling thread.
+
+        Args:
+            step: The training step (a non-negative int, larger than every saved step).
+            state: What to save (tensors, containers, plain values, Stateful objects).
+            metrics: Numbers stored with the step (for ``best_fn`` and ``metrics(step)``).
+            force: Save even if the step is not due.
+
+        Raises:
+            CheckpointError: ``step`` exists or is older than the newest step, the manager is
+                read-only or closed, or the previous background save failed (its error).
+            TypeError: A value in ``state`` or ``metrics`` cannot be saved (names the key).
+        """
+        self._check_writable("save")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        if not force and not (self._due_by_preemption() or self._scheduled(step)):
+            return False
+        encode_metrics(metrics)  # fail on bad metrics before waiting or writing anything
+        self.wait_until_finished()
+        committed = self._dir.committed()
+        if step in committed:
+            raise CheckpointError(f"step {step} already exists in {self._url!r} "
+                                  f"({committed[step]}); delete it first to save it again")
+        latest = max(committed, default=None)
+        if latest is not None and step < latest:
+            raise CheckpointError(f"refusing to save step {step} in {self._url!r}: the newest "
+                                  f"step there is {latest} and steps must increase")
+        now = time.time()
+        url = self._dir.storage.join(self._url, step_name(step))
+        assert self._worker is not None and self._saver is not None
+        try:
+            job = saving.start_save(self._saver, state, url,
+                                    metadata=manager_metadata(step, now, metrics),
+                                    storage_options=self._opts.storage_options,
+                                    background=self._opts.async_save)
+        except OSError as e:
+            raise CheckpointError(f"saving step {step} to {url!r} failed: {e}") from e
+        self._last_started, self._last_save_time = step, now
+        self._saved_after_signal = self._preempted()
+        self._inflight.step = step
+        self._inflight.future = self._worker.submit(self._after_save, step, url, job)
+        return True
+
+    def _after_save(self, step: int, url: str, job: saving.SaveJob) -> None:
+        """Worker thread: wait for the commit, then apply retention."""
+        try:
+            job.result()
+        except (OSError, CheckpointError) as e:
+            raise CheckpointError(f"saving step {step} to {url!r} failed: {e}") from e
+        log.info("committed step %d in %s", step, self._url)
+        try:
+            self._apply_retention()
+        except (OSError, CheckpointError, ValueError) as e:
+            raise CheckpointError(f"step {step} was saved, but retention failed: {e}") from e
+
+    def _apply_retention(self) -> None:
+        committed = self._dir.committed()
+        for s in steps_to_delete(self._records_of(committed), self._policy):
+            self._dir.delete(s, committed[s])
+            self._forget(s)
+            log.info("retention deleted step %d in %s", s, self._url)
+
+    def wait_until_finished(self) -> None:
+        """Blocks until the save in flight is committed and retention has run.
+
+        Raises:
+            CheckpointError: The background save (or its retention) failed.
+        """
+        fut = self._inflight.future
+        if fut is None:
+            return
+        try:
+            fut.result()  # errors of the write and of retention arrive wrapped, naming the step
+        finally:
+            self._inflight.future = None
+            self._inflight.step = None
+
+    def reached_preemption(self, step: int) -> bool:
+        """True once a preemption signal has arrived and a checkpoint answers it.
+
+        That is: ``step`` itself was saved, or a save has started since the signal. The
+        loop then calls ``wait_until_finished()`` (or ``close()``) and exits. A signal that
+        arrives after ``save(step)`` decided not to save yields False for that step, so the
+        loop runs one more step, whose ``save`` is then due.
+        """
+        if not self._preempted() or self._last_started is None:
+            return False
+        return self._saved_after_signal or step <= self._last_started
+
+    def delete(self, step: int) -> None:
+        """Deletes ``step`` crash-safely (its index first, then its data).
+
+        Raises:
+            CheckpointNotFoundError: There is no such step.
+        """
+        self._check_writable("delete")
+        if step == self._inflight.step:
+            self.wait_until_finished()
+        name = self._dir.committed().get(step)
+        if name is None and step_name(step) not in self._dir.leftovers():
+            raise CheckpointNotFoundError(f"step {step} does not exist in {self._url!r}")
+        self._dir.delete(step, name)
+        self._forget(step)
+
+    def _check_writable(self, what: str) -> None:
+        if self._closed:
+            raise CheckpointError(f"cannot {what}: the CheckpointManager for {self._url!r} is closed")
+        if self._opts.read_only:
+            raise CheckpointError(f"cannot {what}: the CheckpointManager for {self._url!r} is read-only")
+
+    # ------------------------------------------------------------------ restoring
+    def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int | None:
+        """Loads a checkpoint into ``state`` in place and returns its step.
+
+        With ``step=None`` the newest committed step is loaded; if it fails verification
+        (a checksum, a truncated or missing file) a warning names the step and the reason
+        and the next older step is tried, unless ``restore_fallback=False``. A writable
+        manager then moves the corrupt newer steps aside (``step_N.corrupt``) so training
+        can continue saving from the restored step.
+
+        Returns:
+            The restored step, or None when there is no committed step.
+
+        Raises:
+            CorruptCheckpointError: The step failed verification and fallback is off, or no
+                committed step verifies.
+            CheckpointNotFoundError: An explicit ``step`` does not exist.
+            StateMismatchError: ``state`` does not match the checkpoint's structure.
+        """
+        if self._closed:
+            raise CheckpointError(f"cannot restore: the CheckpointManager for {self._url!r} is closed")
+        if not self._opts.read_only:
+            self.wait_until_finished()
+        if step is not None:
+            name = self._dir.committed().get(step, step_name(step))
+            recovery.load_step(self._dir, self._url, step, name, state, self._opts.storage_options)
+            return step
+        out = recovery.restore_newest(self._dir, self._url, state, fallback=self._opts.restore_fallback,
+                                      storage_options=self._opts.storage_options)
+        if out.step is not None:
+            self._set_aside(out.corrupt, out.step)
+        return out.step
+
+    def _set_aside(self, corrupt: Mapping[int, tuple[str, str]], restored: int) -> None:
+        if self._opts.read_only:
+            return
+        for s, (name, _) in sorted(corrupt.items()):
+            if s > restored:
+                new = self._dir.set_aside(s, name)
+                self._forget(s)
+                where = f"moved aside to {new}" if new else "deleted"
+                log.warning("corrupt step %d in %s %s so that training can continue from step %d",
+                            s, self._url, where, restored)
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Waits for the save in flight, restores signal handlers and stops the worker.
+
+        Raises:
+            CheckpointError: The last background save failed.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.wait_until_finished()
+        finally:
+            self._watcher.close()
+            if self._worker is not None:
+                self._worker.shutdown(wait=True)
+            if self._saver is not None:
+                self._saver.close()  # frees the staging buffers; its saves were collected above
+            self._finalizer.detach()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except (CheckpointError, OSError) as e:
+            # the body's exception wins; the save failure travels with it
+            exc.add_note(f"shardsafe: also, closing the CheckpointManager failed: {e!r}")
+
+    def __repr__(self) -> str:
+        mode = "read-only" if self._opts.read_only else "writable"
+        return f"CheckpointManager({self._url!r}, {mode})"

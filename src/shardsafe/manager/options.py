@@ -1,0 +1,127 @@
+"""The manager's configuration: one small, frozen, validated dataclass.
+
+Every keyword argument of ``CheckpointManager`` lands here; cross-field checks run in
+``__post_init__`` so a bad combination fails when the manager is built, not hours later
+when the first checkpoint would have been deleted.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import signal
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+BestFn = Callable[[Mapping[str, Any]], float]
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+
+
+def _seconds(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be seconds (a number or timedelta) or None, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
+    return float(value)
+
+
+def _steps(value: Iterable[int]) -> frozenset[int]:
+    steps = frozenset(value)
+    bad = [s for s in steps if isinstance(s, bool) or not isinstance(s, int) or s < 0]
+    if bad:
+        raise ValueError(f"save_on_steps must hold non-negative ints, got {sorted(map(repr, bad))}")
+    return steps
+
+
+def _signals(value: Iterable[int]) -> tuple[signal.Signals, ...]:
+    out = []
+    for s in value:
+        try:
+            out.append(signal.Signals(s))
+        except ValueError:
+            raise ValueError(f"preemption_signals: {s!r} is not a signal") from None
+    if signal.SIGKILL in out or getattr(signal, "SIGSTOP", None) in out:
+        raise ValueError("preemption_signals cannot include SIGKILL or SIGSTOP (they cannot be caught)")
+    return tuple(dict.fromkeys(out))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ManagerOptions:
+    """Options of a ``CheckpointManager`` (the same names as its keyword arguments).
+
+    Attributes:
+        save_interval_steps: Save when ``step % save_interval_steps == 0``; None disables
+            step-based saving (e.g. to save by time only).
+        save_on_steps: Steps that are always saved.
+        save_interval_seconds: Save when this many seconds have passed since the last save
+            (or since the newest checkpoint was written, for a fresh manager).
+        max_to_keep: Keep the newest this many checkpoints (the best this many, with
+            ``best_fn``); None keeps all.
+        keep_period: Additionally keep every step divisible by this.
+        keep_time_interval: Additionally keep one checkpoint per this many seconds
+            (a number or ``datetime.timedelta``).
+        best_fn: ``metrics -> float`` ranking checkpoints for retention and ``best_step()``.
+        best_mode: ``"max"`` or ``"min"``: which end of ``best_fn`` is best.
+        keep_checkpoints_without_metrics: With ``best_fn``, never delete checkpoints that
+            were saved without metrics.
+        async_save: Return from ``save`` once the state is staged in host memory and write
+            in the background; False writes synchronously.
+        preemption_signals: Signals that mean "save at the next step and exit".
+        read_only: Never write, delete or clean up (an evaluator next to a trainer).
+        restore_fallback: If the newest checkpoint fails verification, ``restore`` falls
+            back to the next older one; False raises instead.
+        storage_options: Passed to the storage backend (fsspec URLs).
+    """
+
+    save_interval_steps: int | None = 1
+    save_on_steps: frozenset[int] = frozenset()
+    save_interval_seconds: float | None = None
+    max_to_keep: int | None = None
+    keep_period: int | None = None
+    keep_time_interval: float | None = None
+    best_fn: BestFn | None = None
+    best_mode: str = "max"
+    keep_checkpoints_without_metrics: bool = True
+    async_save: bool = True
+    preemption_signals: tuple[signal.Signals, ...] = ()
+    read_only: bool = False
+    restore_fallback: bool = True
+    storage_options: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # frozen: normalised values are written with object.__setattr__
+        set_ = object.__setattr__
+        _positive_int("save_interval_steps", self.save_interval_steps)
+        _positive_int("max_to_keep", self.max_to_keep)
+        _positive_int("keep_period", self.keep_period)
+        set_(self, "save_on_steps", _steps(self.save_on_steps))
+        set_(self, "save_interval_seconds", _seconds("save_interval_seconds", self.save_interval_seconds))
+        set_(self, "keep_time_interval", _seconds("keep_time_interval", self.keep_time_interval))
+        set_(self, "preemption_signals", _signals(self.preemption_signals))
+        if self.best_fn is not None and not callable(self.best_fn):
+            raise ValueError(f"best_fn must be callable (metrics -> float), got {self.best_fn!r}")
+        if self.best_mode not in ("max", "min"):
+            raise ValueError(f"best_mode must be 'max' or 'min', got {self.best_mode!r}")
+        if self.best_fn is None and self.best_mode != "max":
+            raise ValueError("best_mode is set but best_fn is None: give best_fn to rank checkpoints")
+        if self.best_fn is None and not self.keep_checkpoints_without_metrics:
+            raise ValueError("keep_checkpoints_without_metrics=False only has a meaning with best_fn")
+        for name in ("async_save", "read_only", "restore_fallback", "keep_checkpoints_without_metrics"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.read_only and self.preemption_signals:
+            # a read-only manager never saves, so it could not act on the signal
+            raise ValueError("a read_only manager cannot handle preemption_signals (it never saves)")
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            raise ValueError(f"storage_options must be a mapping, got {self.storage_options!r}")

@@ -1,0 +1,101 @@
+"""Restore the newest step that verifies, falling back past damaged ones.
+
+An in-place load verifies every chunk as it reads; a damaged step may therefore have
+written some tensors of ``state`` before the bad chunk was found. Falling back loads the
+older step into the same ``state`` with the same strict matching, which rewrites every
+tensor and applies containers and ``load_state_dict`` only after all reads succeeded, so
+the result equals the older step exactly.
+
+A step can also vanish while it is read (a trainer's retention deleting it under a
+read-only evaluator); that is not damage: the listing is re-read and the newest step
+tried again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api.load import load
+from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+from .steps import StepDirectory
+
+log = logging.getLogger("shardsafe")
+
+
+def load_step(steps: StepDirectory, base_url: str, step: int, name: str,
+              state: MutableMapping[str, Any], storage_options: Mapping[str, Any] | None) -> None:
+    """Loads step ``step`` (directory ``name`` under ``base_url``) into ``state`` in place.
+
+    Raises:
+        CheckpointNotFoundError: The step is not committed (or was deleted meanwhile).
+        CorruptCheckpointError: It fails verification, or a data file vanished mid-read.
+    """
+    url = steps.storage.join(base_url, name)
+    try:
+        load(url, state, storage_options=dict(storage_options) if storage_options is not None else None)
+    except FileNotFoundError as e:
+        if isinstance(e, CheckpointNotFoundError):
+            raise
+        raise CorruptCheckpointError(f"step {step}: data file is missing",
+                                     file=os.path.basename(e.filename or "") or None) from e
+    except CheckpointError as e:
+        e.add_note(f"shardsafe: while restoring step {step} from {url!r}")
+        raise
+    log.info("restored step %d from %s", step, url)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """Result of ``restore_newest``.
+
+    Attributes:
+        step: The restored step (None: no committed step at all).
+        corrupt: Damaged steps skipped on the way: step -> (directory name, reason).
+    """
+
+    step: int | None = None
+    corrupt: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+
+def restore_newest(steps: StepDirectory, base_url: str, state: MutableMapping[str, Any], *,
+                   fallback: bool, storage_options: Mapping[str, Any] | None) -> Outcome:
+    """Loads the newest committed step that verifies into ``state``.
+
+    Raises:
+        CorruptCheckpointError: The newest step is damaged and ``fallback`` is False, or
+            every committed step is damaged.
+    """
+    out = Outcome()
+    vanished: set[int] = set()
+    while True:
+        candidates = {s: n for s, n in steps.committed().items()
+                      if s not in out.corrupt and s not in vanished}
+        if not candidates:
+            break
+        step, name = max(candidates.items())
+        try:
+            load_step(steps, base_url, step, name, state, storage_options)
+        except CheckpointNotFoundError:
+            vanished.add(step)
+            continue
+        except CorruptCheckpointError as e:
+            if step not in steps.committed():
+                vanished.add(step)  # deleted while we read it: not damage
+                continue
+            if not fallback:
+                raise
+            log.warning("step %d in %s failed verification, falling back to an older step: %s",
+                        step, base_url, e)
+            out.corrupt[step] = (name, str(e))
+            continue
+        out.step = step
+        return out
+    if out.corrupt:
+        reasons = "; ".join(f"step {s}: {r}" for s, (_, r) in sorted(out.corrupt.items(), reverse=True))
+        raise CorruptCheckpointError(f"no committed step in {base_url!r} could be restored "
+                                     f"({reasons}); `state` may be partially overwritten")
+    return out

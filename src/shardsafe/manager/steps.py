@@ -1,0 +1,180 @@
+"""Step directories under a manager's directory: naming, listing, records, leftovers.
+
+``<directory>/step_<N>`` (N zero-padded to 8 digits; wider numbers are accepted) holds the
+checkpoint of step N. Whether a step counts is decided only by
+``engine.commit.is_committed``, the same function loaders use, so listing, restore and
+retention can never disagree about which steps exist. Hidden working directories of
+unfinished saves are recognised only by ``engine.commit.is_temporary``.
+
+What the manager knows about a step (save time, metrics) is stored in the index metadata
+under ``"shardsafe.manager"``, so it is committed atomically with the step itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import tensors
+from ..engine import commit
+from ..storage.base import Storage
+from .policy import StepRecord
+
+log = logging.getLogger("shardsafe")
+
+MANAGER_KEY = "shardsafe.manager"
+QUARANTINE_SUFFIX = ".corrupt"
+_STEP_RE = re.compile(r"^step_(\d+)$")
+# JSON has no non-finite numbers (the index is encoded with allow_nan=False): a NaN loss
+# must not make a save fail, so non-finite metric values are stored as these strings.
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+def step_name(step: int) -> str:
+    """Directory name of ``step`` (``step_00000042``)."""
+    return f"step_{step:08d}"
+
+
+def parse_step(name: str) -> int | None:
+    """The step a directory name stands for, or None if it is not a step directory."""
+    m = _STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+# ---------------------------------------------------------------------- metadata
+def _metric_value(key: str, value: Any) -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if tensors.is_tensor(value) and tensors.shape_of(value) in ((), (1,)):
+        value = value.item()  # a 0-d torch tensor / numpy array (e.g. the loss)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        f = float(value)
+        if math.isfinite(f):
+            return f
+        return "NaN" if math.isnan(f) else ("Infinity" if f > 0 else "-Infinity")
+    raise TypeError(f"metrics[{key!r}] is a {type(value).__name__}; metric values must be "
+                    f"numbers (or scalar tensors), str, bool or None")
+
+
+def encode_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Metrics as plain JSON values (raises TypeError naming the offending key)."""
+    if metrics is None:
+        return None
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"metrics must be a mapping of str to numbers, got {type(metrics).__name__}")
+    out = {}
+    for k, v in metrics.items():
+        if not isinstance(k, str):
+            raise TypeError(f"metric names must be str, got {k!r}")
+        out[k] = _metric_value(k, v)
+    return out
+
+
+def decode_metrics(raw: Any) -> dict[str, Any] | None:
+    """Inverse of ``encode_metrics`` (non-finite markers become floats again)."""
+    if not isinstance(raw, dict):
+        return None
+    return {k: _NONFINITE.get(v, v) if isinstance(v, str) else v for k, v in raw.items()}
+
+
+def manager_metadata(step: int, time: float, metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The index metadata a manager save stores with ``step``."""
+    return {MANAGER_KEY: {"step": step, "time": time, "metrics": encode_metrics(metrics)}}
+
+
+# ---------------------------------------------------------------------- the directory
+@dataclass(frozen=True, slots=True)
+class StepDirectory:
+    """The step directories under ``path`` (in ``storage``'s own path syntax)."""
+
+    storage: Storage
+    path: str
+
+    def step_path(self, step: int, name: str | None = None) -> str:
+        return self.storage.join(self.path, name or step_name(step))
+
+    def _names(self) -> dict[int, list[str]]:
+        by_step: dict[int, list[str]] = {}
+        for name in self.storage.list(self.path):
+            step = parse_step(name)
+            if step is not None:
+                by_step.setdefault(step, []).append(name)
+        return by_step
+
+    def committed(self) -> dict[int, str]:
+        """Committed steps and their directory names (canonical name preferred)."""
+        out: dict[int, str] = {}
+        for step, names in self._names().items():
+            names.sort(key=lambda n: n != step_name(step))
+            for name in names:
+                if commit.is_committed(self.storage, self.step_path(step, name)):
+                    out[step] = name
+                    break
+        return dict(sorted(out.items()))
+
+    def record(self, step: int, name: str | None = None) -> StepRecord:
+        """The step's save time and metrics, read from its committed index.
+
+        Raises:
+            CheckpointNotFoundError: the step is not committed.
+            CorruptCheckpointError: its index is damaged.
+        """
+        index = commit.read_index(self.storage, self.step_path(step, name))
+        info = index.metadata.get(MANAGER_KEY)
+        if not isinstance(info, dict):  # a plain shardsafe.save checkpoint placed here
+            return StepRecord(step, index.created, None)
+        t = info.get("time")
+        t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else index.created
+        return StepRecord(step, t, decode_metrics(info.get("metrics")))
+
+    def leftovers(self) -> list[str]:
+        """Names of crash leftovers: unfinished saves and half-deleted steps."""
+        names = self.storage.list(self.path)
+        out = [n for n in names if commit.is_temporary(n)]
+        for n in names:
+            step = parse_step(n)
+            if step is not None and not commit.is_committed(self.storage, self.step_path(step, n)):
+                out.append(n)  # no index: a delete (index first, then data) was interrupted
+        return out
+
+    def remove_leftovers(self) -> list[str]:
+        """Deletes ``leftovers()``; returns their names. Only for the single writer."""
+        removed = self.leftovers()
+        for name in removed:
+            self.storage.delete(self.storage.join(self.path, name))
+        if removed:
+            log.warning("removed %d leftover(s) of interrupted saves/deletes in %s: %s",
+                        len(removed), self.path, ", ".join(removed))
+        return removed
+
+    def delete(self, step: int, name: str | None = None) -> None:
+        """Deletes a step crash-safely (index first: a half-deleted step is never committed)."""
+        commit.delete_checkpoint(self.storage, self.step_path(step, name))
+
+    def set_aside(self, step: int, name: str | None = None) -> str | None:
+        """Takes a corrupt step out of the listing; returns its new name (None: deleted).
+
+        On local storage the step is renamed to ``step_N.corrupt`` and its bytes are kept
+        for inspection; that name does not parse as a step, so listing, restore and the
+        "not older than the latest step" rule ignore it. Object stores cannot rename a
+        prefix atomically, so there the step is deleted crash-safely instead.
+        """
+        if not self.storage.atomic_rename:
+            self.delete(step, name)
+            return None
+        base = (name or step_name(step)) + QUARANTINE_SUFFIX
+        taken = set(self.storage.list(self.path))
+        dst_name, i = base, 1
+        while dst_name in taken:
+            dst_name, i = f"{base}.{i}", i + 1
+        self.storage.rename(self.step_path(step, name), self.storage.join(self.path, dst_name))
+        return dst_name

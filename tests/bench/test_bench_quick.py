@@ -1,0 +1,51 @@
+"""The benchmark runs end to end with one command and emits its tables."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from shardsafe.bench import parse_size
+from shardsafe.bench.report import BEGIN, END, write_doc
+
+
+@pytest.mark.slow
+def test_bench_quick_emits_the_tables(tmp_path, subprocess_env, python):
+    doc = tmp_path / "BENCH.md"
+    doc.write_text(f"# Benchmarks\n\nhand-written notes\n\n{BEGIN}\nSTALE-TABLE\n{END}\n\nmore notes\n")
+    r = subprocess.run([python, "-m", "shardsafe", "bench", "--quick", "--dir", str(tmp_path / "d"),
+                        "--write-doc", str(doc)], env=subprocess_env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    for heading in ("### Targets (issue 3)", "### Case a:", "### Case b:", "### Case c:",
+                    "### Machine limits"):
+        assert heading in out
+    for row in ("| shardsafe save |", "| shardsafe async_save (blocking) |", "| dcp.save |",
+                "| dcp.async_save |", "| torch.save + fsync |", "| shardsafe load in place (cold) |",
+                "| dcp.load in place (warm) |", "| none |", "direct-I/O write"):
+        assert row in out, row
+    text = doc.read_text()
+    assert "hand-written notes" in text and "more notes" in text and "STALE-TABLE" not in text
+    assert "### Case a:" in text and "Command: `shardsafe bench --quick" in text
+
+
+def test_python_dash_m_entry_point_has_help(subprocess_env, python):
+    r = subprocess.run([python, "-m", "shardsafe.bench", "--help"], env=subprocess_env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "--write-doc" in r.stdout and "--cases" in r.stdout
+
+
+@pytest.mark.parametrize("text,n", [("2GiB", 2 << 30), ("512MiB", 512 << 20), ("64m", 64 << 20),
+                                    ("1048576", 1 << 20), ("1.5k", 1536)])
+def test_parse_size(text, n):
+    assert parse_size(text) == n
+
+
+def test_write_doc_creates_or_appends(tmp_path):
+    p = tmp_path / "x.md"
+    write_doc(str(p), "T1")
+    assert BEGIN in p.read_text() and "T1" in p.read_text()
+    write_doc(str(p), "T2")
+    assert "T2" in p.read_text() and "T1" not in p.read_text()

@@ -1,0 +1,252 @@
+"""Fault tolerance with real processes: SIGKILL mid-save, SIGTERM preemption, a full disk,
+and a reader next to a writer. The trainer is tests/manager/manager_child.py."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from shardsafe import CheckpointError, CheckpointManager
+from shardsafe.engine.commit import is_temporary
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from manager_child import expected_state  # noqa: E402
+
+CHILD = os.path.join(HERE, "manager_child.py")
+NUMEL = 1 << 17  # 4 tensors x 1 MiB per step
+
+
+def read_progress(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return [line.strip() for line in f if line.endswith("\n")]  # a torn last line is ignored
+    except FileNotFoundError:
+        return []
+
+
+def wait_for(path: str, pred, proc: subprocess.Popen, timeout: float = 60.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = read_progress(path)
+        if pred(lines):
+            return lines
+        if proc.poll() is not None:
+            raise AssertionError(f"child exited with {proc.returncode} before expected progress: {lines[-5:]}")
+        time.sleep(0.01)
+    proc.kill()
+    raise AssertionError(f"timed out waiting for the child; progress: {read_progress(path)[-5:]}")
+
+
+def last_committed(lines: list[str]) -> int:
+    steps = [int(ln.split()[1]) for ln in lines if ln.startswith("committed ")]
+    return max(steps, default=-1)
+
+
+def check_directory(directory: str, committed: int) -> bool:
+    """A new writable manager starts cleanly; every listed step restores and verifies.
+
+    Returns whether the kill left debris (an unfinished save or delete) to clean up.
+    """
+    before = os.listdir(directory) if os.path.isdir(directory) else []
+    debris = any(is_temporary(n) or not os.path.exists(os.path.join(directory, n, "index.json"))
+                 for n in before)
+    with CheckpointManager(directory, max_to_keep=2, keep_period=7) as mgr:
+        names = os.listdir(directory)
+        assert not [n for n in names if is_temporary(n)], names
+        steps = mgr.all_steps()
+        assert sorted(f"step_{s:08d}" for s in steps) == sorted(names), names  # nothing half-done
+        if committed >= 0:
+            assert steps and steps[-1] >= committed, (steps, committed)
+        out = expected_state(0, NUMEL)
+        for s in steps:
+            assert mgr.restore(out, step=s) == s
+            want = expected_state(s, NUMEL)
+            for k, v in want["model"].items():
+                assert torch.equal(out["model"][k], v), (s, k)
+            assert out["step"] == s and out["tag"] == f"step-{s}"
+    return debris
+
+
+def kill_cycles(tmp: str, cycles: int, python: str, env: dict, seed: int) -> int:
+    """Runs ``cycles`` kill/check rounds in one directory; returns how many left debris."""
+    debris = 0
+    rng = random.Random(seed)
+    directory, progress = os.path.join(tmp, "ckpt"), os.path.join(tmp, "progress")
+    for cycle in range(cycles):
+        if os.path.exists(progress):
+            os.remove(progress)
+        async_save = cycle % 3 != 2  # mostly async, sometimes synchronous saves
+        proc = subprocess.Popen([python, CHILD, "steady", directory, progress, "--numel", str(NUMEL),
+                                 "--max-to-keep", "2", "--keep-period", "7",
+                                 "--async-save", str(int(async_save))], env=env)
+        try:
+            wait_for(progress, lambda ln: "ready" in ln, proc)
+            time.sleep(rng.uniform(0.0, 0.8))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        lines = read_progress(progress)
+        assert proc.returncode == -signal.SIGKILL, (proc.returncode, lines[-3:])
+        debris += check_directory(directory, last_committed(lines))
+    return debris
+
+
+def test_sigkill_during_saves(tmp_path, python, subprocess_env) -> None:
+    kill_cycles(str(tmp_path), 3, python, subprocess_env, seed=1234)
+
+
+@pytest.mark.stress
+@pytest.mark.timeout(3600)
+def test_sigkill_during_saves_stress(tmp_path, python, subprocess_env) -> None:
+    seed = int(time.time())
+    debris = kill_cycles(str(tmp_path), 60, python, subprocess_env, seed=seed)
+    print(f"seed {seed}: {debris}/60 kills landed inside a save or delete")
+    assert debris >= 5  # the kills really hit unfinished saves/deletes, not only idle moments
+
+
+def test_sigterm_preemption_saves_and_resumes_exactly(tmp_path, python, subprocess_env) -> None:
+    common = ["--steps", "60", "--interval", "10", "--sleep", "0.02", "--numel", "4096"]
+    pre_dir, pre_prog = str(tmp_path / "pre"), str(tmp_path / "pre.txt")
+    ref_prog = str(tmp_path / "ref.txt")  # the uninterrupted reference runs alongside
+    ref = subprocess.Popen([python, CHILD, "train", str(tmp_path / "ref"), ref_prog, *common],
+                           env=subprocess_env)
+    proc = subprocess.Popen([python, CHILD, "train", pre_dir, pre_prog, "--preempt", *common],
+                            env=subprocess_env)
+    try:
+        wait_for(pre_prog, lambda ln: any(x.startswith("step 13") for x in ln), proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        lines = read_progress(pre_prog)
+        preempted = [int(x.split()[1]) for x in lines if x.startswith("preempted ")]
+        assert len(preempted) == 1 and preempted[0] >= 13, lines[-4:]
+        with CheckpointManager(pre_dir, read_only=True) as ro:
+            assert ro.latest_step() == preempted[0]
+        # a new process resumes from exactly that step and ends where an uninterrupted run ends
+        subprocess.run([python, CHILD, "train", pre_dir, pre_prog, "--preempt", *common],
+                       env=subprocess_env, check=True, timeout=120)
+        assert ref.wait(timeout=120) == 0
+    finally:
+        for p in (proc, ref):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    resumed = read_progress(pre_prog)
+    assert f"resumed {preempted[0]}" in resumed
+    finals = [x for x in resumed if x.startswith("final ")]
+    assert finals and finals == [x for x in read_progress(ref_prog) if x.startswith("final ")]
+
+
+def test_reader_never_sees_a_partial_step(tmp_path, python, subprocess_env, caplog) -> None:
+    directory, progress = str(tmp_path / "ckpt"), str(tmp_path / "progress")
+    numel = 1 << 15
+    reader = CheckpointManager(directory, read_only=True)
+    proc = subprocess.Popen([python, CHILD, "steady", directory, progress, "--numel", str(numel),
+                             "--max-to-keep", "2"], env=subprocess_env)
+    restored: list[int] = []
+    try:
+        wait_for(progress, lambda ln: last_committed(ln) >= 1, proc)
+        out = expected_state(0, numel)
+        deadline = time.monotonic() + 3.0
+        with caplog.at_level(logging.WARNING, logger="shardsafe"):
+            while time.monotonic() < deadline:
+                step = reader.restore(out)
+                assert step is not None
+                want = expected_state(step, numel)
+                for k, v in want["model"].items():
+                    assert torch.equal(out["model"][k], v), (step, k)
+                assert out["step"] == step
+                restored.append(step)
+                assert all(s >= step - 2 for s in reader.all_steps())
+    finally:
+        proc.kill()
+        proc.wait()
+        reader.close()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert len(set(restored)) >= 3, restored  # the trainer really was writing meanwhile
+
+
+# ---------------------------------------------------------------------- full disk
+def _mount(kind: str, where: str, tmp: str) -> bool:
+    if kind == "tmpfs":
+        cmd = ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", where]
+    else:
+        image = os.path.join(tmp, "disk.img")
+        with open(image, "wb") as f:
+            f.truncate(8 << 20)
+        if shutil.which("mkfs.ext4") is None:
+            return False
+        r = subprocess.run(["mkfs.ext4", "-q", "-F", image], capture_output=True)
+        if r.returncode != 0:
+            return False
+        cmd = ["mount", "-o", "loop", image, where]
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=30).returncode == 0
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture
+def small_fs() -> Iterator[str]:
+    """An 8 MiB filesystem (tmpfs, else a loop-mounted ext4 image); skipped if neither mounts."""
+    tmp = tempfile.mkdtemp(prefix="shardsafe-fullfs-")
+    where = os.path.join(tmp, "mnt")
+    os.mkdir(where)
+    if not (_mount("tmpfs", where, tmp) or _mount("ext4", where, tmp)):
+        shutil.rmtree(tmp)
+        pytest.skip("cannot mount a small filesystem here (see test_file_size_limit for EFBIG)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", where], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def big_state(step: int) -> dict:
+    return {"w": torch.full((3 << 18,), float(step), dtype=torch.float32)}  # 3 MiB
+
+
+@pytest.mark.parametrize("async_save", [True, False], ids=["async", "sync"])
+def test_full_disk(small_fs, async_save) -> None:
+    directory = os.path.join(small_fs, "ckpt")
+    with CheckpointManager(directory, async_save=async_save) as mgr:
+        mgr.save(0, big_state(0))
+        mgr.save(1, big_state(1))
+        if async_save:
+            assert mgr.save(2, big_state(2))  # staged in memory; the write fails behind it
+            with pytest.raises(CheckpointError, match="step 2.*No space left on device"):
+                mgr.save(3, big_state(3))  # the next save raises the failure it waited for
+        else:
+            with pytest.raises(CheckpointError, match="step 2.*No space left on device"):
+                mgr.save(2, big_state(2))
+        assert mgr.all_steps() == [0, 1]
+        assert sorted(os.listdir(directory)) == ["step_00000000", "step_00000001"]  # no debris
+        for s in (0, 1):
+            out = big_state(-1)
+            assert mgr.restore(out, step=s) == s and torch.equal(out["w"], big_state(s)["w"])
+        mgr.delete(0)  # free space
+        assert mgr.save(2, big_state(2))
+        mgr.wait_until_finished()
+        out = big_state(-1)
+        assert mgr.restore(out) == 2 and torch.equal(out["w"], big_state(2)["w"])
+
+
+def test_file_size_limit(tmp_path, python, subprocess_env) -> None:
+    """EFBIG from RLIMIT_FSIZE: a real write failure that needs no mount privileges."""
+    progress = str(tmp_path / "progress")
+    subprocess.run([python, CHILD, "fsize", str(tmp_path / "ckpt"), progress],
+                   env=subprocess_env, check=True, timeout=120)
+    lines = read_progress(progress)
+    assert lines[-1] == "ok"
+    assert any(x.startswith("failed saving step 1") and "File too large" in x for x in lines), lines
