@@ -96,6 +96,7 @@ def replicated_state() -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- scenarios
 def s_comm(out: str) -> dict[str, Any]:
+    from shardsafe.comm.channel import gather, get
     from shardsafe.errors import CheckpointTimeoutError
 
     comm = get_comm()
@@ -112,7 +113,7 @@ def s_comm(out: str) -> dict[str, Any]:
     box: dict[str, Any] = {}
 
     def background() -> None:
-        box["gathered"] = ch.gather("k", f"rank{RANK}".encode(), timeout=30)
+        box["gathered"] = gather(ch, "k", f"rank{RANK}".encode(), timeout=30)
 
     t = threading.Thread(target=background)
     t.start()
@@ -127,7 +128,7 @@ def s_comm(out: str) -> dict[str, Any]:
     # a key nobody sets: bounded wait
     t0 = time.monotonic()
     try:
-        ch.get("never", timeout=0.5)
+        get(ch, "never", timeout=0.5)
         res["timeout"] = "no error"
     except CheckpointTimeoutError:
         res["timeout"] = time.monotonic() - t0

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from shardsafe.comm import LocalChannel, SingleProcessComm, distributed_active, get_comm
+from shardsafe.comm.channel import announce, gather, get, missing_ranks, receive
 from shardsafe.errors import CheckpointTimeoutError
 
 
@@ -18,26 +19,42 @@ def test_world_size_one_needs_no_process_group() -> None:
     assert comm.gather_bytes(b"x") == [b"x"] and comm.broadcast_bytes(b"y") == b"y"
     obj = {"a": (1, 2)}
     assert comm.gather(obj) == [obj] and comm.broadcast(obj) is obj
-    assert comm.channel("ns").gather("k", b"v", timeout=1) == [b"v"]
+    assert gather(comm.channel("ns"), "k", b"v", timeout=1) == [b"v"]
 
 
 def test_local_channel_gather_waits_for_every_rank_with_a_bound() -> None:
     shared: dict[str, bytes] = {}
     cond = threading.Condition()
     chans = [LocalChannel(r, 3, shared, cond) for r in range(3)]
-    chans[1].gather("k", b"one", timeout=5)
-    late = threading.Timer(0.2, lambda: chans[2].gather("k", b"two", timeout=5))
+    gather(chans[1], "k", b"one", timeout=5)
+    late = threading.Timer(0.2, lambda: gather(chans[2], "k", b"two", timeout=5))
     late.start()
-    assert chans[0].gather("k", b"zero", timeout=5) == [b"zero", b"one", b"two"]
+    assert gather(chans[0], "k", b"zero", timeout=5) == [b"zero", b"one", b"two"]
     late.join()
     assert shared == {}  # gathered keys are deleted
-    chans[1].gather("k2", b"one", timeout=5)
+    gather(chans[1], "k2", b"one", timeout=5)
     t0 = time.monotonic()
-    assert chans[0].gather("k2", b"zero", timeout=0.3) == [b"zero", b"one", None]  # rank 2 absent
+    got = gather(chans[0], "k2", b"zero", timeout=0.3)
+    assert got == [b"zero", b"one", None] and missing_ranks(got) == [2]  # rank 2 never sent
     assert 0.3 <= time.monotonic() - t0 < 2
-    assert chans[0].add("n", 2) == 2 and chans[1].add("n", 1) == 3 and chans[2].add("n", 0) == 3
     with pytest.raises(CheckpointTimeoutError):
-        chans[0].get("absent", timeout=0.05)
+        get(chans[0], "absent", timeout=0.05)
+
+
+def test_announce_waits_until_every_reader_has_the_verdict() -> None:
+    shared: dict[str, bytes] = {}
+    cond = threading.Condition()
+    chans = [LocalChannel(r, 3, shared, cond) for r in range(3)]
+    got: list[bytes] = []
+    readers = [threading.Thread(target=lambda c=c: got.append(receive(c, "v", timeout=5)))
+               for c in chans[1:]]
+    for t in readers:
+        t.start()
+    assert announce(chans[0], "v", b"ok", [1, 2], timeout=5)
+    for t in readers:
+        t.join()
+    assert got == [b"ok", b"ok"] and shared == {}
+    assert not announce(chans[0], "w", b"ok", [1], timeout=0.1)  # nobody reads: bounded
 
 
 def test_collectives_and_background_store_gather_on_three_ranks(cluster) -> None:  # noqa: ANN001

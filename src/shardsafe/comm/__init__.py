@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Channel, Comm, LocalChannel, SingleProcess, SingleProcessComm
+from .base import Comm, SingleProcess, SingleProcessComm
+from .channel import Channel, LocalChannel
 
 
 def distributed_active(process_group: Any = None) -> bool:

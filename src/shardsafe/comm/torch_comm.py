@@ -7,16 +7,19 @@ torch.distributed. Messages are bytes carried in uint8 tensors; nothing is pickl
 
 from __future__ import annotations
 
+import datetime
 import struct
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from ..errors import CheckpointError, CheckpointTimeoutError
-from .base import Channel, JsonCollectives, poll_gather, poll_until
+from ..errors import CheckpointError
+from .base import JsonCollectives
+from .channel import Channel
 
 _LEN = struct.Struct("<Q")
 
@@ -29,15 +32,22 @@ def _store_error(e: BaseException, key: str) -> CheckpointError:
 class StoreChannel:
     """A Channel over a c10d Store (TCPStore under torchrun), safe from any thread.
 
-    Waits poll ``Store.check`` instead of blocking in ``Store.wait``: a blocked wait
-    would hold the client's connection (and its lock) for the whole timeout, stalling
-    every other thread that talks to the store, including the training thread.
+    It talks through its own clone of the store (``Store.clone()``: a separate
+    connection), so a blocking ``wait`` neither stalls other threads' store traffic
+    (the training thread's included) nor makes anyone poll. After a wait times out the
+    clone is replaced: the server may still answer that wait later. Stores that cannot
+    be cloned are polled with ``check`` instead.
     """
 
     def __init__(self, store: dist.Store, rank: int, world_size: int) -> None:
-        self.store = store
+        self._origin = store
         self.rank = rank
         self.world_size = world_size
+        self._blocking = True
+        try:
+            self.store = store.clone()
+        except (AttributeError, RuntimeError, NotImplementedError):
+            self.store, self._blocking = store, False
 
     def set(self, key: str, value: bytes) -> None:
         try:
@@ -45,34 +55,36 @@ class StoreChannel:
         except dist.DistError as e:
             raise _store_error(e, key) from None
 
-    def _have(self, keys: list[str]) -> list[bool]:
+    def _check(self, keys: Sequence[str]) -> list[bool]:
         try:
-            if len(keys) == 1:
-                return [self.store.check(keys)]
-            # Store.check is "all present"; narrow down only when not all are there
-            if self.store.check(keys):
+            if self.store.check(list(keys)):  # "all present": narrow down only if not
                 return [True] * len(keys)
-            return [self.store.check([k]) for k in keys]
+            return [self.store.check([k]) for k in keys] if len(keys) > 1 else [False]
         except dist.DistError as e:
             raise _store_error(e, keys[0]) from None
 
-    def _fetch(self, key: str) -> bytes:
+    def wait(self, keys: Sequence[str], timeout: float) -> list[bool]:
+        if not keys:
+            return []
+        if not self._blocking:
+            return _poll(self._check, keys, timeout)
+        start = time.monotonic()
         try:
-            return bytes(self.store.get(key))
+            self.store.wait(list(keys), datetime.timedelta(seconds=max(timeout, 0.001)))
+            return [True] * len(keys)
+        except dist.DistStoreError as e:
+            if time.monotonic() - start < 0.9 * timeout:  # not a timeout: the store failed
+                raise _store_error(e, keys[0]) from None
         except dist.DistError as e:
-            raise _store_error(e, key) from None
+            raise _store_error(e, keys[0]) from None
+        self.store = self._origin.clone()  # the timed-out wait may still be answered
+        return self._check(keys)
 
-    def get(self, key: str, timeout: float) -> bytes:
-        if not poll_until(self._have, [key], timeout)[0]:
-            raise CheckpointTimeoutError(f"waited {timeout:g} s for {key!r} from another rank: "
-                                         f"a rank died, raised, or is much slower")
-        return self._fetch(key)
-
-    def add(self, key: str, amount: int) -> int:
+    def fetch(self, keys: Sequence[str]) -> list[bytes]:
         try:
-            return int(self.store.add(key, amount))
+            return [bytes(v) for v in self.store.multi_get(list(keys))] if keys else []
         except dist.DistError as e:
-            raise _store_error(e, key) from None
+            raise _store_error(e, keys[0]) from None
 
     def delete(self, key: str) -> None:
         try:
@@ -80,9 +92,18 @@ class StoreChannel:
         except dist.DistError as e:
             raise _store_error(e, key) from None
 
-    def gather(self, key: str, value: bytes, timeout: float,
-               dst: int = 0) -> list[bytes | None] | None:
-        return poll_gather(self, key, value, timeout, dst, self._have, self._fetch)
+
+def _poll(check: Callable[[Sequence[str]], list[bool]], keys: Sequence[str],
+          timeout: float) -> list[bool]:
+    """Polls ``check`` (with back-off) until every key exists or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    delay = 0.0005
+    while True:
+        present = check(keys)
+        if all(present) or time.monotonic() >= deadline:
+            return present
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.05)
 
 
 class TorchComm(JsonCollectives):

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..comm import Channel, Comm
-from ..comm.base import announce, missing_ranks, receive, timeout_error
+from ..comm.channel import announce, gather, get, missing_ranks, receive, timeout_error
 from ..errors import CheckpointError
 from ..format import index as fmt
 from ..format.tree import Node, render_path
@@ -123,7 +123,7 @@ def begin(prep: PreparedSave) -> None:
         commit.begin(prep.txn)
         ch.set("begun", b"1")
         return
-    if ch.get("begun", prep.timeout) != b"1":
+    if get(ch, "begun", prep.timeout) != b"1":
         raise CheckpointError(f"the coordinator (rank 0) failed to start the save to "
                               f"{prep.txn.final!r}")
 
@@ -175,20 +175,20 @@ def commit_save(prep: PreparedSave, entries: bytes, build_index: Any) -> None:
     assert ch is not None
     if prep.comm.rank != 0:
         prep.reported = True
-        ch.gather("chunks", b"R" + entries, prep.timeout, dst=0)
+        gather(ch, "chunks", b"R" + entries, prep.timeout, dst=0)
         try:
             # waits a little longer than rank 0 does, so that its verdict (naming the rank
             # that failed) normally arrives before this rank's own timeout would fire
-            ch.get("gathered", prep.timeout + min(0.1 * prep.timeout + 0.5, 10.0))
+            get(ch, "gathered", prep.timeout + min(0.1 * prep.timeout + 0.5, 10.0))
         except CheckpointError:
-            ch.add("result/read", 1)
+            ch.set(f"result/read/{ch.rank}", b"1")  # rank 0 need not wait for us
             raise
         verdict = receive(ch, "result", prep.timeout)  # rank 0 writes the index meanwhile
         if verdict != b"ok":
             raise CheckpointError(verdict.decode("utf-8", "replace"))
         return
-    msgs = ch.gather("chunks", b"R" + entries, prep.timeout, dst=0) or []
-    readers = sum(1 for m in msgs[1:] if m is not None and m[:1] == b"R")
+    msgs = gather(ch, "chunks", b"R" + entries, prep.timeout, dst=0) or []
+    readers = [r for r, m in enumerate(msgs) if r and m is not None and m[:1] == b"R"]
     try:
         ch.set("gathered", b"1")
         missing = missing_ranks(msgs)
@@ -207,7 +207,8 @@ def commit_save(prep: PreparedSave, entries: bytes, build_index: Any) -> None:
     _finish_announcing(ch, b"ok", readers, prep.timeout)
 
 
-def _announce_failure(prep: PreparedSave, error: BaseException, readers: int | None = None) -> None:
+def _announce_failure(prep: PreparedSave, error: BaseException,
+                      readers: Sequence[int] | None = None) -> None:
     """Rank 0: tells every waiting rank that the save failed (and why).
 
     ``readers``: how many ranks will read the verdict (None when rank 0 failed before
@@ -226,10 +227,10 @@ def _announce_failure(prep: PreparedSave, error: BaseException, readers: int | N
         _finish_announcing(ch, verdict, readers, prep.timeout)
 
 
-def _finish_announcing(ch: Channel, verdict: bytes, readers: int, timeout: float) -> None:
-    """Rank 0: publishes the verdict, waits until ``readers`` ranks read it, frees the keys."""
+def _finish_announcing(ch: Channel, verdict: bytes, readers: Sequence[int], timeout: float) -> None:
+    """Rank 0: publishes the verdict, waits until ``readers`` have read it, frees the keys."""
     if not announce(ch, "result", verdict, readers, timeout):
-        log.warning("%d rank(s) did not read the save verdict within %g s", readers, timeout)
+        log.warning("%d rank(s) did not read the save verdict within %g s", len(readers), timeout)
         return
     ch.delete("begun")
     ch.delete("gathered")
@@ -250,7 +251,7 @@ def abort(prep: PreparedSave, error: BaseException | None) -> None:
                 _announce_failure(prep, error or CheckpointError("aborted"))
         elif not prep.reported:
             prep.reported = True
-            ch.gather("chunks", b"E" + text.encode("utf-8", "replace"), prep.timeout, dst=0)
+            gather(ch, "chunks", b"E" + text.encode("utf-8", "replace"), prep.timeout, dst=0)
     except CheckpointError as e:  # the store is gone too; the original error matters more
         log.warning("could not tell the other ranks that this save failed: %s", e)
 

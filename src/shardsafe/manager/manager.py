@@ -31,7 +31,7 @@ from types import TracebackType
 from typing import Any
 
 from ..comm import get_comm
-from ..comm.base import announce, receive
+from ..comm.channel import announce, receive
 from ..engine.collective import default_timeout
 from ..engine.checkpointer import Checkpointer
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
@@ -351,9 +351,10 @@ class CheckpointManager:
         try:
             self._apply_retention()
         except (OSError, CheckpointError, ValueError) as e:
-            announce(ch, "retained", str(e).encode("utf-8", "replace"), comm.world_size - 1, timeout)
+            announce(ch, "retained", str(e).encode("utf-8", "replace"), range(1, comm.world_size),
+                     timeout)
             raise CheckpointError(f"step {step} was saved, but retention failed: {e}") from e
-        announce(ch, "retained", b"ok", comm.world_size - 1, timeout)
+        announce(ch, "retained", b"ok", range(1, comm.world_size), timeout)
 
     def _apply_retention(self) -> None:
         if get_comm().rank != 0:  # every rank would delete the same steps at once
