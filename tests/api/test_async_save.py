@@ -204,3 +204,53 @@ def test_uncollected_error_is_raised_by_next_save_and_logged_at_exit(tmp_path, s
     assert "next save raised: OSError" in r.stdout and "previous async save" in r.stdout
     assert "async save to" in r.stderr and "nobody called result()" in r.stderr
     assert os.listdir(tmp_path) == []
+
+
+EXITING = textwrap.dedent("""
+    import os, sys, torch, shardsafe
+    state = {"w": [torch.full((1 << 20,), float(i)) for i in range(16)], "step": 7}
+    shardsafe.async_save(state, sys.argv[1], staging=sys.argv[2])
+    # the main thread ends here, with the save still in flight
+""")
+
+
+@pytest.mark.parametrize("staging", ["blocking", "background"])
+def test_save_in_flight_at_exit_is_finished(tmp_path, subprocess_env, python, staging):
+    path = str(tmp_path / "c")
+    r = subprocess.run([python, "-c", EXITING, path, staging], env=subprocess_env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = shardsafe.load(path)
+    assert got["step"] == 7 and all(torch.equal(t, torch.full((1 << 20,), float(i)))
+                                    for i, t in enumerate(got["w"]))
+
+
+def test_refused_path_raises_at_the_call_and_closed_checkpointer_refuses_saves(tmp_path):
+    ckpt = shardsafe.Checkpointer()
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "precious.txt").write_text("not a checkpoint")
+    # refused in planning (before any background work): raised by the call itself
+    with pytest.raises(shardsafe.CheckpointError, match="not a shardsafe checkpoint"):
+        ckpt.async_save({"x": torch.ones(2)}, str(tmp_path / "c"))
+    ckpt.close()
+    with pytest.raises(shardsafe.CheckpointError, match="closed"):
+        ckpt.save({"x": torch.ones(2)}, str(tmp_path / "d"))
+    assert (tmp_path / "c" / "precious.txt").read_text() == "not a checkpoint"
+
+
+CLOSING = textwrap.dedent("""
+    import resource, signal, sys, os, torch, shardsafe
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))
+    with shardsafe.Checkpointer() as ckpt:
+        ckpt.async_save({"w": torch.ones(4 << 20)}, os.path.join(sys.argv[1], "a"))
+    print("NOT RAISED")
+""")
+
+
+def test_close_raises_an_uncollected_failure(tmp_path, subprocess_env, python):
+    r = subprocess.run([python, "-c", CLOSING, str(tmp_path)], env=subprocess_env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "NOT RAISED" not in r.stdout
+    assert "CheckpointError: the previous async save" in r.stderr and "File too large" in r.stderr

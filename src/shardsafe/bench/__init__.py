@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=3, help="recorded rounds per case (medians)")
     p.add_argument("--steps", type=int, default=60, help="case (c) training steps per variant")
     p.add_argument("--every", type=int, default=10, help="case (c) save every N steps")
+    p.add_argument("--train-threads", type=int, default=0,
+                   help="case (c) torch intra-op threads (default: torch's choice)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one round (a smoke test)")
     p.add_argument("--drop-caches", action="store_true",
                    help="also write /proc/sys/vm/drop_caches for cold loads (root only)")
@@ -94,10 +96,16 @@ def run(args: argparse.Namespace) -> int:
             raw[c.name] = {o.label: o.samples.values for o in c.ops}
         if "c" in cases:
             size = training.QUICK if args.quick else training.ModelSize()
+            if args.train_threads:
+                import torch
+
+                torch.set_num_threads(args.train_threads)
             rates, sbytes = training.run_training(directory, size, args.steps, args.every, args.repeat,
                                                   warmup_steps=0 if args.quick else 2)
+            import torch
+
             desc = (f"d_model {size.d_model}, {size.layers} layers, seq {size.seq}, batch {size.batch}, "
-                    f"{args.steps} steps, save every {args.every}")
+                    f"{args.steps} steps, save every {args.every}, {torch.get_num_threads()} torch threads")
             table, train_ratios = report.training_table(rates, sbytes, desc)
             sections.append(table)
             raw["c"] = rates

@@ -24,12 +24,12 @@ from . import systems
 
 @dataclass(frozen=True)
 class ModelSize:
-    vocab: int = 8192
+    vocab: int = 2048
     d_model: int = 256
     layers: int = 4
     heads: int = 4
-    seq: int = 128
-    batch: int = 16
+    seq: int = 64
+    batch: int = 8
 
 
 QUICK = ModelSize(vocab=512, d_model=32, layers=1, heads=2, seq=16, batch=4)

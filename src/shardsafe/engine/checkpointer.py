@@ -37,6 +37,7 @@ log = logging.getLogger("shardsafe")
 
 STAGING_MODES = ("blocking", "background")
 _JobMaker = Callable[[], "tuple[list[FileWrite], list[StageTask]]"]
+BACKGROUND_COPY_THREADS = 1
 SLOW_WAIT_S = 1.0  # a new save waiting longer than this for the previous one logs a warning
 
 
@@ -256,7 +257,10 @@ def _background(prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, stage: 
             fw.start()
         if stage:
             try:
-                stage_files(tasks)
+                # One copying thread: background staging overlaps the caller's compute,
+                # and more copy threads would take cores from it (the copy only has to
+                # finish before the caller's next wait_staged()).
+                stage_files(tasks, threads=BACKGROUND_COPY_THREADS)
             except BaseException as e:  # noqa: BLE001 - forwarded to the waiting writers
                 for fw in writes:
                     fw.fail(e)

@@ -116,12 +116,17 @@ def build_index(prep: PreparedSave, parts: Sequence[tuple[dict[int, list[fmt.Chu
             chunks.setdefault(i, []).extend(cs)
         files.extend(fs)
     tensors = tuple(fmt.TensorEntry(key=it.path, kind=it.kind, dtype=it.dtype, shape=it.shape,
-                                    chunks=tuple(sorted(chunks.get(it.id, ()), key=lambda c: c.offsets)))
+                                    chunks=_ordered(chunks.get(it.id, [])))
                     for it in prep.items)
     index = fmt.Index(tree=prep.tree, tensors=tensors, files=tuple(files), block_size=BLOCK_SIZE,
                       world_size=prep.comm.world_size, created=time.time(), metadata=prep.metadata,
                       library=f"shardsafe {__version__}")
     return fmt.encode_index(index)
+
+
+def _ordered(cs: list[fmt.ChunkEntry]) -> tuple[fmt.ChunkEntry, ...]:
+    """Chunks in global-offset order (most tensors have one: skip the sort)."""
+    return tuple(cs) if len(cs) < 2 else tuple(sorted(cs, key=lambda c: c.offsets))
 
 
 def local_entries(prep: PreparedSave, sums: Sequence[list[list[int]]]
