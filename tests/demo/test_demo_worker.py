@@ -30,13 +30,20 @@ def _worker(env: dict[str, str], directory: str, steps: int) -> subprocess.Popen
 
 
 def _events(proc: subprocess.Popen[str], *, sigterm_at: int | None = None) -> list[dict]:
+    """Its events until it exits; SIGTERM once it reports ``sigterm_at`` (killed on failure)."""
     out = []
     assert proc.stdout is not None
-    for line in proc.stdout:
-        ev = json.loads(line)
-        out.append(ev)
-        if sigterm_at is not None and ev == {"event": "step", "step": sigterm_at}:
-            os.kill(proc.pid, signal.SIGTERM)
+    try:
+        for line in proc.stdout:
+            ev = json.loads(line)
+            out.append(ev)
+            if sigterm_at is not None and ev == {"event": "step", "step": sigterm_at}:
+                os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     return out
 
 
