@@ -14,13 +14,13 @@ from shardsafe.demo.run import DemoOptions, DemoResult, ReferenceRun  # noqa: E4
 from shardsafe.demo.train import TrainConfig  # noqa: E402
 
 
-def _result(*, crash_saves: list[SaveEvent], resumed_from: int = 100, preempted_step: int = 160,
+def _result(*, crash_saves: list[SaveEvent], resumed_from: int | None = 100, preempted_step: int = 160,
             resumed_at: int = 160, diffs: tuple[str, ...] = (), directory: str | None = None,
             sync: bool = False) -> DemoResult:
     opts = DemoOptions(steps=300, every=50, keep=3, directory=directory, sync=sync)
     crashed = WorkerLog("crashed", last_step=120, saves=crash_saves, returncode=-9,
                         signal_sent_at=118, wall_s=1.0)
-    pre = WorkerLog("preempted", start_step=resumed_from, resumed_from=resumed_from,
+    pre = WorkerLog("preempted", start_step=resumed_from or 0, resumed_from=resumed_from,
                     last_step=preempted_step, preempted_step=preempted_step,
                     preempt_wait_s=0.02, returncode=0, signal_sent_at=158, wall_s=1.0,
                     saves=[SaveEvent(150, 0.002, "schedule", 0.01),
@@ -76,3 +76,11 @@ def test_a_resume_from_another_step_than_the_preempted_one_fails_the_demo() -> N
                                     (5 * 2**20, "5.0 MiB"), (3 * 2**40, "3072.0 GiB")])
 def test_human_bytes(n, text) -> None:
     assert human_bytes(n) == text
+
+
+def test_report_of_a_crash_before_any_commit() -> None:
+    r = _result(crash_saves=[SaveEvent(50, 0.004, "schedule", None)], resumed_from=None)
+    assert r.steps_lost_to_crash == 120 and r.ok
+    text = report(r)
+    assert "a new process found no committed step and started from step 0" in text
+    assert "(the save of step 50 was still being written when the process died" in text

@@ -40,7 +40,9 @@ def _crash(r: DemoResult) -> list[str]:
     lines = [
         _line("crash", f"SIGKILL once step {crash.signal_sent_at} was reported (planned "
                        f"{r.plan.crash_at}); the process had trained {crash.last_step} steps"),
-        _cont(f"a new process resumed from step {pre.resumed_from}, the newest committed step"),
+        _cont(f"a new process resumed from step {pre.resumed_from}, the newest committed step"
+              if pre.resumed_from is not None else
+              "a new process found no committed step and started from step 0"),
     ]
     lost = [s.step for s in crash.saves if pre.resumed_from is None or s.step > pre.resumed_from]
     if lost:  # an async save still being written when the process died never commits
