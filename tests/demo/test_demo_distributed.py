@@ -20,13 +20,17 @@ def _demo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_distributed_demo_resumes_bit_identically(tmp_path, subprocess_env) -> None:  # noqa: ANN001
     keep = tmp_path / "run"
-    proc = _demo(subprocess_env, "--steps", "40", "--every", "10", "--dir", str(keep))
+    proc = _demo(subprocess_env, "--steps", "40", "--every", "8", "--dir", str(keep))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    assert "IDENTICAL" in out and "on 2 ranks" in out
-    crash = int(re.search(r"after step (\d+)", out).group(1))
-    resumed_from = int(re.search(r"newest committed checkpoint: step (\d+)", out).group(1))
-    assert 10 < crash < 40 and resumed_from == crash - crash % 10
+    assert "IDENTICAL" in out and "on 2 ranks" in out and "problem" not in out
+    crash = int(re.search(r"once step (\d+) was reported \(planned \d+\); the next job resumed "
+                          r"from step (\d+)", out).group(1))
+    resumed_from = int(re.search(r"the next job resumed from step (\d+)", out).group(1))
+    assert 8 < crash < 40 and resumed_from == crash - crash % 8
+    agreed = re.search(r"the ranks agreed on step (\d+), saved it and exited; the next job "
+                       r"resumed from step (\d+)", out)
+    assert agreed and agreed.group(1) == agreed.group(2)  # resumed from exactly that step
     # one data file per rank in every committed step
     step_dir = keep / "checkpoints" / "step_00000040"
     assert sorted(p.name for p in step_dir.iterdir() if p.name.startswith("data-")) == [
@@ -35,7 +39,7 @@ def test_distributed_demo_resumes_bit_identically(tmp_path, subprocess_env) -> N
 
 @pytest.mark.stress
 def test_distributed_demo_reports_a_wrong_resume(tmp_path, subprocess_env) -> None:  # noqa: ANN001
-    proc = _demo(subprocess_env, "--steps", "40", "--every", "10", "--corrupt-resume")
+    proc = _demo(subprocess_env, "--steps", "40", "--every", "8", "--corrupt-resume")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "DIFFERENT" in proc.stdout
     assert re.search(r"rng\.[01]\.torch: values differ", proc.stdout)
@@ -44,4 +48,4 @@ def test_distributed_demo_reports_a_wrong_resume(tmp_path, subprocess_env) -> No
 def test_nproc_must_be_positive(subprocess_env) -> None:  # noqa: ANN001
     proc = subprocess.run([sys.executable, "-m", "shardsafe", "demo", "--nproc", "0"],
                           env=subprocess_env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "--nproc must be at least 1" in proc.stderr
+    assert proc.returncode == 2 and "--nproc must be at least 1" in proc.stderr, proc.stderr

@@ -1,18 +1,19 @@
 """``shardsafe demo --nproc N``: the crash-and-resume demo on N ranks (FSDP2, gloo, CPU).
 
-Three jobs of N processes each run one after another, like ``torchrun`` would start
-them (``python -m shardsafe.demo.distributed`` with RANK/WORLD_SIZE/MASTER_* set):
+Four jobs of N processes each run one after another, as ``torchrun`` would start them
+(``python -m shardsafe.demo.distributed`` with RANK/WORLD_SIZE/MASTER_* set):
 
 1. *reference*: trains all steps uninterrupted and saves its final state (collectively).
-2. *crashed*: trains with a ``CheckpointManager`` saving every ``every`` steps; once
-   rank 0 reports the planned step, every rank of the job gets SIGKILL (a lost node
-   takes the whole job down).
-3. *resumed*: a new job restores the newest committed checkpoint, trains to the end and
-   saves its final state.
+2. *crashed*: trains with a ``CheckpointManager`` on every rank; once rank 0 reports the
+   planned step, every rank gets SIGKILL (a lost node takes the whole job down).
+3. *preempted*: a new job resumes from the newest committed step; at the planned step
+   every rank gets SIGTERM, as a scheduler sends it. The signals land at different
+   steps on different ranks; the managers agree on one step, save it and exit 0.
+4. *resumed*: a new job resumes from exactly that step, trains to the end and saves.
 
-The final states, loaded in this process without any process group (full tensors),
-must be bit-identical: FSDP2-sharded parameters and AdamW state, the LR schedule, and
-each rank's own data-loader position and dropout RNG (``shardsafe.PerRank``).
+The final states, loaded here without any process group (full tensors), must be
+bit-identical: FSDP2-sharded parameters and AdamW state, the LR schedule, and each
+rank's own data-loader position and dropout RNG (``shardsafe.PerRank``).
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ from typing import Any
 import shardsafe
 
 from .compare import differences, fingerprint, summarize
-from .report import _line, human_bytes
-from .run import DemoError, DemoOptions, WorkerLog, _handle, _worker_env, plan_crash
+from .events import WorkerLog
+from .plan import Interruptions, plan_interruptions
+from .process import DemoError, _worker_env
+from .report import _line
+from .run import DemoOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,10 +157,12 @@ def worker(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m shardsafe.demo.distributed")
     p.add_argument("--dir", required=True)
     p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--every", type=int, default=0)
+    p.add_argument("--every", type=int, default=0, help="checkpoint interval (0: none)")
+    p.add_argument("--keep", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sync", action="store_true")
     p.add_argument("--resume", action="store_true")
-    p.add_argument("--final")
+    p.add_argument("--final", help="save the final state here (collectively)")
     p.add_argument("--forget-rng", action="store_true")
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -165,25 +171,31 @@ def worker(argv: Sequence[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     trainer = RankTrainer(build_state(DistConfig(args.steps, args.seed, world), rank, world))
     mgr = shardsafe.CheckpointManager(args.dir, save_interval_steps=args.every or None,
-                                      async_save=False)
-    resumed_from = mgr.restore(trainer.state) if args.resume else None
-    if args.forget_rng:
-        torch.manual_seed(12345)
-    _emit(rank, "start", step=trainer.state["step"], resumed_from=resumed_from, pid=os.getpid())
-    while trainer.state["step"] < args.steps:
-        trainer.step()
-        step = trainer.state["step"]
-        _emit(rank, "step", step=step)
-        if args.every:
+                                      max_to_keep=args.keep, async_save=not args.sync,
+                                      preemption_signals=(signal.SIGTERM,) if args.every else ())
+    with mgr:
+        resumed_from = mgr.restore(trainer.state) if args.resume else None
+        if args.forget_rng:
+            torch.manual_seed(12345)
+        _emit(rank, "start", step=trainer.state["step"], resumed_from=resumed_from, pid=os.getpid())
+        while trainer.state["step"] < args.steps:
+            trainer.step()
+            step = trainer.state["step"]
+            _emit(rank, "step", step=step)
+            if not args.every:
+                continue
             start = time.perf_counter()
             if mgr.save(step, trainer.state):
-                path = os.path.join(args.dir, f"step_{step:08d}")
-                _emit(rank, "save", step=step, blocked_s=time.perf_counter() - start,
-                      nbytes=sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)))
-    mgr.close()
-    if args.final:
+                _emit(rank, "save", step=step, stall_s=time.perf_counter() - start,
+                      reason="preemption" if mgr.reached_preemption(step) else "schedule")
+            if mgr.reached_preemption(step):
+                t = time.perf_counter()
+                mgr.wait_until_finished()  # every rank: the step is committed
+                _emit(rank, "preempted", step=step, wait_s=time.perf_counter() - t)
+                break
+    if args.final and trainer.state["step"] == args.steps:
         shardsafe.save(trainer.state, args.final)
-    _emit(rank, "done", step=trainer.state["step"], fingerprint=None)
+        _emit(rank, "done", step=trainer.state["step"], fingerprint="")
     dist.barrier()
     dist.destroy_process_group()
     return 0
@@ -201,12 +213,13 @@ def _free_port() -> int:
 
 
 def run_job(name: str, nproc: int, args: list[str], *, timeout_s: float,
-            kill_at: int | None = None) -> WorkerLog:
-    """Runs one job of ``nproc`` ranks, following rank 0's events; SIGKILLs every rank once
-    rank 0 reports step ``kill_at``.
+            signal_at: tuple[int, signal.Signals] | None = None) -> WorkerLog:
+    """Runs one job of ``nproc`` ranks, following rank 0's events; once rank 0 reports step
+    ``signal_at[0]``, sends ``signal_at[1]`` to every rank (SIGKILL: a lost job; SIGTERM: a
+    preemption notice, after which every rank must save and exit 0).
 
     Raises:
-        DemoError: a rank failed, the job timed out, or it finished before the kill.
+        DemoError: a rank failed, the job timed out, or it ended before the signal.
     """
     log = WorkerLog(name)
     start = time.perf_counter()
@@ -218,12 +231,12 @@ def run_job(name: str, nproc: int, args: list[str], *, timeout_s: float,
                               stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
                               stderr=errs[r]) for r in range(nproc)]
 
-    def kill_all() -> None:
+    def signal_all(sig: signal.Signals) -> None:
         for p in procs:
             if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
+                p.send_signal(sig)
 
-    watchdog = threading.Timer(timeout_s, kill_all)
+    watchdog = threading.Timer(timeout_s, signal_all, (signal.SIGKILL,))
     watchdog.start()
     try:
         for line in procs[0].stdout:  # type: ignore[union-attr]
@@ -231,14 +244,17 @@ def run_job(name: str, nproc: int, args: list[str], *, timeout_s: float,
                 ev = json.loads(line)
             except ValueError:
                 continue
-            _handle(log, ev)
-            if kill_at is not None and not log.killed and log.last_step >= kill_at:
-                kill_all()
-                log.killed = True
+            if not isinstance(ev, dict):
+                continue
+            log.handle(ev)
+            if signal_at is not None and log.signal_sent_at is None and \
+                    ev.get("event") == "step" and log.last_step >= signal_at[0]:
+                signal_all(signal_at[1])
+                log.signal_sent_at = log.last_step
         codes = [p.wait() for p in procs]
     finally:
         watchdog.cancel()
-        kill_all()
+        signal_all(signal.SIGKILL)
         for p in procs:
             p.wait()
     log.returncode = codes[0]
@@ -248,13 +264,18 @@ def run_job(name: str, nproc: int, args: list[str], *, timeout_s: float,
         f.seek(0)
         stderr.append(f"--- rank {r}\n{f.read()[-2000:]}")
         f.close()
-    if log.killed and all(c == -signal.SIGKILL for c in codes):
+    sig = None if signal_at is None else signal_at[1]
+    if sig == signal.SIGKILL and log.signal_sent_at is not None and \
+            all(c == -signal.SIGKILL for c in codes):
         return log
     if any(codes):
         why = "timed out" if time.perf_counter() - start >= timeout_s else f"exited with {codes}"
-        raise DemoError(f"{name} job {why}:\n" + "\n".join(stderr))
-    if kill_at is not None:
-        raise DemoError(f"the {name} job finished before it could be killed at step {kill_at}")
+        raise DemoError(f"the {name} job {why}:\n" + "\n".join(stderr))
+    if signal_at is not None and (log.signal_sent_at is None or sig == signal.SIGKILL):
+        raise DemoError(f"the {name} job ended before {signal_at[1].name} at step {signal_at[0]}")
+    if sig == signal.SIGTERM and log.preempted_step is None:
+        raise DemoError(f"the {name} job got SIGTERM but saved no preemption checkpoint:\n"
+                        + "\n".join(stderr))
     return log
 
 
@@ -264,83 +285,99 @@ class DistResult:
 
     options: DemoOptions
     config: DistConfig
-    crash_planned: int
+    plan: Interruptions
     reference: WorkerLog
     crashed: WorkerLog
+    preempted: WorkerLog
     resumed: WorkerLog
     differences: list[str]
     fingerprint: str
 
     @property
     def identical(self) -> bool:
+        """The resumed job's final state equals the reference bit for bit."""
         return not self.differences
 
+    @property
+    def problems(self) -> list[str]:
+        """Ways the preemption failed its promise (resume from exactly the saved step)."""
+        pre, res = self.preempted, self.resumed
+        if res.resumed_from != pre.preempted_step:
+            return [f"the preempted job saved step {pre.preempted_step}, but the next job "
+                    f"resumed from step {res.resumed_from}"]
+        return []
 
-def _run_in(directory: str, opts: DemoOptions, nproc: int) -> DistResult:
-    crash_at = plan_crash(opts.steps, opts.every, opts.seed)
-    ckpts = os.path.join(directory, "checkpoints")
+    @property
+    def ok(self) -> bool:
+        """Identical, and the preemption lost nothing."""
+        return self.identical and not self.problems
+
+
+def _run_in(directory: str, opts: DemoOptions) -> DistResult:
+    plan = plan_interruptions(opts.steps, opts.every, opts.seed)
+    n, ckpts = opts.nproc, os.path.join(directory, "checkpoints")
     ref_final, res_final = os.path.join(directory, "final-reference"), os.path.join(directory, "final-resumed")
     common = ["--steps", str(opts.steps), "--seed", str(opts.seed)]
-    reference = run_job("reference", nproc, [*common, "--dir", os.path.join(directory, "reference"),
-                                             "--final", ref_final], timeout_s=opts.timeout_s)
-    crashed = run_job("crashed", nproc, [*common, "--dir", ckpts, "--every", str(opts.every)],
-                      timeout_s=opts.timeout_s, kill_at=crash_at)
+    managed = [*common, "--dir", ckpts, "--every", str(opts.every), "--keep", str(opts.keep),
+               *(["--sync"] if opts.sync else [])]
+    t = opts.timeout_s
+    reference = run_job("reference", n, [*common, "--dir", os.path.join(directory, "reference"),
+                                         "--final", ref_final], timeout_s=t)
+    crashed = run_job("crashed", n, managed, timeout_s=t, signal_at=(plan.crash_at, signal.SIGKILL))
+    preempted = run_job("preempted", n, [*managed, "--resume"], timeout_s=t,
+                        signal_at=(plan.preempt_at, signal.SIGTERM))
     extra = ["--forget-rng"] if opts.corrupt_resume else []
-    resumed = run_job("resumed", nproc, [*common, "--dir", ckpts, "--every", str(opts.every),
-                                         "--resume", "--final", res_final, *extra],
-                      timeout_s=opts.timeout_s)
-    if resumed.resumed_from is None:
-        raise DemoError("the resumed job found no committed checkpoint")
+    resumed = run_job("resumed", n, [*managed, "--resume", "--final", res_final, *extra], timeout_s=t)
     ref_state, res_state = shardsafe.load(ref_final), shardsafe.load(res_final)
-    return DistResult(opts, DistConfig(opts.steps, opts.seed, nproc), crash_at, reference, crashed,
-                      resumed, differences(ref_state, res_state), fingerprint(res_state))
+    return DistResult(opts, DistConfig(opts.steps, opts.seed, n), plan, reference, crashed,
+                      preempted, resumed, differences(ref_state, res_state), fingerprint(res_state))
 
 
-def run_distributed_demo(opts: DemoOptions, nproc: int) -> DistResult:
-    """Runs the distributed demo on ``nproc`` ranks.
+def run_demo(opts: DemoOptions) -> DistResult:
+    """Runs the distributed demo on ``opts.nproc`` ranks (the seam ``cli/demo.py`` calls).
 
     Raises:
         DemoError: A job failed.
-        ValueError: ``nproc`` < 2, or ``opts.directory`` exists and is not empty.
+        ValueError: ``opts.directory`` exists and is not empty.
     """
-    if nproc < 2:
-        raise ValueError(f"--nproc must be at least 2 for the distributed demo, got {nproc}")
     if opts.directory is None:
         directory = tempfile.mkdtemp(prefix="shardsafe-demo-")
         try:
-            return _run_in(directory, opts, nproc)
+            return _run_in(directory, opts)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
     if os.path.exists(opts.directory) and os.listdir(opts.directory):
         raise ValueError(f"--dir {opts.directory!r} is not empty; give a new or empty directory")
     os.makedirs(opts.directory, exist_ok=True)
-    return _run_in(opts.directory, opts, nproc)
+    return _run_in(opts.directory, opts)
 
 
 def report(r: DistResult) -> str:
     """A short readable report of a distributed demo run."""
-    o, ref, crash, res = r.options, r.reference, r.crashed, r.resumed
-    saves = crash.saves + res.saves
-    blocked = [s.blocked_s for s in saves] or [0.0]
+    o, crash, pre, res = r.options, r.crashed, r.preempted, r.resumed
+    stalls = [s.stall_s for w in (crash, pre, res) for s in w.saves] or [0.0]
     lines = [
-        f"shardsafe demo on {r.config.nproc} ranks: SIGKILL a distributed training job, resume it, "
-        f"compare with an uninterrupted job",
+        f"shardsafe demo on {r.config.nproc} ranks: SIGKILL and preempt a distributed training "
+        f"job, resume it, compare with an uninterrupted job",
         "",
         _line("job", r.config.describe()),
-        _line("steps", f"{o.steps}, a checkpoint every {o.every} steps (CheckpointManager on "
-                       f"every rank, seed {o.seed})"),
-        _line("crash", f"SIGKILL to all {r.config.nproc} ranks after step {crash.last_step} "
-                       f"(planned: {r.crash_planned}); newest committed checkpoint: step "
-                       f"{res.resumed_from}"),
-        _line("steps lost", f"{crash.last_step - (res.resumed_from or 0)}"),
-        _line("checkpoints", f"{len(saves)} written ({len(crash.saves)} before the crash, "
-                             f"{len(res.saves)} after resuming)"
-                             + (f", {human_bytes(saves[-1].nbytes)} each (one file per rank)"
-                                if saves else "")),
-        _line("blocked", f"per save {sum(blocked) / len(blocked) * 1e3:.1f} ms mean on rank 0"),
-        _line("wall time", f"reference {ref.wall_s:.1f} s, crashed {crash.wall_s:.1f} s, "
-                           f"resumed {res.wall_s:.1f} s"),
+        _line("steps", f"{o.steps}, a checkpoint every {o.every} steps ({'sync' if o.sync else 'async'} "
+                       f"CheckpointManager on every rank, max_to_keep {o.keep}, seed {o.seed})"),
+        _line("crash", f"SIGKILL to all {r.config.nproc} ranks once step {crash.signal_sent_at} was "
+                       f"reported (planned {r.plan.crash_at}); the next job resumed from step "
+                       f"{pre.resumed_from}"),
+        _line("preemption", f"SIGTERM to all ranks once step {pre.signal_sent_at} was reported "
+                            f"(planned {r.plan.preempt_at}); the ranks agreed on step "
+                            f"{pre.preempted_step}, saved it and exited; the next job resumed "
+                            f"from step {res.resumed_from}"),
+        _line("checkpoints", f"{sum(len(w.saves) for w in (crash, pre, res))} saves, one data "
+                             f"file per rank each; per save the loop stalled "
+                             f"{sum(stalls) / len(stalls) * 1e3:.1f} ms on rank 0 (mean)"),
+        _line("wall time", f"reference {r.reference.wall_s:.1f} s, crashed {crash.wall_s:.1f} s, "
+                           f"preempted {pre.wall_s:.1f} s, resumed {res.wall_s:.1f} s"),
     ]
+    for p in r.problems:
+        lines.append(_line("problem", p))
     if r.identical:
         lines.append(_line("result", f"IDENTICAL: sharded parameters and optimizer state, LR "
                                      f"schedule, every rank's data loader and RNG match the "
