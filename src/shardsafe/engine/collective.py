@@ -63,13 +63,12 @@ class Planned:
 
 
 def _decide(comm: Comm, storage: Storage, spath: str, overwrite: bool, messages: Sequence[bytes],
-            plain: list[tuple[int, int]], check_metadata: Any) -> dict[str, Any]:
+            plain: list[tuple[int, int]]) -> dict[str, Any]:
     """Rank 0: plans the writers and the transaction; returns the decision to broadcast."""
     for r, raw in enumerate(messages):
         if raw[:1] == b"E":
             return {"error": f"rank {r} failed: {raw[1:].decode('utf-8', 'replace')}"}
     try:
-        check_metadata()
         plan = plan_writers(comm.world_size, [decode_report(raw[1:]) for raw in messages], plain)
         token = uuid.uuid4().hex[:16]
         txn = commit.plan_transaction(storage, spath, overwrite=overwrite, token=token)
@@ -89,6 +88,7 @@ def plan_collective(state: Mapping[str, Any], storage: Storage, spath: str, comm
     """
     local_error: BaseException | None = None
     try:
+        check_metadata()  # the same metadata everywhere: every rank raises the same error
         tree, items = flatten(state)
         holders = localize(items, comm.group_rank)
         message = b"R" + encode_report(make_report(comm.rank, items, holders))
@@ -99,7 +99,7 @@ def plan_collective(state: Mapping[str, Any], storage: Storage, spath: str, comm
     decision_bytes = None
     if comm.rank == 0:
         plain = everywhere(items, holders) if local_error is None else []
-        decision = _decide(comm, storage, spath, overwrite, gathered or [], plain, check_metadata)
+        decision = _decide(comm, storage, spath, overwrite, gathered or [], plain)
         decision_bytes = json.dumps(decision).encode("utf-8")
     decision = json.loads(comm.broadcast_bytes(decision_bytes, src=0).decode("utf-8"))
     if local_error is not None:
