@@ -271,23 +271,24 @@ def _fmt(seconds: float | None) -> str:
 def table(results: dict[str, Any], size: int) -> str:
     """Markdown tables of the figures, with shardsafe/DCP ratios."""
     gib = size / (1 << 30)
-    lines = ["| ranks | system | stall | durable | GB/s | vs DCP (durable) |", "|---|---|---|---|---|---|"]
+    lines = ["| ranks | system | stall | durable | GB/s | DCP / shardsafe (durable) |",
+             "|---|---|---|---|---|---|"]
     for n, r in sorted(results["run"].items()):
         s = r["save"]
         for name, peer in (("shardsafe save", "dcp.save"), ("shardsafe async_save", "dcp.async_save"),
                            ("dcp.save", None), ("dcp.async_save", None)):
             m = s[name]
-            ratio = f"{s[peer]['durable'] / m['durable']:.2f}x faster" if peer else ""
+            ratio = f"{s[peer]['durable'] / m['durable']:.2f}x" if peer else ""
             lines.append(f"| {n} | {name} | {_fmt(m['stall'])} | {_fmt(m['durable'])} | "
                          f"{size / m['durable'] / 1e9:.2f} | {ratio} |")
-    lines += ["", "| ranks | load | shardsafe | dcp.load | shardsafe vs DCP |", "|---|---|---|---|---|"]
+    lines += ["", "| ranks | load | shardsafe | dcp.load | DCP / shardsafe |", "|---|---|---|---|---|"]
     for n, r in sorted(results["run"].items()):
         for mode in ("warm", "cold"):
             a, b = r["load"][f"shardsafe load ({mode})"]["load"], r["load"][f"dcp.load ({mode})"]["load"]
-            lines.append(f"| {n} | in place, {mode} | {_fmt(a)} | {_fmt(b)} | {b / a:.2f}x faster |")
+            lines.append(f"| {n} | in place, {mode} | {_fmt(a)} | {_fmt(b)} | {b / a:.2f}x |")
     for key, r in sorted(results["reshard"].items()):
         a, b = r["shardsafe load (cold)"]["load"], r["dcp.load (cold)"]["load"]
-        lines.append(f"| {key} | resharded, cold | {_fmt(a)} | {_fmt(b)} | {b / a:.2f}x faster |")
+        lines.append(f"| {key} | resharded, cold | {_fmt(a)} | {_fmt(b)} | {b / a:.2f}x |")
     return f"State: {gib:.2f} GiB float32 in row-sharded DTensors (same total on every world size).\n\n" \
         + "\n".join(lines)
 
