@@ -31,6 +31,8 @@ def case_table(c: CaseResult, limits: dict[str, float]) -> str:
         total = s.median("durable")
         gbs = c.nbytes / total / 1e9 if total else None
         rss = s.median("rss")
+        if rss is not None and s.median("retained"):
+            rss += s.median("retained")  # buffers kept from one save to the next count too
         peer = _peer(c, o)
         vs = peer / total if peer and total else None
         if o.kind == SAVE:
@@ -43,7 +45,10 @@ def case_table(c: CaseResult, limits: dict[str, float]) -> str:
         rows.append(f"| {o.label} | {_f(blocked)} | {_f(total)} | {_f(gbs, '{:.2f}')} | "
                     f"{_f(rss / MiB if rss is not None else None, '{:.0f}')} | "
                     f"{_f(vs, '{:.2f}x')} | {_f(lim, '{:.0%}')} |")
-    rows += ["", "*vs dcp*: the DCP operation's time divided by this one's (saves: dcp.save; "
+    rows += ["", "*peak extra RSS*: the peak resident memory during the operation above what "
+             "the process held before it, plus (shardsafe saves) the buffers the Checkpointer "
+             "keeps between saves (staging copy and sync-save bounce buffers). "
+             "*vs dcp*: the DCP operation's time divided by this one's (saves: dcp.save; "
              "loads: dcp.load in place, same cache state); above 1 is faster than DCP. "
              "*vs machine limit*: GB/s over the direct-I/O write (saves), the direct-I/O read "
              "(cold loads) or memcpy (warm loads) measured in this run."]

@@ -36,7 +36,7 @@ def shardsafe_save(ckpt: shardsafe.Checkpointer) -> Op:
         t = time.perf_counter()
         ckpt.save(state, path)
         d = time.perf_counter() - t
-        return {"stall": d, "durable": d}
+        return {"stall": d, "durable": d, "retained": ckpt.retained_bytes}
     return op
 
 
@@ -48,7 +48,8 @@ def shardsafe_async(ckpt: shardsafe.Checkpointer, staging: str) -> Op:
         h.wait_staged()
         staged = time.perf_counter() - t
         h.result()
-        return {"stall": stall, "staged": staged, "durable": time.perf_counter() - t}
+        return {"stall": stall, "staged": staged, "durable": time.perf_counter() - t,
+                "retained": ckpt.retained_bytes}
     return op
 
 

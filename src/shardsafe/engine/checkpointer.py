@@ -155,6 +155,11 @@ class Checkpointer:
                 self._start(prep, handle, lambda: (writes, tasks), stage=False)
             return handle
 
+    @property
+    def retained_bytes(self) -> int:
+        """Host memory kept between saves: staging buffers plus sync-save bounce buffers."""
+        return self.arena.nbytes + self._bounce.nbytes
+
     def wait(self, timeout: float | None = None) -> None:
         """Waits for the save in flight (if any) and raises its error if it failed."""
         h = self._inflight

@@ -28,10 +28,11 @@ from ..comm import Channel, Comm, get_comm
 from ..format import index as fmt
 from ..format.tree import Node
 from ..plan.flatten import TensorItem, flatten
-from ..plan.layout import FilePlan, chunk_entries, data_file_name, plan_file
+from ..plan.layout import FilePlan, data_file_name, plan_file
 from ..plan.sharding import localize
 from ..storage import Storage, storage_for
 from . import collective, commit
+from .units import item_nbytes, item_shape
 
 log = logging.getLogger("shardsafe")
 
@@ -147,8 +148,11 @@ def local_entries(prep: PreparedSave, sums: Sequence[list[list[int]]]
     """This rank's chunk and file entries, given the block checksums of its files."""
     by_item: dict[int, list[fmt.ChunkEntry]] = {}
     for plan, s in zip(prep.plans, sums):
-        for i, c in chunk_entries(plan, s).items():
-            by_item.setdefault(i, []).append(c)
+        # plan.layout.chunk_entries, with the item sizes read the fast way
+        for it, off, blocks in zip(plan.items, plan.layout.offsets, s):
+            c = fmt.ChunkEntry(file=plan.name, offset=off, nbytes=item_nbytes(it), offsets=it.offsets,
+                               shape=item_shape(it), checksums=tuple(blocks))
+            by_item.setdefault(it.id, []).append(c)
     files = [fmt.FileEntry(p.name, p.layout.size, p.layout.data_start, prep.comm.rank)
              for p in prep.plans]
     return by_item, files

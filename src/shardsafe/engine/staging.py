@@ -23,7 +23,7 @@ from ..format.checksum import block_checksums
 from ..plan.layout import FilePlan
 from ..storage.local import wait_all
 from . import cuda
-from .units import HEADER, FileUnits
+from .units import HEADER, PLAIN_TENSOR_TYPES, FileUnits
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -53,8 +53,20 @@ def host_sources(plan: FilePlan, *, device: bool = True) -> list[np.ndarray | No
     With ``device`` (staging), CUDA tensors get None: ``stage_files`` copies them on a
     side stream. Without it they are copied to the host here, synchronously.
     """
-    return [None if device and cuda.is_device_tensor(it.value) else tensors.host_bytes(it.value)
+    return [None if device and cuda.is_device_tensor(it.value) else _host_view(it.value)
             for it in plan.items]
+
+
+def _host_view(x: object) -> np.ndarray:
+    """``tensors.host_bytes``, with a shortcut for contiguous CPU tensors numpy can view
+    (half the per-tensor cost, which is what 20,000 small tensors pay)."""
+    if (type(x) in PLAIN_TENSOR_TYPES and x.device.type == "cpu" and x.is_contiguous()
+            and not x.is_conj() and not x.is_neg()):
+        try:
+            return x.detach().numpy().reshape(-1).view(np.uint8)
+        except TypeError:  # bfloat16 and other dtypes numpy lacks
+            pass
+    return tensors.host_bytes(x)
 
 
 def copy_unit(units: FileUnits, k: int, sources: Sequence[np.ndarray | None],

@@ -20,6 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from .cached_or_direct import read_range
+
 log = logging.getLogger("shardsafe")
 
 ALIGN = 4096
@@ -54,14 +56,6 @@ def _pwrite_all(fd: int, buf: memoryview, offset: int) -> None:
     while len(buf):
         n = os.pwrite(fd, buf, offset)
         buf, offset = buf[n:], offset + n
-
-
-def _pread_all(fd: int, out: memoryview, offset: int, path: str) -> None:
-    while len(out):
-        n = os.preadv(fd, [out], offset)
-        if n == 0:
-            raise EOFError(f"{path}: file ends before byte {offset + len(out)}")
-        out, offset = out[n:], offset + n
 
 
 def wait_all(futures: Sequence[Future]) -> None:
@@ -248,11 +242,9 @@ class LocalStorage:
             return f.read()
 
     def read_into(self, path: str, offset: int, out: memoryview) -> None:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            _pread_all(fd, memoryview(out).cast("B"), offset, path)
-        finally:
-            os.close(fd)
+        # Cached pages come from the page cache, the rest with direct I/O (cold loads
+        # run at device speed, warm ones at memcpy speed); see cached_or_direct.
+        read_range(path, offset, out, direct=self.direct_io)
 
     def size(self, path: str) -> int:
         # lstat: a symlinked data file reports the link's size, so read_index refuses it
