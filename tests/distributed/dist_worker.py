@@ -28,6 +28,7 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import shardsafe
 from shardsafe.comm import get_comm
+from shardsafe.storage.local import LocalStorage
 
 RANK = int(os.environ.get("RANK", "0"))
 WORLD = 1  # of the current phase
@@ -245,6 +246,17 @@ def s_async(out: str) -> dict[str, Any]:
     state = {"app": shardsafe.ModelOptimizerState(model, opt), "payload": payload, "step": 0}
     handles: list[Any] = []
     overlapped = 0
+    # Each commit (rank 0 publishing index.json) is held until the loop has run the next
+    # training step, so every save provably stays in flight across training collectives.
+    gate = threading.Event()
+    publish = LocalStorage.publish
+
+    def gated_publish(self: LocalStorage, path: str, data: bytes) -> None:
+        if os.path.basename(path) == "index.json" and not gate.wait(60):
+            raise TimeoutError("the training loop never released the commit gate")
+        publish(self, path, data)
+
+    LocalStorage.publish = gated_publish  # type: ignore[method-assign]
     for step in range(9):
         g = torch.Generator().manual_seed(1000 * step + RANK)
         x, y = torch.randn(8, 16, generator=g), torch.randn(8, 7, generator=g)
@@ -255,14 +267,20 @@ def s_async(out: str) -> dict[str, Any]:
         opt.zero_grad()
         payload.to_local().fill_(float(step))
         overlapped += sum(1 for h in handles if not h.done())
+        gate.set()
         if step % 3 == 2:
             state["step"] = step
             write_full_state(model, opt, os.path.join(out, f"async-ref-{step}.safetensors"))
             mode = "background" if step % 2 else "blocking"
+            if handles:
+                handles[-1].result(timeout=120)  # one save in flight; re-arm the gate for the next
+            gate.clear()
             handles.append(shardsafe.async_save(state, os.path.join(out, f"async-{step}"),
                                                 staging=mode, timeout=60))
+    gate.set()  # the last save has no next step to wait for
     for h in handles:
         h.result(timeout=120)
+    LocalStorage.publish = publish  # type: ignore[method-assign]
     return {"saved": [3 * i + 2 for i in range(len(handles))], "overlapped": overlapped}
 
 
