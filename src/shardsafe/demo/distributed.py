@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from .events import WorkerLog
 from .plan import Interruptions, plan_interruptions
 from .process import DemoError, _worker_env
 from .report import _line
-from .run import DemoOptions
+from .run import DemoOptions, in_demo_directory
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,16 +339,7 @@ def run_demo(opts: DemoOptions) -> DistResult:
         DemoError: A job failed.
         ValueError: ``opts.directory`` exists and is not empty.
     """
-    if opts.directory is None:
-        directory = tempfile.mkdtemp(prefix="shardsafe-demo-")
-        try:
-            return _run_in(directory, opts)
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
-    if os.path.exists(opts.directory) and os.listdir(opts.directory):
-        raise ValueError(f"--dir {opts.directory!r} is not empty; give a new or empty directory")
-    os.makedirs(opts.directory, exist_ok=True)
-    return _run_in(opts.directory, opts)
+    return in_demo_directory(opts, _run_in)
 
 
 def report(r: DistResult) -> str:

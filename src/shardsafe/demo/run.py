@@ -26,7 +26,8 @@ import signal
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import shardsafe
 
@@ -36,7 +37,10 @@ from .plan import Interruptions, plan_interruptions
 from .process import DemoError, TrainingProcess
 from .train import TrainConfig, Trainer, deterministic_process
 
-__all__ = ["DemoError", "DemoOptions", "DemoResult", "ReferenceRun", "run_demo", "run_reference"]
+__all__ = ["DemoError", "DemoOptions", "DemoResult", "ReferenceRun", "in_demo_directory", "run_demo",
+           "run_reference"]
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +223,25 @@ def _run_in(directory: str, opts: DemoOptions) -> DemoResult:
                       time.perf_counter() - t0)
 
 
+def in_demo_directory(opts: DemoOptions, run: Callable[[str, DemoOptions], R]) -> R:
+    """Calls ``run(directory, opts)`` in ``--dir`` (new or empty) or in a temporary
+    directory that is removed afterwards.
+
+    Raises:
+        ValueError: ``opts.directory`` exists and is not empty.
+    """
+    if opts.directory is None:
+        directory = tempfile.mkdtemp(prefix="shardsafe-demo-")
+        try:
+            return run(directory, opts)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+    if os.path.exists(opts.directory) and os.listdir(opts.directory):
+        raise ValueError(f"--dir {opts.directory!r} is not empty; give a new or empty directory")
+    os.makedirs(opts.directory, exist_ok=True)
+    return run(opts.directory, opts)
+
+
 def run_demo(opts: DemoOptions) -> DemoResult:
     """Runs the whole single-process demo.
 
@@ -226,13 +249,4 @@ def run_demo(opts: DemoOptions) -> DemoResult:
         DemoError: A training process failed.
         ValueError: ``opts.directory`` exists and is not empty.
     """
-    if opts.directory is None:
-        directory = tempfile.mkdtemp(prefix="shardsafe-demo-")
-        try:
-            return _run_in(directory, opts)
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
-    if os.path.exists(opts.directory) and os.listdir(opts.directory):
-        raise ValueError(f"--dir {opts.directory!r} is not empty; give a new or empty directory")
-    os.makedirs(opts.directory, exist_ok=True)
-    return _run_in(opts.directory, opts)
+    return in_demo_directory(opts, _run_in)
