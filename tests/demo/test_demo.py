@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -100,12 +99,3 @@ def test_demo_refuses_a_non_empty_directory(tmp_path, subprocess_env) -> None:
     assert proc.returncode != 0
     assert "not empty" in proc.stderr
     assert (tmp_path / "precious.txt").read_text() == "keep me"
-
-
-@pytest.mark.skipif(importlib.util.find_spec("shardsafe.demo.distributed") is not None,
-                    reason="the distributed demo exists (tests/distributed covers it)")
-def test_demo_nproc_says_when_the_distributed_demo_is_missing(subprocess_env) -> None:
-    proc = _demo(subprocess_env, "--nproc", "2")
-    assert proc.returncode == 1
-    assert "distributed demo not available" in proc.stderr
-    assert proc.stdout == ""

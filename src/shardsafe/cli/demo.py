@@ -1,9 +1,9 @@
 """``shardsafe demo``: crash and preempt a training run, resume it, check it is bit-identical.
 
-``--nproc N`` with N > 1 hands over to ``shardsafe.demo.distributed`` when that module
-exists. Its seam mirrors the single-process demo: ``run_demo(opts: DemoOptions)``
-returns a result with an ``ok`` property (raising ``DemoError`` when a process fails),
-and ``report(result) -> str`` renders it; this module prints and picks the exit code.
+``--nproc N`` with N > 1 hands over to ``shardsafe.demo.distributed``, whose seam mirrors
+the single-process demo: ``run_demo(opts: DemoOptions)`` returns a result with an ``ok``
+property (raising ``DemoError`` when a process fails), and ``report(result) -> str``
+renders it; this module prints and picks the exit code.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from types import ModuleType
 
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
@@ -45,16 +44,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _distributed() -> ModuleType | None:
-    """The distributed demo module, or None when this installation has none."""
-    try:
-        return importlib.import_module(_DISTRIBUTED)
-    except ModuleNotFoundError as e:
-        if e.name != _DISTRIBUTED:
-            raise  # the module exists but something it needs is missing: say what
-        return None
-
-
 def run(args: argparse.Namespace) -> int:
     """Runs the demo and prints its report; 0 when the states are identical."""
     try:  # torch and torchdata are needed here only, so import them late
@@ -73,11 +62,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     runner, render = run_demo, single.report
     if opts.nproc > 1:
-        dist = _distributed()
-        if dist is None:
-            print(f"shardsafe demo: distributed demo not available (--nproc {opts.nproc} needs "
-                  f"{_DISTRIBUTED}); run without --nproc", file=sys.stderr)
-            return EXIT_FAILED
+        dist = importlib.import_module(_DISTRIBUTED)  # late: it imports torch.distributed
         runner, render = dist.run_demo, dist.report
     try:
         result = runner(opts)
