@@ -77,8 +77,10 @@ def run(args: argparse.Namespace) -> int:
     train_ratios = None
     raw: dict[str, object] = {}
     try:
-        lim = limits.measure_limits(args.size, directory, max(1, args.repeat))
-        raw["limits"] = lim
+        lim: dict[str, float] = {}
+        if {"a", "b"} & set(cases):
+            lim = limits.measure_limits(args.size, directory, max(1, args.repeat))
+            raw["limits"] = lim
         if "a" in cases:
             st = states.large_tensors(args.size, args.tensor_size)
             results["a"] = runner.run_io_case(
@@ -121,8 +123,8 @@ def run(args: argparse.Namespace) -> int:
         + (" (--quick: tiny sizes, no warm-up; not a measurement)." if args.quick else " after a warm-up round."),
         report.targets_table(report.targets(results, lim, train_ratios)),
         *sections,
-        report.limits_table(lim, args.size),
-    ])
+        report.limits_table(lim, args.size) if lim else "",
+    ]).rstrip()
     print(body)
     if args.write_doc:
         report.write_doc(args.write_doc, body)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..engine.buffers import HostBuffer
 from ..storage.local import io_threads
-from .measure import Samples, drop_cache, timed
+from .measure import Samples, drop_cache, settle, timed
 
 SEG = 64 << 20
 
@@ -71,13 +71,17 @@ def measure_limits(nbytes: int, directory: str, repeat: int) -> dict[str, float]
                 np.copyto(b.array, src)
                 b.close()
             s.add(memcpy_fresh=timed(fresh))
+            settle()
             s.add(direct_write=timed(lambda: _direct_write(path, dst, pool)))
             drop_cache(path)
             s.add(direct_read_cold=timed(lambda: _read(path, dst, pool, True)))
+            os.remove(path)  # a fresh file for the buffered write, like the systems get
+            settle()
             s.add(buffered_write_fsync=timed(lambda: _buffered_write(path, src)))
             drop_cache(path)
             s.add(buffered_read_cold=timed(lambda: _read(path, dst, pool, False)))
             os.remove(path)
+            settle()
     dst.close()
     return {k: nbytes / s.median(k) / 1e9 for k in s.values}
 

@@ -10,7 +10,7 @@ from typing import Any
 import shardsafe
 
 from . import systems
-from .measure import PeakRSS, Samples, remove, warm_cache
+from .measure import PeakRSS, Samples, remove, settle, warm_cache
 from .states import nbytes, zeros_like
 
 SAVE = "save"
@@ -86,6 +86,7 @@ def run_io_case(name: str, title: str, state: dict[str, Any], directory: str, re
             for i, (res, op, fmt) in enumerate(saves):
                 path = os.path.join(directory, f"{name}-{fmt}-{i}-{r}")
                 gc.collect()
+                settle()
                 rss = PeakRSS()
                 with rss.track():
                     m = op(state, path)
@@ -100,6 +101,7 @@ def run_io_case(name: str, title: str, state: dict[str, Any], directory: str, re
                 if not cold:
                     warm_cache(latest[fmt])
                 gc.collect()
+                settle()
                 rss = PeakRSS()
                 with rss.track():
                     m = op(state, latest[fmt])

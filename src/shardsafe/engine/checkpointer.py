@@ -134,26 +134,30 @@ class Checkpointer:
                 self._start(prep, handle, lambda: self._staged_jobs(prep, self.arena.get(sizes)),
                             stage=True)
                 return handle
-            writes, tasks = self._staged_jobs(prep, self.arena.get(sizes))
-            if self.overlap_writes:
-                self._start(prep, handle, lambda: (writes, tasks), stage=False)
-            try:
-                stage_files(tasks)
-            except BaseException as e:  # noqa: BLE001 - handed to the writer, then re-raised
-                for fw in writes:
-                    fw.fail(e)
-                if self._thread is not None:
-                    self._thread.join()
-                    self._thread = None
-                else:  # no writer thread to abort: tell the other ranks ourselves
-                    pipeline.abort(prep, e)
-                handle._mark_collected()  # the caller gets it right here
-                self._inflight = None
-                raise
-            handle._set_staged()
-            if not self.overlap_writes:
-                self._start(prep, handle, lambda: (writes, tasks), stage=False)
+            self._stage_blocking(prep, handle, sizes)
             return handle
+
+    def _stage_blocking(self, prep: PreparedSave, handle: SaveHandle, sizes: list[int]) -> None:
+        """Copies the state on the caller's thread, then hands the writes to the writer thread."""
+        writes, tasks = self._staged_jobs(prep, self.arena.get(sizes))
+        if self.overlap_writes:
+            self._start(prep, handle, lambda: (writes, tasks), stage=False)
+        try:
+            stage_files(tasks)
+        except BaseException as e:  # noqa: BLE001 - handed to the writer, then re-raised
+            for fw in writes:
+                fw.fail(e)
+            if self._thread is not None:
+                self._thread.join()
+                self._thread = None
+            else:  # no writer thread to abort: tell the other ranks ourselves
+                pipeline.abort(prep, e)
+            handle._mark_collected()  # the caller gets it right here
+            self._inflight = None
+            raise
+        handle._set_staged()
+        if not self.overlap_writes:
+            self._start(prep, handle, lambda: (writes, tasks), stage=False)
 
     @property
     def retained_bytes(self) -> int:
