@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-stress bench setup clean
+.PHONY: demo demo-distributed test test-stress bench setup clean
 
 setup: $(STAMP)
 
@@ -17,6 +17,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	$(BIN)/shardsafe demo
+
+# the same crash-and-resume demo as an FSDP2 job on NPROC processes (gloo on the CPU)
+NPROC ?= 2
+demo-distributed: $(STAMP)
+	$(BIN)/shardsafe demo --nproc $(NPROC)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -23,7 +23,18 @@ from .errors import (
     StateMismatchError,
 )
 from .manager import CheckpointManager, ManagerOptions
+from .per_rank import PerRank
 from .rng import RNGState
+
+
+def __getattr__(name: str):  # noqa: ANN202 - PEP 562 lazy attribute
+    # imported lazily: it needs torch.distributed, which ``import shardsafe`` must not
+    if name == "ModelOptimizerState":
+        from .model_state import ModelOptimizerState
+
+        return ModelOptimizerState
+    raise AttributeError(f"module 'shardsafe' has no attribute {name!r}")
+
 
 __all__ = [
     "__version__",
@@ -34,6 +45,8 @@ __all__ = [
     "SaveHandle",
     "LoadResult",
     "RNGState",
+    "PerRank",
+    "ModelOptimizerState",
     "CheckpointManager",
     "ManagerOptions",
     "CheckpointError",

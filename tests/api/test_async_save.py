@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 import textwrap
 
 import numpy as np

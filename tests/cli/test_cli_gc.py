@@ -41,6 +41,10 @@ def test_gc_keeps_newest_steps_and_removes_old_leftovers(cli, tmp_path) -> None:
                                               "step_00000010", os.path.basename(old),
                                               os.path.basename(young), "logs"])
 
+    period = cli("gc", run, "--max-to-keep", "2", "--keep-period", "2", "--min-age", "600", "--dry-run")
+    assert period.stdout.splitlines() == ["would delete step_00000001 (step 1)",  # 2 is kept: even
+                                          f"would delete leftover {os.path.basename(old)}"]
+
     proc = cli("gc", run, "--max-to-keep", "2", "--min-age", "600")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["deleted step_00000001 (step 1)", "deleted step_00000002 (step 2)",

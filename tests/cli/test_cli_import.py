@@ -74,6 +74,19 @@ def test_import_dcp_directory(cli, tmp_path) -> None:  # noqa: ANN001
     assert got["step"] == 99 and got["extra"] == {"lr": 0.5}
 
 
+def test_import_dcp_with_a_missing_data_file_is_one_line(cli, tmp_path) -> None:  # noqa: ANN001
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"w": torch.ones(3)}, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    for name in os.listdir(tmp_path / "dcp"):
+        if name.endswith(".distcp"):
+            os.remove(tmp_path / "dcp" / name)
+    proc = cli("import", tmp_path / "dcp", tmp_path / "out")
+    assert proc.returncode == 1
+    assert "DCP could not read the checkpoint (FileNotFoundError" in one_line_error(proc)
+
+
 def test_import_errors(cli, tmp_path) -> None:  # noqa: ANN001
     proc = cli("import", tmp_path / "missing.pt", tmp_path / "out")
     assert proc.returncode == 1 and "does not exist" in one_line_error(proc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -70,6 +71,12 @@ def test_import_into_s3_and_missing_prefix(cli, s3, tmp_path) -> None:  # noqa: 
                        torch.arange(4.0))
     missing = cli("info", s3.url + "/nothing", *o)
     assert missing.returncode == 3 and "no committed checkpoint" in one_line_error(missing)
+    no_credentials = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_SESSION_TOKEN": None,
+                      "AWS_PROFILE": None, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+                      "AWS_CONFIG_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
+    denied = cli("ls", s3.url, "--storage-options", json.dumps({"endpoint_url": s3.endpoint}),
+                 env=no_credentials)
+    assert denied.returncode == 1 and "NoCredentialsError" in one_line_error(denied)
 
 
 def test_gc_on_s3_removes_expired_steps_partial_prefixes_and_unfinished_uploads(cli, s3) -> None:  # noqa: ANN001

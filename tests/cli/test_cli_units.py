@@ -70,9 +70,16 @@ def test_expired_ignores_unstepped_checkpoints_in_a_manager_directory() -> None:
     assert [e.name for e in expired(entries, 1)] == ["step_00000001"]
 
 
+def test_expired_with_keep_period_uses_the_manager_policy() -> None:
+    entries = [_entry(f"step_{s:08d}", s, float(s)) for s in (1, 2, 3, 4, 5, 6)]
+    assert [e.step for e in expired(entries, 2, keep_period=2)] == [1, 3]
+
+
 def test_expired_orders_other_checkpoints_by_creation() -> None:
     entries = [_entry("b", None, 3.0), _entry("a", None, 1.0), _entry("c", None, 2.0)]
     assert [e.name for e in expired(entries, 1)] == ["a", "c"]
+    with pytest.raises(ValueError, match="step_"):
+        expired(entries, 1, keep_period=2)
 
 
 def test_subtree_finds_keys_containing_dots() -> None:

@@ -11,12 +11,6 @@ import uuid
 import pytest
 import torch
 
-pytest.importorskip("fsspec")
-try:
-    from shardsafe.storage.fsspec import FsspecStorage  # noqa: F401
-except ImportError:
-    pytest.skip("the fsspec storage backend is not in this tree yet", allow_module_level=True)
-
 import fsspec
 
 from shardsafe import CheckpointManager

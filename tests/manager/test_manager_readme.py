@@ -1,4 +1,4 @@
-"""The training-loop example of docs/manager-readme-section.md runs as documented."""
+"""The training-loop example of README.md ("Using shardsafe in a training loop") runs as documented."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import re
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DOC = os.path.join(ROOT, "docs", "manager-readme-section.md")
+DOC = os.path.join(ROOT, "README.md")
+SECTION = "## Using shardsafe in a training loop"
 
 
 def first_python_block(path: str) -> str:
     with open(path, encoding="utf-8") as f:
-        m = re.search(r"```python\n(.*?)```", f.read(), re.S)
+        text = f.read()
+    m = re.search(r"```python\n(.*?)```", text[text.index(SECTION):], re.S)
     assert m, f"no python block in {path}"
     return m.group(1)
 

@@ -78,6 +78,17 @@ def test_s3_async_save_failure_reaches_result(s3) -> None:  # noqa: ANN001
         handle.result(timeout=120)
 
 
+def test_s3_client_errors_surface_as_os_error(s3, monkeypatch) -> None:  # noqa: ANN001
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    opts = {"endpoint_url": s3.endpoint, "skip_instance_cache": True}  # no credentials anywhere
+    with pytest.raises(OSError, match="NoCredentialsError"):
+        shardsafe.load(s3.url + "/ckpt", storage_options=opts)
+
+
 def test_memory_url_round_trip() -> None:
     url = f"memory://shardsafe-{uuid.uuid4().hex}/ckpt"
     shardsafe.save(_state(), url)

@@ -28,7 +28,8 @@ def default_checkpointer() -> Checkpointer:
 
 def async_save(state: Mapping[str, Any], path: str, *, staging: str = "blocking",
                overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
-               storage_options: dict | None = None) -> SaveHandle:
+               storage_options: dict | None = None, process_group: Any = None,
+               timeout: float | None = None) -> SaveHandle:
     """Starts saving ``state`` to ``path``; returns a SaveHandle.
 
     With ``staging="blocking"`` (default) it returns once the state is copied into host
@@ -37,10 +38,14 @@ def async_save(state: Mapping[str, Any], path: str, *, staging: str = "blocking"
     any tensor of ``state``. Checksums, writes and the commit run in the background;
     ``handle.result()`` waits for them and re-raises any failure. At most one save is in
     flight: a new save (sync or async) first waits for the previous one and raises its
-    error if nobody collected it. See ``Checkpointer.async_save`` for the arguments.
+    error if nobody collected it. Under torch.distributed it is collective like ``save``:
+    the planning runs on the calling thread, while the background part talks to the
+    other ranks through the c10d Store only, never the training process group. See
+    ``Checkpointer.async_save`` for the arguments.
     """
     return default_checkpointer().async_save(state, path, staging=staging, overwrite=overwrite,
-                                             metadata=metadata, storage_options=storage_options)
+                                             metadata=metadata, storage_options=storage_options,
+                                             process_group=process_group, timeout=timeout)
 
 
 __all__ = ["async_save", "default_checkpointer", "SaveHandle", "Checkpointer"]

@@ -7,12 +7,15 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import tensors
+from .. import dtensor, tensors
+from ..comm import distributed_active, get_comm
+from ..engine.collective import read_index_collective
 from ..engine.commit import read_index
 from ..engine.mmap_load import load_mapped
 from ..engine.reader import Reader, ReadJob
 from ..errors import StateMismatchError
 from ..format.index import Index
+from ..per_rank import loading
 from ..storage import LocalStorage, storage_for
 from .restore import TensorTarget, build_new, match
 
@@ -32,22 +35,24 @@ def _read(reader: Reader, targets: list[TensorTarget]) -> None:
     jobs: list[ReadJob] = []
     for tt in targets:
         e = tt.entry
-        full = tuple(0 for _ in e.shape)
-        dest = tensors.writable_bytes(tt.target)
+        # a DTensor target reads only its own box of the global tensor
+        target, offsets, shape = dtensor.target_region(tt.target)
+        dest = tensors.writable_bytes(target)
         if dest is not None:
-            jobs.append(ReadJob(e, dest, full, e.shape))
+            jobs.append(ReadJob(e, dest, offsets, shape))
             continue
-        tmp, tmp_bytes = tensors.empty(e.kind, e.dtype, e.shape)  # device / strided target
+        tmp, tmp_bytes = tensors.empty(e.kind, e.dtype, shape)  # device / strided target
 
-        def done(target: Any = tt.target, tmp: Any = tmp) -> None:
+        def done(target: Any = target, tmp: Any = tmp) -> None:
             tensors.copy_into(target, tmp)
 
-        jobs.append(ReadJob(e, tmp_bytes, full, e.shape, done))
+        jobs.append(ReadJob(e, tmp_bytes, offsets, shape, done))
     reader.run(jobs)
 
 
 def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bool = True,
-         storage_options: dict | None = None, mmap: bool = False) -> Any:
+         storage_options: dict | None = None, mmap: bool = False, process_group: Any = None,
+         collective: bool | None = None) -> Any:
     """Loads the checkpoint at ``path``.
 
     With ``state``: restores in place. Tensors are copied into the existing tensors (same
@@ -58,6 +63,13 @@ def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bo
     the tensors are copy-on-write views of the memory-mapped data files, verified up
     front (see ``engine.mmap_load``).
 
+    Under torch.distributed (more than one rank) the load is collective by default,
+    like ``save``: every rank of ``process_group`` (default: the world) must call it.
+    Rank 0 reads and validates the index once and broadcasts it; then each rank reads
+    only the byte ranges its own tensors need (a DTensor target: its local shard), so
+    a checkpoint saved by N ranks loads onto any other number and sharding. Pass
+    ``collective=False`` to load on one rank alone.
+
     Raises:
         CheckpointNotFoundError: No committed checkpoint at ``path``.
         CorruptCheckpointError: A checksum fails or a file is truncated/malformed.
@@ -67,7 +79,10 @@ def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bo
         raise TypeError(f"state must be a mutable mapping (dict) to load into, got {type(state).__name__}; "
                         f"wrap it: load(path, {{'model': model}})")
     storage, spath = storage_for(path, storage_options)
-    index = read_index(storage, spath)
+    if collective is not False and distributed_active(process_group):
+        index = read_index_collective(storage, spath, get_comm(process_group))
+    else:
+        index = read_index(storage, spath)
     if mmap:
         if state is not None or not isinstance(storage, LocalStorage):
             raise ValueError("mmap=True applies to load(path) of a local checkpoint, without a state")
@@ -77,7 +92,8 @@ def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bo
         value, targets = build_new(index)
         _read(reader, targets)
         return value
-    m = match(index, state)
+    with loading():  # PerRank values describe only this rank's entry
+        m = match(index, state)
     problems = m.problems()
     if problems and strict:
         raise StateMismatchError(problems)

@@ -13,7 +13,8 @@ from .async_save import default_checkpointer
 
 
 def save(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
-         metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None) -> None:
+         metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
+         process_group: Any = None, timeout: float | None = None) -> None:
     """Saves ``state`` to ``path`` and returns once the checkpoint is committed and durable.
 
     Waits first for an ``async_save`` still in flight (raising its error if it failed and
@@ -26,13 +27,21 @@ def save(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
         overwrite: Replace an existing committed checkpoint (atomically where possible).
         metadata: JSON-serialisable user metadata stored in the index.
         storage_options: Passed to fsspec for URLs.
+        process_group: When torch.distributed is initialised the save is collective
+            over the default group, or over this group: every rank must call it. Each
+            rank writes its own data file; rank 0 commits once all are durable.
+        timeout: Seconds a rank of a collective save waits for the others before it
+            raises CheckpointTimeoutError (default: ``SHARDSAFE_TIMEOUT`` or 600).
 
     Raises:
         TypeError: A value cannot be saved safely (the message names its key path).
-        CheckpointError: The path holds something that must not be overwritten.
+        CheckpointError: The path holds something that must not be overwritten, or
+            another rank of a collective save failed (nothing is committed then).
+        CheckpointTimeoutError: Another rank did not answer within ``timeout``.
     """
     default_checkpointer().save(state, path, overwrite=overwrite, metadata=metadata,
-                                storage_options=storage_options)
+                                storage_options=storage_options, process_group=process_group,
+                                timeout=timeout)
 
 
 __all__ = ["save", "prepare", "build_index", "PreparedSave", "BLOCK_SIZE"]

@@ -19,12 +19,12 @@ from typing import Any
 from ..engine.commit import TMP_MARKER, is_committed, is_temporary, read_index
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ..format.index import Index
+from ..manager.steps import MANAGER_KEY, QUARANTINE_SUFFIX, parse_step
 from ..storage import LocalStorage, Storage, storage_for
 
-STEP_DIR = re.compile(r"^step_(\d+)$")  # the manager's step directories (step_00000042)
 DATA_FILE = re.compile(r"^data-r\d+-\d+\.safetensors$")
-MANAGER_KEY = "shardsafe.manager"  # where the manager keeps step/metrics in index metadata
-QUARANTINED = re.compile(r"\.corrupt(\.\d+)?$")  # the manager sets damaged steps aside as step_N.corrupt
+# the manager sets damaged steps aside as step_N.corrupt (or step_N.corrupt.2, ...)
+QUARANTINED = re.compile(re.escape(QUARANTINE_SUFFIX) + r"(\.\d+)?$")
 
 
 def add_storage_options(parser: argparse.ArgumentParser) -> None:
@@ -80,8 +80,7 @@ class Entry:
             md = self.index.metadata.get(MANAGER_KEY)
             if isinstance(md, dict) and isinstance(md.get("step"), int):
                 return md["step"]
-        m = STEP_DIR.match(QUARANTINED.sub("", _final_name(self.name)))
-        return int(m.group(1)) if m else None
+        return parse_step(QUARANTINED.sub("", _final_name(self.name)))
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -115,7 +114,7 @@ def _classify(storage: Storage, parent: str, name: str) -> Entry | None:
     # object stores write data under the final prefix: data files without an index are a
     # save that has not committed (or never will); so is a step directory without an
     # index (a delete, index first, was interrupted). Other directories are not ours.
-    if STEP_DIR.match(name) or any(DATA_FILE.match(n) for n in storage.list(path)):
+    if parse_step(name) is not None or any(DATA_FILE.match(n) for n in storage.list(path)):
         return Entry(name, path, "partial")
     return None
 

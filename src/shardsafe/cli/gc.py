@@ -1,8 +1,10 @@
 """``shardsafe gc DIR``: apply retention and remove what unfinished saves left behind.
 
 Retention keeps the ``--max-to-keep`` newest committed checkpoints (by step for a
-manager directory of ``step_<N>`` checkpoints, else by creation time) and deletes the
-others crash-safely (index first). Leftovers are partial saves: hidden
+manager directory of ``step_<N>`` checkpoints, else by creation time), plus every
+``--keep-period``-th step, and deletes the others crash-safely (index first). The
+decision is the manager's own policy code (``manager.policy``), so ``gc`` and a
+``CheckpointManager`` with the same options keep the same steps. Leftovers are partial saves: hidden
 ``.<name>.shardsafe-tmp-<id>`` directories, object-store prefixes holding data but no
 index, and unfinished S3 multipart uploads. A leftover younger than ``--min-age``
 may belong to a save still running, so it is kept.
@@ -17,6 +19,9 @@ from dataclasses import dataclass
 from . import EXIT_OK
 from ._common import Entry, add_storage_options, modified, scan, storage_options
 from ..engine.commit import delete_checkpoint
+from ..manager.policy import (AnyPreservationPolicy, EveryNSteps, LatestN, PreservationPolicy,
+                              StepRecord, steps_to_delete)
+from ..manager.steps import MANAGER_KEY
 from ..storage import Storage, storage_for
 
 DEFAULT_MIN_AGE = 3600.0
@@ -31,17 +36,35 @@ class Plan:
     uploads: list[tuple[str, str, float | None]]
 
 
-def expired(entries: list[Entry], max_to_keep: int | None) -> list[Entry]:
-    """Committed checkpoints beyond the ``max_to_keep`` newest (pure)."""
-    committed = [e for e in entries if e.state == "committed"]
-    if max_to_keep is None or len(committed) <= max_to_keep:
+def _time(e: Entry) -> float:
+    info = e.index.metadata.get(MANAGER_KEY)
+    t = info.get("time") if isinstance(info, dict) else None
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else e.index.created
+
+
+def expired(entries: list[Entry], max_to_keep: int | None, keep_period: int | None = None) -> list[Entry]:
+    """Committed checkpoints that retention deletes, oldest first (pure).
+
+    In a manager directory the steps are the records; checkpoints there without a step
+    are not the manager's and are left alone. Elsewhere the checkpoints are numbered by
+    creation time, so ``keep_period`` needs steps.
+    """
+    if max_to_keep is None:
         return []
-    stepped = [e for e in committed if e.step is not None]
-    if stepped:  # a manager directory: steps order it; other checkpoints there are not its own
-        ordered = sorted(stepped, key=lambda e: e.step)
+    committed = [e for e in entries if e.state == "committed"]
+    stepped = {e.step: e for e in committed if e.step is not None}
+    policy: PreservationPolicy = LatestN(max_to_keep)
+    if stepped:
+        by_step = stepped
+        if keep_period is not None:
+            policy = AnyPreservationPolicy((policy, EveryNSteps(keep_period)))
     else:
+        if keep_period is not None:
+            raise ValueError("--keep-period needs a directory of step_<N> checkpoints")
         ordered = sorted(committed, key=lambda e: (e.index.created, e.name))
-    return ordered[: max(0, len(ordered) - max_to_keep)]
+        by_step = dict(enumerate(ordered))
+    records = [StepRecord(step, _time(e), e.metrics or None) for step, e in by_step.items()]
+    return [by_step[s] for s in steps_to_delete(records, policy)]
 
 
 def _old(t: float | None, now: float, min_age: float) -> bool:
@@ -50,7 +73,8 @@ def _old(t: float | None, now: float, min_age: float) -> bool:
     return now - t >= min_age
 
 
-def plan(storage: Storage, path: str, max_to_keep: int | None, min_age: float) -> Plan:
+def plan(storage: Storage, path: str, max_to_keep: int | None, min_age: float,
+         keep_period: int | None = None) -> Plan:
     """Decides what to remove under ``path`` (reads only)."""
     entries = scan(storage, path)
     now = time.time()
@@ -58,7 +82,7 @@ def plan(storage: Storage, path: str, max_to_keep: int | None, min_age: float) -
                  if e.state == "partial" and _old(modified(storage, e.path), now, min_age)]
     find = getattr(storage, "incomplete_uploads", None)
     uploads = [u for u in (find(path) if find else []) if _old(u[2], now, min_age)]
-    return Plan(expired(entries, max_to_keep), leftovers, uploads)
+    return Plan(expired(entries, max_to_keep, keep_period), leftovers, uploads)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,6 +92,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dir", metavar="DIR", help="directory of checkpoints (or URL)")
     p.add_argument("--max-to-keep", type=int, metavar="N",
                    help="keep the N newest committed checkpoints (default: keep all)")
+    p.add_argument("--keep-period", type=int, metavar="P",
+                   help="also keep every step divisible by P (as CheckpointManager's keep_period)")
     p.add_argument("--min-age", type=float, default=DEFAULT_MIN_AGE, metavar="SECONDS",
                    help="only remove leftovers at least this old, so running saves are safe "
                         f"(default {DEFAULT_MIN_AGE:.0f})")
@@ -77,10 +103,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.max_to_keep is not None and args.max_to_keep < 1:
-        raise ValueError("--max-to-keep must be at least 1")
+    for name in ("max_to_keep", "keep_period"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     storage, path = storage_for(args.dir, storage_options(args))
-    todo = plan(storage, path, args.max_to_keep, args.min_age)
+    todo = plan(storage, path, args.max_to_keep, args.min_age, args.keep_period)
     verb = "would delete" if args.dry_run else "deleted"
     for e in todo.expired:
         if not args.dry_run:

@@ -77,6 +77,7 @@ def read_safetensors(src: str) -> tuple[dict[str, Any], dict[str, str]]:
 def read_dcp(src: str) -> dict[str, Any]:
     """The full state of a DCP checkpoint directory, read without a process group."""
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint._traverse import set_element
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
@@ -98,6 +99,12 @@ def read_dcp(src: str) -> dict[str, Any]:
                          no_dist=True)
     except UnpicklingError as e:
         raise ValueError(f"{src}: a DCP value holds arbitrary Python objects ({e})") from None
+    except CheckpointException as e:  # DCP wraps the failures of its reads in this
+        failures = getattr(e, "failures", {}) or {}
+        first = next(iter(failures.values()), (e,))  # (exception, traceback summary) per rank
+        cause = first[0] if isinstance(first, tuple) else first
+        raise ValueError(f"{src}: DCP could not read the checkpoint ({type(cause).__name__}: "
+                         f"{cause})") from None
     return state
 
 

@@ -1,52 +1,46 @@
-"""Communication between the ranks of a save or load (the only layer that may touch
-torch.distributed). This file holds the seam the engine uses and its single-process
-implementation; the torch.distributed implementations live beside it.
+"""Talking to the other ranks: the only package that touches torch.distributed.
+
+``get_comm()`` picks the implementation: ``TorchComm`` over a process group when
+torch.distributed is initialised with more than one rank (or a group is passed), and
+``SingleProcessComm`` otherwise, so world size 1 needs no process group at all.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
+
+from .base import Comm, SingleProcess, SingleProcessComm
+from .channel import Channel, LocalChannel
 
 
-@runtime_checkable
-class Comm(Protocol):
-    """Collectives the save/load pipeline needs, over plain (JSON-like) Python values.
-
-    Attributes:
-        rank: This process's rank in the group.
-        world_size: Number of ranks.
-    """
-
-    rank: int
-    world_size: int
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """Returns ``src``'s ``obj`` on every rank."""
-        ...
-
-    def gather(self, obj: Any, dst: int = 0) -> list[Any] | None:
-        """Returns every rank's ``obj`` (in rank order) on ``dst``; None elsewhere."""
-        ...
-
-    def barrier(self) -> None:
-        """Returns once every rank has called it."""
-        ...
+def distributed_active(process_group: Any = None) -> bool:
+    """True when saves and loads must be collective (an initialised group of > 1 rank)."""
+    if process_group is not None:
+        return True
+    try:
+        import torch.distributed as dist
+    except ImportError:  # numpy-only install
+        return False
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-class SingleProcess:
-    """The trivial group of one process: no torch.distributed needed."""
+def get_comm(process_group: Any = None) -> Comm:
+    """The Comm for ``process_group`` (default group when None; single process without one)."""
+    if not distributed_active(process_group):
+        return SingleProcessComm()
+    from .torch_comm import TorchComm  # imports torch.distributed only when it is in use
 
-    rank = 0
-    world_size = 1
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        return obj
-
-    def gather(self, obj: Any, dst: int = 0) -> list[Any] | None:
-        return [obj]
-
-    def barrier(self) -> None:
-        return None
+    return TorchComm(process_group)
 
 
-__all__ = ["Comm", "SingleProcess"]
+def global_rank() -> int:
+    """This process's rank in the default group (0 without torch.distributed)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return 0
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+__all__ = ["Channel", "Comm", "LocalChannel", "SingleProcess", "SingleProcessComm", "distributed_active",
+           "get_comm", "global_rank"]

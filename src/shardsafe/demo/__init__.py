@@ -1,11 +1,19 @@
-"""``shardsafe demo``: crash a training run with SIGKILL, resume it, prove the result is exact.
+"""``shardsafe demo``: crash and preempt a training run, resume it, prove the result is exact.
 
 Modules:
-    train: the demo model, data and training loop (a reusable ``Trainer``).
-    checkpointer: where the loop's periodic checkpoints go (``shardsafe.save``/``load``).
-    worker: one training process (``python -m shardsafe.demo.worker``), reporting JSON events.
-    compare: bit-exact comparison and fingerprints of training states.
-    run: the orchestration (reference run, crashed run, resumed run) and the report.
+    train: the demo model, data and training loop (a reusable ``Trainer`` with a step hook).
+    hook: the step hook that checkpoints through a ``CheckpointManager``.
+    worker: the training script (``python -m shardsafe.demo.worker``), reporting JSON events.
+    events: the parent's view of a worker's events.
+    plan: where the crash and the preemption happen (pure, seeded).
+    process: starting and following one training process, sending it SIGKILL or SIGTERM.
+    run: the orchestration (reference, crash, preemption, resume) and its result.
+    compare: bit-exact comparison, snapshots and fingerprints of training states.
+    report: the text the CLI prints.
+
+``shardsafe demo --nproc N`` (N > 1) runs ``shardsafe.demo.distributed`` instead when it
+is present: ``run_demo(opts: DemoOptions)`` returning a result with ``ok``, and
+``report(result) -> str`` (see ``cli/demo.py``).
 
 Only the public ``shardsafe`` API is used, so the demo doubles as an example.
 """

@@ -64,6 +64,28 @@ def fingerprint(state: Any) -> str:
     return h.hexdigest()
 
 
+def snapshot(state: Any) -> Any:
+    """A frozen copy of a live state: Stateful objects as their ``state_dict()``, tensors cloned.
+
+    Needed to keep a live run's final state while the process goes on: ``RNGState``
+    reads the process-global generators, so a live state compared later would compare
+    whatever the generators hold by then.
+    """
+    if _is_stateful(state):
+        state = state.state_dict()
+    if isinstance(state, torch.Tensor):
+        return state.detach().clone()
+    if isinstance(state, np.ndarray):
+        return state.copy()
+    if isinstance(state, Mapping):
+        return {k: snapshot(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [snapshot(v) for v in state]
+    if isinstance(state, tuple):
+        return tuple(snapshot(v) for v in state)
+    return state
+
+
 def _is_plain(x: Any) -> bool:
     return x is None or isinstance(x, (bool, int, float, str, bytes))
 

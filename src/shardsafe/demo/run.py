@@ -1,41 +1,46 @@
-"""Orchestration of ``shardsafe demo``: reference run, crashed run, resumed run, comparison.
+"""Orchestration of ``shardsafe demo``: reference, crash, preemption, resume, comparison.
 
-Three training processes run one after another (``python -m shardsafe.demo.worker``):
+1. *reference*: this process trains all steps without interruption and keeps a frozen
+   copy of the final state (no checkpoints).
+2. *crashed*: a training process (``python -m shardsafe.demo.worker``) checkpoints
+   through a ``CheckpointManager``; it gets SIGKILL at a seeded step between checkpoints.
+3. *preempted*: a new process restores the newest committed step and trains on; it
+   gets SIGTERM between checkpoints, saves the step it is at, waits for the write and
+   exits 0.
+4. *resumed*: a new process restores exactly that step, trains to the end and saves
+   the final step.
 
-1. *reference*: trains all steps without interruption and saves its final state.
-2. *crashed*: trains with a checkpoint every ``every`` steps; this process sends it
-   SIGKILL once it reports a step chosen at random (seeded) after the first checkpoint
-   and away from checkpoint boundaries.
-3. *resumed*: a new process restores the newest committed checkpoint, trains to the end
-   and saves its final state.
+The final checkpoint must be bit-identical to the reference. Library code does not
+print: ``report.report`` returns the text and the CLI prints it.
 
-The two final states must be bit-identical. Library code does not print: ``report``
-returns the text and the CLI prints it.
+Starting a training process costs seconds of torch start-up on a small machine, so the
+demo starts only three, each one while the previous phase trains (``TrainingProcess``),
+and trains the reference in this process.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import random
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import shardsafe
 
-from .compare import differences, fingerprint
-from .train import TrainConfig
+from .compare import differences, fingerprint, snapshot
+from .events import SaveEvent, WorkerLog
+from .plan import Interruptions, plan_interruptions
+from .process import DemoError, TrainingProcess
+from .train import TrainConfig, Trainer, deterministic_process
 
+__all__ = ["DemoError", "DemoOptions", "DemoResult", "ReferenceRun", "in_demo_directory", "run_demo",
+           "run_reference"]
 
-class DemoError(RuntimeError):
-    """The demo could not run as planned (a worker failed or the options do not fit)."""
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +49,14 @@ class DemoOptions:
 
     Attributes:
         steps: Training steps of the whole run.
-        every: Checkpoint interval in steps.
-        seed: Seeds the job and the crash point.
-        directory: Where checkpoints go; None uses a temporary directory removed at the end.
+        every: Checkpoint interval in steps (``save_interval_steps``).
+        keep: Checkpoints to keep (``max_to_keep``).
+        seed: Seeds the job and the interruption points.
+        directory: The manager directory (new or empty); None uses a temporary directory
+            removed at the end.
+        sync: Save synchronously (``async_save=False``), to compare the stall.
+        nproc: Training processes per run; above 1 the distributed demo
+            (``shardsafe.demo.distributed``) runs instead.
         corrupt_resume: Resume deliberately wrong (forget the RNG state), to show that the
             comparison catches it. For tests.
         timeout_s: Upper bound for each training process.
@@ -54,37 +64,30 @@ class DemoOptions:
 
     steps: int = 300
     every: int = 25
+    keep: int = 3
     seed: int = 0
     directory: str | None = None
+    sync: bool = False
+    nproc: int = 1
     corrupt_resume: bool = False
     timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
-        plan_crash(self.steps, self.every, self.seed)  # raises ValueError when they do not fit
-
-
-@dataclass(frozen=True, slots=True)
-class SaveEvent:
-    """A checkpoint a worker reported."""
-
-    step: int
-    blocked_s: float
-    nbytes: int
+        if self.keep < 1:
+            raise ValueError(f"--keep must be at least 1, got {self.keep}")
+        if self.nproc < 1:
+            raise ValueError(f"--nproc must be at least 1, got {self.nproc}")
+        plan_interruptions(self.steps, self.every, self.seed)  # ValueError when they do not fit
 
 
 @dataclass(slots=True)
-class WorkerLog:
-    """What one training process reported, and how it ended."""
+class ReferenceRun:
+    """The uninterrupted run (trained in this process)."""
 
-    name: str
-    start_step: int = 0
-    resumed_from: int | None = None
-    last_step: int = 0
-    saves: list[SaveEvent] = field(default_factory=list)
-    fingerprint: str | None = None
-    returncode: int | None = None
-    killed: bool = False
-    wall_s: float = 0.0
+    state: Any
+    fingerprint: str
+    steps: int
+    wall_s: float
 
 
 @dataclass(slots=True)
@@ -93,160 +96,157 @@ class DemoResult:
 
     options: DemoOptions
     config: TrainConfig
-    crash_planned: int
-    reference: WorkerLog
+    plan: Interruptions
+    reference: ReferenceRun
     crashed: WorkerLog
+    preempted: WorkerLog
     resumed: WorkerLog
+    kept: list[int]
+    checkpoint_bytes: int
     differences: list[str]
+    wall_s: float = 0.0
 
     @property
     def identical(self) -> bool:
+        """The resumed run's final state equals the reference bit for bit."""
         return not self.differences
 
     @property
-    def saves(self) -> list[SaveEvent]:
-        return self.crashed.saves + self.resumed.saves
+    def problems(self) -> list[str]:
+        """Ways the preemption failed its promise (resume from exactly the saved step)."""
+        pre, res = self.preempted, self.resumed
+        out = []
+        if res.resumed_from != pre.preempted_step:
+            out.append(f"the preempted process saved step {pre.preempted_step}, but the next "
+                       f"process resumed from step {res.resumed_from}")
+        if pre.last_step != pre.preempted_step:
+            out.append(f"the preempted process trained to step {pre.last_step} but saved "
+                       f"step {pre.preempted_step}")
+        return out
 
     @property
-    def steps_lost(self) -> int:
-        """Steps the crashed process completed after its last checkpoint (run again)."""
-        return self.crashed.last_step - (self.resumed.resumed_from or 0)
+    def ok(self) -> bool:
+        """Identical, and the preemption lost nothing."""
+        return self.identical and not self.problems
+
+    @property
+    def workers(self) -> tuple[WorkerLog, WorkerLog, WorkerLog]:
+        return self.crashed, self.preempted, self.resumed
+
+    @property
+    def saves(self) -> list[SaveEvent]:
+        return [s for w in self.workers for s in w.saves]
+
+    @property
+    def steps_lost_to_crash(self) -> int:
+        """Steps the crashed process completed after its newest committed checkpoint."""
+        return self.crashed.last_step - (self.preempted.resumed_from or 0)
+
+    @property
+    def steps_lost_to_preemption(self) -> int:
+        """Steps the preempted process completed that the resumed process trains again."""
+        return self.preempted.last_step - (self.resumed.resumed_from or 0)
 
 
-def plan_crash(steps: int, every: int, seed: int) -> int:
-    """The step after which the crashed run is killed: seeded, after the first checkpoint,
-    in the middle half of a checkpoint interval (so the kill lands between checkpoints even
-    if the process runs on for a few steps before the signal arrives).
-
-    Raises:
-        ValueError: ``steps`` and ``every`` leave no such step.
-    """
-    if every < 4:
-        raise ValueError(f"--every must be at least 4 so a crash can land between checkpoints, "
-                         f"got {every}")
-    lo, hi = every // 4, every - every // 4
-    candidates = [s for s in range(every + 1, steps - every // 4) if lo <= s % every <= hi]
-    if not candidates:
-        raise ValueError(f"--steps {steps} leaves no room for a crash after the first checkpoint "
-                         f"(every {every} steps); use at least {2 * every} steps")
-    return random.Random(seed).choice(candidates)
-
-
-def _worker_env() -> dict[str, str]:
-    # the worker must import this very shardsafe, also when it is not installed
-    env = dict(os.environ)
-    src = os.path.dirname(os.path.dirname(os.path.abspath(shardsafe.__file__)))
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
-
-
-def _handle(log: WorkerLog, ev: dict[str, Any]) -> None:
-    kind = ev.get("event")
-    if kind == "start":
-        log.start_step = log.last_step = int(ev["step"])
-        log.resumed_from = ev.get("resumed_from")
-    elif kind == "step":
-        log.last_step = int(ev["step"])
-    elif kind == "save":
-        log.saves.append(SaveEvent(int(ev["step"]), float(ev["blocked_s"]), int(ev["nbytes"])))
-    elif kind == "done":
-        log.fingerprint = str(ev["fingerprint"])
-
-
-def run_worker(name: str, args: list[str], *, timeout_s: float,
-               kill_at: int | None = None) -> WorkerLog:
-    """Runs one worker, following its events; SIGKILLs it once it reports step ``kill_at``.
-
-    Raises:
-        DemoError: The worker failed, timed out, or finished before it could be killed.
-    """
-    log = WorkerLog(name)
+def run_reference(cfg: TrainConfig) -> ReferenceRun:
+    """Trains ``cfg`` without interruption in this process; keeps a copy of the final state."""
+    deterministic_process()
     start = time.perf_counter()
-    with tempfile.TemporaryFile(mode="w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "shardsafe.demo.worker", *args],
-                                stdout=subprocess.PIPE, stderr=err, text=True, env=_worker_env())
-        watchdog = threading.Timer(timeout_s, proc.kill)
-        watchdog.start()
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue  # stray output of a library; events are JSON lines
-                _handle(log, ev)
-                if kill_at is not None and not log.killed and log.last_step >= kill_at:
-                    os.kill(proc.pid, signal.SIGKILL)
-                    log.killed = True
-            log.returncode = proc.wait()
-        finally:
-            watchdog.cancel()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        log.wall_s = time.perf_counter() - start
-        err.seek(0)
-        stderr = err.read()
-    if log.killed and log.returncode == -signal.SIGKILL:
-        return log
-    if log.returncode != 0:
-        why = "timed out" if time.perf_counter() - start >= timeout_s else \
-            f"exited with {log.returncode}"
-        raise DemoError(f"{name} training process {why}:\n{stderr[-3000:]}")
-    if kill_at is not None:
-        raise DemoError(f"the {name} process finished before it could be killed at step {kill_at}")
-    return log
+    trainer = Trainer(cfg)
+    trainer.run(cfg.steps)
+    return ReferenceRun(snapshot(trainer.state), fingerprint(trainer.state), trainer.step,
+                        time.perf_counter() - start)
 
 
-def _compare(ref_path: str, res_path: str, ref: WorkerLog, res: WorkerLog) -> list[str]:
-    ref_state, res_state = shardsafe.load(ref_path), shardsafe.load(res_path)
-    diffs = differences(ref_state, res_state)
-    # the fingerprints were taken from the live objects inside the workers: they also
-    # check that each saved final state round-trips exactly
-    for log, state in ((ref, ref_state), (res, res_state)):
-        if fingerprint(state) != log.fingerprint:
-            diffs.append(f"<{log.name}>: its checkpoint differs from its live state")
+def step_path(directory: str, step: int) -> str:
+    """Where a manager keeps ``step`` (the layout documented in the README)."""
+    return os.path.join(directory, f"step_{step:08d}")
+
+
+def directory_size(path: str) -> int:
+    """Total size in bytes of the files under ``path``."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total
+
+
+def _compare(directory: str, ref: ReferenceRun, res: WorkerLog) -> list[str]:
+    final = shardsafe.load(step_path(directory, ref.steps))
+    diffs = differences(ref.state, final)
+    # the resumed worker fingerprinted its live final state: this also checks that the
+    # final checkpoint round-trips exactly
+    if fingerprint(final) != res.fingerprint:
+        diffs.append("<resumed>: its final checkpoint differs from its live state")
     if not diffs and ref.fingerprint != res.fingerprint:
         diffs.append("<fingerprint>: the final states hash differently")
     return diffs
 
 
+def _phases(directory: str, opts: DemoOptions, plan: Interruptions, cfg: TrainConfig,
+            started: list[TrainingProcess]) -> tuple[ReferenceRun, WorkerLog, WorkerLog, WorkerLog]:
+    args = ["--dir", directory, "--steps", str(opts.steps), "--every", str(opts.every),
+            "--keep", str(opts.keep), "--seed", str(opts.seed), *(["--sync"] if opts.sync else [])]
+
+    def start(name: str, extra: tuple[str, ...] = ()) -> TrainingProcess:
+        started.append(TrainingProcess(name, [*args, *extra], opts.timeout_s))
+        return started[-1]
+
+    crashed = start("crashed")
+    reference = run_reference(cfg)  # while the first process starts up
+    crashed.go()
+    preempted = start("preempted")  # starts up while the first one trains
+    crashed_log = crashed.follow((plan.crash_at, signal.SIGKILL))
+    preempted.go()
+    resumed = start("resumed", ("--forget-rng",) if opts.corrupt_resume else ())
+    # (if the crash came before any save had committed, that process started from step 0)
+    preempted_log = preempted.follow((plan.preempt_at, signal.SIGTERM))
+    resumed.go()
+    return reference, crashed_log, preempted_log, resumed.follow()
+
+
 def _run_in(directory: str, opts: DemoOptions) -> DemoResult:
-    crash_at = plan_crash(opts.steps, opts.every, opts.seed)
-    ckpts = os.path.join(directory, "checkpoints")
-    ref_final = os.path.join(directory, "final-reference")
-    res_final = os.path.join(directory, "final-resumed")
-    common = ["--steps", str(opts.steps), "--seed", str(opts.seed)]
-    reference = run_worker("reference", [*common, "--dir", os.path.join(directory, "reference"),
-                                         "--final", ref_final], timeout_s=opts.timeout_s)
-    crashed = run_worker("crashed", [*common, "--dir", ckpts, "--every", str(opts.every)],
-                         timeout_s=opts.timeout_s, kill_at=crash_at)
-    extra = ["--forget-rng"] if opts.corrupt_resume else []
-    resumed = run_worker("resumed", [*common, "--dir", ckpts, "--every", str(opts.every),
-                                     "--resume", "--final", res_final, *extra],
-                         timeout_s=opts.timeout_s)
-    if resumed.resumed_from is None:
-        raise DemoError("the resumed process found no committed checkpoint")
-    diffs = _compare(ref_final, res_final, reference, resumed)
-    return DemoResult(opts, TrainConfig(steps=opts.steps, seed=opts.seed), crash_at, reference,
-                      crashed, resumed, diffs)
+    t0 = time.perf_counter()
+    plan = plan_interruptions(opts.steps, opts.every, opts.seed)
+    cfg = TrainConfig(steps=opts.steps, seed=opts.seed)
+    started: list[TrainingProcess] = []
+    try:
+        reference, crashed, preempted, resumed = _phases(directory, opts, plan, cfg, started)
+    finally:
+        for p in started:  # after a failure, no process may outlive the demo
+            p.stop()
+    with shardsafe.CheckpointManager(directory, read_only=True) as listing:
+        kept = listing.all_steps()
+    diffs = _compare(directory, reference, resumed)
+    return DemoResult(opts, cfg, plan, reference, crashed, preempted, resumed, kept,
+                      directory_size(step_path(directory, opts.steps)), diffs,
+                      time.perf_counter() - t0)
 
 
-def run_demo(opts: DemoOptions) -> DemoResult:
-    """Runs the whole demo.
+def in_demo_directory(opts: DemoOptions, run: Callable[[str, DemoOptions], R]) -> R:
+    """Calls ``run(directory, opts)`` in ``--dir`` (new or empty) or in a temporary
+    directory that is removed afterwards.
 
     Raises:
-        DemoError: A training process failed.
         ValueError: ``opts.directory`` exists and is not empty.
     """
     if opts.directory is None:
         directory = tempfile.mkdtemp(prefix="shardsafe-demo-")
         try:
-            return _run_in(directory, opts)
+            return run(directory, opts)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
     if os.path.exists(opts.directory) and os.listdir(opts.directory):
         raise ValueError(f"--dir {opts.directory!r} is not empty; give a new or empty directory")
     os.makedirs(opts.directory, exist_ok=True)
-    return _run_in(opts.directory, opts)
+    return run(opts.directory, opts)
+
+
+def run_demo(opts: DemoOptions) -> DemoResult:
+    """Runs the whole single-process demo.
+
+    Raises:
+        DemoError: A training process failed.
+        ValueError: ``opts.directory`` exists and is not empty.
+    """
+    return in_demo_directory(opts, _run_in)

@@ -4,12 +4,13 @@ Everything that influences the result lives in ``Trainer.state`` (model, optimiz
 scheduler, data loader position, every RNG, the step counter and a running digest of
 the batches trained on), so saving that one mapping is enough to resume exactly.
 The loop knows nothing about checkpoints: after each step it calls a hook, which is
-where a checkpointer (or later a ``CheckpointManager``) saves.
+where ``hook.CheckpointHook`` asks a ``CheckpointManager`` to save.
 """
 
 from __future__ import annotations
 
 import random
+import warnings
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,17 @@ import shardsafe
 
 StepHook = Callable[[int, dict[str, Any]], bool]
 """Called after every step with ``(step, state)``; returning True stops the loop early."""
+
+
+def deterministic_process() -> None:
+    """Makes this process compute exactly like every other process of the demo.
+
+    One intra-op thread: a matmul split over a different number of threads may sum in a
+    different order, and the reference run must be comparable bit for bit (the machine
+    is shared anyway). Also silences a torchdata warning printed on every iterator.
+    """
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message=".*set_vital.*")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,13 +1,20 @@
 """One training process of the demo: ``python -m shardsafe.demo.worker [options]``.
 
-It restores the newest checkpoint under ``--dir`` when asked, trains to ``--steps``
-with a checkpoint every ``--every`` steps, saves its final state to ``--final``, and
-reports progress as one JSON object per line on stdout (the parent reads them live to
-decide when to SIGKILL it):
+This is the training script a user would write: it opens a ``CheckpointManager`` on
+``--dir`` (a checkpoint every ``--every`` steps, the newest ``--keep`` kept, async saves,
+SIGTERM as the preemption signal), restores the newest committed step if there is one,
+and trains to ``--steps``. The demo runs it three times: one run is killed with
+SIGKILL, the next is preempted with SIGTERM (it saves the step it is at, waits for the
+write and exits 0), the last one finishes and saves the final step.
+
+It reports progress as one JSON object per line on stdout (the parent reads them live
+to decide when to send its signals):
 
     {"event": "start", "step": 0, "resumed_from": null, "pid": 123}
     {"event": "step", "step": 1}
-    {"event": "save", "step": 25, "blocked_s": 0.004, "nbytes": 1234567}
+    {"event": "save", "step": 25, "stall_s": 0.0009, "reason": "schedule"}
+    {"event": "durable", "step": 25, "after_s": 0.012}
+    {"event": "preempted", "step": 262, "signal": "SIGTERM", "wait_s": 0.01}
     {"event": "done", "step": 300, "fingerprint": "<sha256 of the final state>"}
 """
 
@@ -16,8 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,51 +32,58 @@ import torch
 
 import shardsafe
 
-from .checkpointer import StepCheckpointer
 from .compare import fingerprint
-from .train import TrainConfig, Trainer
+from .hook import CheckpointHook, CommitClock
+from .train import TrainConfig, Trainer, deterministic_process
 
 
 def _emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
+    # one write per line: the manager's thread never prints, but keep lines whole anyway
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m shardsafe.demo.worker")
-    p.add_argument("--dir", required=True, help="directory of the step checkpoints")
+    p.add_argument("--dir", required=True, help="the CheckpointManager directory")
     p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--every", type=int, default=0, help="checkpoint interval (0: none)")
+    p.add_argument("--every", type=int, required=True, help="checkpoint interval in steps")
+    p.add_argument("--keep", type=int, default=None, help="max_to_keep (default: keep all)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action="store_true", help="start from the newest checkpoint")
-    p.add_argument("--final", help="save the final state here")
+    p.add_argument("--sync", action="store_true", help="save synchronously (async_save=False)")
+    p.add_argument("--wait-for-go", action="store_true",
+                   help="start up, then wait for a line 'go' on stdin before opening --dir "
+                        "(the demo starts the next process while the current one trains)")
     p.add_argument("--forget-rng", action="store_true",
                    help="after restoring, reseed torch's RNG (a deliberately wrong resume)")
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs one training process; returns its exit code."""
+    """Runs one training process; returns its exit code (0 also after a preemption)."""
     args = parse_args(argv)
-    # torchdata's StatefulDataLoader warns about a deprecated torch call on every iterator
-    warnings.filterwarnings("ignore", message=".*set_vital.*")
-    torch.set_num_threads(1)  # same arithmetic in every process; the machine is shared
+    deterministic_process()
+    clock = CommitClock.install()
     trainer = Trainer(TrainConfig(steps=args.steps, seed=args.seed))
-    ckpt = StepCheckpointer(args.dir, args.every)
-    resumed_from = ckpt.restore(trainer.state) if args.resume else None
-    if args.forget_rng:
-        torch.manual_seed(12345)
-    _emit("start", step=trainer.step, resumed_from=resumed_from, pid=os.getpid())
-
-    def on_step(step: int, state: dict[str, Any]) -> bool:
-        _emit("step", step=step)
-        rec = ckpt.maybe_save(step, state)
-        if rec is not None:
-            _emit("save", step=rec.step, blocked_s=rec.blocked_s, nbytes=rec.nbytes)
-        return False
-
-    trainer.run(args.steps, on_step)
-    if args.final:
-        shardsafe.save(trainer.state, args.final)
+    # the manager removes leftovers of unfinished saves when it opens the directory, so a
+    # process started early must not open it while the previous process still writes
+    if args.wait_for_go and sys.stdin.readline().strip() != "go":
+        return 1
+    with shardsafe.CheckpointManager(args.dir, save_interval_steps=args.every,
+                                     max_to_keep=args.keep, async_save=not args.sync,
+                                     preemption_signals=(signal.SIGTERM,)) as mgr:
+        resumed_from = mgr.restore(trainer.state)  # the newest committed step, or None
+        if args.forget_rng:
+            torch.manual_seed(12345)
+        _emit("start", step=trainer.step, resumed_from=resumed_from, pid=os.getpid())
+        hook = CheckpointHook(mgr, _emit, clock)
+        step = trainer.run(args.steps, hook)
+        if hook.preempted_at is not None:
+            # the step is saved (or being written): wait until it is durable, then exit 0
+            waited = hook.wait()
+            _emit("preempted", step=hook.preempted_at, signal="SIGTERM", wait_s=waited)
+            return 0
+        hook.finish(step, trainer.state)
     _emit("done", step=trainer.step, fingerprint=fingerprint(trainer.state))
     return 0
 

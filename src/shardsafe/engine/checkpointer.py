@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..comm import Comm
+from ..comm import Comm, get_comm
 from ..errors import CheckpointError
 from ..storage.local import io_threads
 from . import cuda, pipeline
@@ -76,7 +76,8 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ public
     def save(self, state: Mapping[str, Any], path: str, *, overwrite: bool = False,
-             metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None) -> None:
+             metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
+             process_group: Any = None, timeout: float | None = None) -> None:
         """Saves ``state`` and returns once the checkpoint is committed and durable.
 
         Waits for an async save still in flight first (and raises its error if it failed
@@ -86,12 +87,14 @@ class Checkpointer:
             self._check_open()
             self._wait_previous()
             prep = pipeline.prepare(state, path, overwrite=overwrite, metadata=metadata,
-                                    storage_options=storage_options, comm=self.comm)
+                                    storage_options=storage_options,
+                                    comm=self._comm(process_group), timeout=timeout)
             self._save_streamed(prep)
 
     def async_save(self, state: Mapping[str, Any], path: str, *, staging: str = "blocking",
                    overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
-                   storage_options: dict | None = None) -> SaveHandle:
+                   storage_options: dict | None = None, process_group: Any = None,
+                   timeout: float | None = None) -> SaveHandle:
         """Starts saving ``state``; checksums, writes and commit run in the background.
 
         Args:
@@ -104,6 +107,8 @@ class Checkpointer:
             overwrite: Replace an existing committed checkpoint.
             metadata: JSON-serialisable user metadata.
             storage_options: Passed to fsspec for URLs.
+            process_group: As for ``shardsafe.save``: the group of a collective save.
+            timeout: As for ``shardsafe.save``: how long ranks wait for each other.
 
         Returns:
             A SaveHandle; ``result()`` waits for the commit and re-raises any failure.
@@ -119,7 +124,8 @@ class Checkpointer:
             self._check_open()
             self._wait_previous()
             prep = pipeline.prepare(state, path, overwrite=overwrite, metadata=metadata,
-                                    storage_options=storage_options, comm=self.comm)
+                                    storage_options=storage_options,
+                                    comm=self._comm(process_group), timeout=timeout)
             handle = SaveHandle(path, prep.nbytes)
             sizes = [p.layout.size for p in prep.plans]
             if staging == "background":
@@ -144,6 +150,8 @@ class Checkpointer:
             if self._thread is not None:
                 self._thread.join()
                 self._thread = None
+            else:  # no writer thread to abort: tell the other ranks ourselves
+                pipeline.abort(prep, e)
             handle._mark_collected()  # the caller gets it right here
             self._inflight = None
             raise
@@ -181,6 +189,10 @@ class Checkpointer:
         self.close()
 
     # ------------------------------------------------------------------ internals
+    def _comm(self, process_group: Any) -> Comm | None:
+        """The group of one save: ``process_group`` if given, else this Checkpointer's."""
+        return get_comm(process_group) if process_group is not None else self.comm
+
     def _check_open(self) -> None:
         if self._closed:
             raise CheckpointError("this Checkpointer is closed")
@@ -246,10 +258,10 @@ class Checkpointer:
                     fw.start()
             sums = [fw.finish() for fw in writes]
             pipeline.commit_save(prep, sums)
-        except BaseException:
+        except BaseException as e:
             for fw in writes:
                 fw.cancel()
-            pipeline.abort(prep)
+            pipeline.abort(prep, e)
             raise
         finally:
             for b in scratch:
@@ -282,7 +294,7 @@ def _background(prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, stage: 
     except BaseException as e:  # noqa: BLE001
         for fw in writes:
             fw.cancel()
-        pipeline.abort(prep)
+        pipeline.abort(prep, e)
         handle._set_done(e)
         log.debug("async save to %s failed: %s", handle.path, e)
         return

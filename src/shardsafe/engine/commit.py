@@ -43,6 +43,11 @@ def read_index(storage: Storage, path: str) -> Index:
         CheckpointNotFoundError: ``path`` holds no committed checkpoint.
         CorruptCheckpointError: the index is damaged or a data file is truncated.
     """
+    return read_index_bytes(storage, path)[1]
+
+
+def read_index_bytes(storage: Storage, path: str) -> tuple[bytes, Index]:
+    """``read_index``, also returning the index bytes (a collective load broadcasts them)."""
     index_path = storage.join(path, INDEX_NAME)
     try:
         # size first: a forged multi-GB index must not be read into memory to be refused
@@ -64,7 +69,7 @@ def read_index(storage: Storage, path: str) -> Index:
             raise CorruptCheckpointError(f"data file has {size} bytes, index says {f.size} "
                                          f"(truncated? a symlink?)", file=f.name,
                                          key=_first_key_beyond(index, f.name, size))
-    return index
+    return data, index
 
 
 def _first_key_beyond(index: Index, file: str, size: int) -> str | None:

@@ -7,9 +7,11 @@
     (d) write     checksum + write every unit, fsync each file      (I/O pool)
     (e) commit    gather chunk entries; the coordinator publishes the index
 
-Collectives go through a ``comm.Comm`` (``SingleProcess`` for world size 1), the seam
-where distributed saves plug in: phase (b) asks ``assign`` which items this rank
-writes, phase (e) gathers every rank's chunk entries on rank 0.
+Collectives go through a ``comm.Comm`` (``SingleProcess`` for world size 1). With
+more than one rank, ``engine.collective`` supplies phase (b) (a planning collective on
+the caller's thread: who writes what, the transaction token) and the store-only
+begin/commit/abort that may run on a background thread (a two-phase commit with a
+bounded ``timeout``).
 """
 
 from __future__ import annotations
@@ -17,19 +19,19 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .._version import __version__
-from ..comm import Comm, SingleProcess
-from ..errors import CheckpointError
+from ..comm import Channel, Comm, get_comm
 from ..format import index as fmt
 from ..format.tree import Node
 from ..plan.flatten import TensorItem, flatten
 from ..plan.layout import FilePlan, data_file_name, plan_file
+from ..plan.sharding import localize
 from ..storage import Storage, storage_for
-from . import commit
+from . import collective, commit
 from .units import item_nbytes, item_shape
 
 log = logging.getLogger("shardsafe")
@@ -37,15 +39,6 @@ log = logging.getLogger("shardsafe")
 BLOCK_SIZE = 16 << 20  # checksum block: partial (resharded) reads verify whole blocks
 UNIT_SIZE = 16 << 20  # write/staging unit: big enough for full-speed direct I/O, small
 #                       enough that writes start while later units are still staged
-
-#: Chooses the items this rank writes (phase b). World size 1: all of them.
-Assign = Callable[[Sequence[TensorItem], Comm], list[TensorItem]]
-
-
-def write_all(items: Sequence[TensorItem], comm: Comm) -> list[TensorItem]:
-    """The single-process assignment: this rank writes every item."""
-    return list(items)
-
 
 @dataclass(slots=True)
 class PreparedSave:
@@ -59,6 +52,9 @@ class PreparedSave:
         plans: The data files this rank writes.
         metadata: User metadata for the index.
         comm: The group of ranks taking part.
+        channel: Store channel of this save (None for world size 1).
+        timeout: Seconds a rank waits for the others (collective saves).
+        reported: This rank has told rank 0 how its part went (collective saves).
     """
 
     storage: Storage
@@ -68,6 +64,9 @@ class PreparedSave:
     plans: list[FilePlan]
     metadata: dict[str, Any]
     comm: Comm
+    channel: Channel | None = None
+    timeout: float = 0.0
+    reported: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -80,31 +79,45 @@ class PreparedSave:
 
 def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
             metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
-            comm: Comm | None = None, assign: Assign = write_all) -> PreparedSave:
+            comm: Comm | None = None, timeout: float | None = None) -> PreparedSave:
     """Phases (a) and (b): flattens ``state`` and plans the save; writes nothing.
+
+    With ``comm`` of more than one rank (default: the initialised torch.distributed
+    world, if any) this is a collective call: every rank must make it.
 
     Raises:
         TypeError: a value cannot be saved (the message names its key path).
-        CheckpointError: the path holds something that must not be overwritten.
+        CheckpointError: the path holds something that must not be overwritten, or
+            (collective saves) another rank failed to prepare.
     """
-    comm = comm or SingleProcess()
+    comm = comm or get_comm()
     storage, spath = storage_for(path, storage_options)
-    tree, items = flatten(state)
     md = dict(metadata or {})
-    fmt.encode_index(fmt.Index(tree={"t": "dict", "k": [], "v": []}, tensors=(), files=(),
-                               block_size=BLOCK_SIZE, metadata=md))  # metadata must be JSON
-    token = comm.broadcast(uuid.uuid4().hex[:16] if comm.rank == 0 else None)
-    txn = commit.plan_transaction(storage, spath, overwrite=overwrite, token=token)
-    mine = assign(items, comm)
-    plans = [plan_file(data_file_name(comm.rank), mine)]
+
+    def check_metadata() -> None:  # raises TypeError/ValueError unless it is JSON
+        fmt.encode_index(fmt.Index(tree={"t": "dict", "k": [], "v": []}, tensors=(), files=(),
+                                   block_size=BLOCK_SIZE, metadata=md))
+
+    if comm.world_size > 1:
+        p = collective.plan_collective(state, storage, spath, comm, overwrite=overwrite,
+                                       check_metadata=check_metadata)
+        wait = collective.default_timeout() if timeout is None else float(timeout)
+        return PreparedSave(storage, p.txn, p.tree, p.items, [plan_file(data_file_name(comm.rank), p.mine)],
+                            md, comm, comm.channel(p.token), wait)
+    tree, items = flatten(state)
+    localize(items, comm.group_rank)  # DTensors on a one-rank mesh: their local tensor
+    check_metadata()
+    txn = commit.plan_transaction(storage, spath, overwrite=overwrite, token=uuid.uuid4().hex[:16])
+    plans = [plan_file(data_file_name(comm.rank), items)]
     return PreparedSave(storage, txn, tree, items, plans, md, comm)
 
 
 def begin(prep: PreparedSave) -> None:
     """Creates the working directory (coordinator) before any rank writes into it."""
-    if prep.comm.rank == 0:
+    if prep.channel is not None:
+        collective.begin(prep)
+    else:
         commit.begin(prep.txn)
-    prep.comm.barrier()
 
 
 def build_index(prep: PreparedSave, parts: Sequence[tuple[dict[int, list[fmt.ChunkEntry]],
@@ -146,31 +159,30 @@ def local_entries(prep: PreparedSave, sums: Sequence[list[list[int]]]
 
 
 def commit_save(prep: PreparedSave, sums: Sequence[list[list[int]]]) -> None:
-    """Phase (e): gathers every rank's entries; the coordinator publishes the index.
+    """Phase (e): the coordinator publishes the index once every rank's files are durable.
+
+    Collective saves use the store-only two-phase commit of ``engine.collective``
+    (safe on a background thread).
 
     Raises:
-        CheckpointError: the coordinator failed to commit (on every rank).
+        CheckpointError: the commit failed (collective saves: on every rank).
+        CheckpointTimeoutError: another rank did not answer within the timeout.
     """
-    parts = prep.comm.gather(local_entries(prep, sums))
-    failure: str | None = None
-    if prep.comm.rank == 0:
-        try:
-            commit.finish(prep.txn, build_index(prep, parts or []))
-        except (OSError, CheckpointError) as e:
-            failure = f"{type(e).__name__}: {e}"
-            prep.comm.broadcast(failure)
-            raise
-    failure = prep.comm.broadcast(failure)
-    if failure is not None:
-        raise CheckpointError(f"the coordinator failed to commit {prep.txn.final!r}: {failure}")
+    if prep.channel is None:
+        commit.finish(prep.txn, build_index(prep, [local_entries(prep, sums)]))
+        return
+    collective.commit_save(prep, collective.encode_entries(*local_entries(prep, sums)), build_index)
 
 
-def abort(prep: PreparedSave) -> None:
+def abort(prep: PreparedSave, error: BaseException | None = None) -> None:
     """Removes what a failed save wrote (never a committed checkpoint); logs cleanup errors.
 
     Called while another error propagates, so a failure to clean up is logged rather
-    than raised over the error that matters.
+    than raised over the error that matters. In a collective save it also tells the
+    other ranks (``error`` says why), so nothing commits and nobody waits for this rank.
     """
+    if prep.channel is not None:
+        collective.abort(prep, error)
     if prep.comm.rank != 0:
         return
     try:

@@ -6,6 +6,12 @@ background thread), then retention runs on that thread after the commit. ``resto
 loads the newest step that verifies. Every decision about which steps exist goes through
 ``steps.StepDirectory`` and therefore through ``engine.commit.is_committed``.
 
+Under torch.distributed every rank creates the manager and makes the same calls. Saves
+and restores are collective; the ranks agree (a tiny all-reduce on the caller's thread)
+on decisions that could differ between them: a time-based interval, a preemption signal
+that reached only some ranks, a step that fails verification on one rank only. Rank 0
+alone deletes (retention, ``delete``, leftovers, setting corrupt steps aside).
+
 Threads: the caller's thread runs ``save``/``restore``/...; one worker thread per manager
 waits for each save to commit and then applies retention. At most one save is in flight:
 a new save first waits for the previous one and raises its error, so no background error
@@ -24,6 +30,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
+from ..comm import get_comm
+from ..comm.channel import announce, receive
+from ..engine.collective import default_timeout
 from ..engine.checkpointer import Checkpointer
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from ..storage import storage_for
@@ -42,6 +51,11 @@ class _Inflight:
     def __init__(self) -> None:
         self.future: Future | None = None
         self.step: int | None = None
+
+
+def _agree_worst(outcome: int) -> int:
+    """The worst restore outcome over all ranks (each rank verifies only what it reads)."""
+    return get_comm().allreduce_max([outcome])[0]
 
 
 def _report_uncollected(slot: _Inflight) -> None:
@@ -85,6 +99,8 @@ class CheckpointManager:
         self._inflight = _Inflight()
         self._last_started: int | None = None
         self._saved_after_signal = False
+        self._peer_preempted = False  # another rank received a preemption signal
+        self._saves_started = 0
         self._closed = False
         self._worker: ThreadPoolExecutor | None = None
         self._saver: Checkpointer | None = None
@@ -93,7 +109,8 @@ class CheckpointManager:
         try:
             if not self._opts.read_only:
                 storage.makedirs(spath)
-                self._dir.remove_leftovers()
+                if get_comm().rank == 0:  # the others would race it over the same files
+                    self._dir.remove_leftovers()
                 self._worker = ThreadPoolExecutor(1, thread_name_prefix="shardsafe-manager")
                 self._saver = Checkpointer()  # keeps its staging buffers from one save to the next
             self._last_save_time = self._initial_save_time()
@@ -211,7 +228,24 @@ class CheckpointManager:
             return now
 
     def _preempted(self) -> bool:
-        return self._watcher.received is not None
+        return self._watcher.received is not None or self._peer_preempted
+
+    def _due(self, step: int) -> bool:
+        """Is ``step`` due? With several ranks, all of them agree on the answer.
+
+        Step-based triggers give every rank the same answer; a time interval and a
+        preemption signal may not, so then the ranks take the maximum of their flags
+        (one tiny all-reduce per call): if any rank is due, every rank saves.
+        """
+        scheduled = self._scheduled(step)
+        comm = get_comm()
+        if comm.world_size > 1 and (self._opts.save_interval_seconds is not None
+                                    or self._opts.preemption_signals):
+            flags = comm.allreduce_max([int(scheduled), int(self._preempted())])
+            scheduled = bool(flags[0])
+            if flags[1] and not self._preempted():
+                self._peer_preempted = True
+        return self._due_by_preemption() or scheduled
 
     def _due_by_preemption(self) -> bool:
         """A signal arrived and no save has started since (one save answers one signal)."""
@@ -233,7 +267,7 @@ class CheckpointManager:
         """
         if self._opts.read_only or self._closed:
             return False
-        if not (self._due_by_preemption() or self._scheduled(step)):
+        if not self._due(step):
             return False
         latest = self._latest_known()
         return latest is None or step > latest
@@ -260,7 +294,7 @@ class CheckpointManager:
         self._check_writable("save")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
-        if not force and not (self._due_by_preemption() or self._scheduled(step)):
+        if not force and not self._due(step):
             return False
         encode_metrics(metrics)  # fail on bad metrics before waiting or writing anything
         self.wait_until_finished()
@@ -285,22 +319,46 @@ class CheckpointManager:
         self._last_started, self._last_save_time = step, now
         self._saved_after_signal = self._preempted()
         self._inflight.step = step
-        self._inflight.future = self._worker.submit(self._after_save, step, url, job)
+        self._saves_started += 1  # the same count on every rank: names the save's store keys
+        self._inflight.future = self._worker.submit(self._after_save, step, url, job,
+                                                    self._saves_started)
         return True
 
-    def _after_save(self, step: int, url: str, job: saving.SaveJob) -> None:
+    def _after_save(self, step: int, url: str, job: saving.SaveJob, seq: int) -> None:
         """Worker thread: wait for the commit, then apply retention."""
         try:
             job.result()
         except (OSError, CheckpointError) as e:
             raise CheckpointError(f"saving step {step} to {url!r} failed: {e}") from e
         log.info("committed step %d in %s", step, self._url)
+        comm = get_comm()
+        if comm.world_size == 1:
+            try:
+                self._apply_retention()
+            except (OSError, CheckpointError, ValueError) as e:
+                raise CheckpointError(f"step {step} was saved, but retention failed: {e}") from e
+            return
+        # several ranks: rank 0 applies retention and tells the others through the store
+        # (never the training process group: this is a background thread), so that every
+        # rank's wait_until_finished() returns after retention, as it does on one rank
+        ch, timeout = comm.channel(f"manager/{self._url}/{seq}"), default_timeout()
+        if comm.rank != 0:
+            verdict = receive(ch, "retained", timeout)
+            if verdict != b"ok":
+                raise CheckpointError(f"step {step} was saved, but retention failed on rank 0: "
+                                      f"{verdict.decode('utf-8', 'replace')}")
+            return
         try:
             self._apply_retention()
         except (OSError, CheckpointError, ValueError) as e:
+            announce(ch, "retained", str(e).encode("utf-8", "replace"), range(1, comm.world_size),
+                     timeout)
             raise CheckpointError(f"step {step} was saved, but retention failed: {e}") from e
+        announce(ch, "retained", b"ok", range(1, comm.world_size), timeout)
 
     def _apply_retention(self) -> None:
+        if get_comm().rank != 0:  # every rank would delete the same steps at once
+            return
         committed = self._dir.committed()
         for s in steps_to_delete(self._records_of(committed), self._policy):
             self._dir.delete(s, committed[s])
@@ -346,7 +404,8 @@ class CheckpointManager:
         name = self._dir.committed().get(step)
         if name is None and step_name(step) not in self._dir.leftovers():
             raise CheckpointNotFoundError(f"step {step} does not exist in {self._url!r}")
-        self._dir.delete(step, name)
+        if get_comm().rank == 0:  # with several ranks, rank 0 deletes for all of them
+            self._dir.delete(step, name)
         self._forget(step)
 
     def _check_writable(self, what: str) -> None:
@@ -380,16 +439,17 @@ class CheckpointManager:
             self.wait_until_finished()
         if step is not None:
             name = self._dir.committed().get(step, step_name(step))
-            recovery.load_step(self._dir, self._url, step, name, state, self._opts.storage_options)
+            recovery.load_step(self._dir, self._url, step, name, state, self._opts.storage_options,
+                               agree=_agree_worst)
             return step
         out = recovery.restore_newest(self._dir, self._url, state, fallback=self._opts.restore_fallback,
-                                      storage_options=self._opts.storage_options)
+                                      storage_options=self._opts.storage_options, agree=_agree_worst)
         if out.step is not None:
             self._set_aside(out.corrupt, out.step)
         return out.step
 
     def _set_aside(self, corrupt: Mapping[int, tuple[str, str]], restored: int) -> None:
-        if self._opts.read_only:
+        if self._opts.read_only or get_comm().rank != 0:
             return
         for s, (name, _) in sorted(corrupt.items()):
             if s > restored:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,26 +26,52 @@ from .steps import StepDirectory
 log = logging.getLogger("shardsafe")
 
 
+# restore outcomes, worst last: ranks agree on the maximum (see ``load_step``)
+OK, VANISHED, CORRUPT, FAILED = 0, 1, 2, 3
+
+
 def load_step(steps: StepDirectory, base_url: str, step: int, name: str,
-              state: MutableMapping[str, Any], storage_options: Mapping[str, Any] | None) -> None:
+              state: MutableMapping[str, Any], storage_options: Mapping[str, Any] | None,
+              agree: Callable[[int], int] | None = None) -> None:
     """Loads step ``step`` (directory ``name`` under ``base_url``) into ``state`` in place.
+
+    ``agree`` (collective restores) turns this rank's outcome into the worst outcome of
+    all ranks: each rank verifies only the bytes it reads, so a damaged chunk may be
+    seen by one rank alone, and then every rank must raise, not just that one.
 
     Raises:
         CheckpointNotFoundError: The step is not committed (or was deleted meanwhile).
         CorruptCheckpointError: It fails verification, or a data file vanished mid-read.
     """
     url = steps.storage.join(base_url, name)
+    outcome, error = OK, None
+    try:
+        _load(url, state, storage_options)
+    except CheckpointNotFoundError as e:
+        outcome, error = VANISHED, e
+    except CorruptCheckpointError as e:
+        outcome, error = CORRUPT, e
+    except CheckpointError as e:
+        outcome, error = FAILED, e
+    if agree is not None:
+        worst = agree(outcome)
+        if worst > outcome:  # another rank failed: fail alike
+            error = {VANISHED: CheckpointNotFoundError, CORRUPT: CorruptCheckpointError}.get(
+                worst, CheckpointError)(f"step {step}: another rank could not load it")
+    if error is not None:
+        error.add_note(f"shardsafe: while restoring step {step} from {url!r}")
+        raise error
+    log.info("restored step %d from %s", step, url)
+
+
+def _load(url: str, state: MutableMapping[str, Any], storage_options: Mapping[str, Any] | None) -> None:
     try:
         load(url, state, storage_options=dict(storage_options) if storage_options is not None else None)
     except FileNotFoundError as e:
         if isinstance(e, CheckpointNotFoundError):
             raise
-        raise CorruptCheckpointError(f"step {step}: data file is missing",
+        raise CorruptCheckpointError("data file is missing",
                                      file=os.path.basename(e.filename or "") or None) from e
-    except CheckpointError as e:
-        e.add_note(f"shardsafe: while restoring step {step} from {url!r}")
-        raise
-    log.info("restored step %d from %s", step, url)
 
 
 @dataclass(slots=True)
@@ -62,7 +88,8 @@ class Outcome:
 
 
 def restore_newest(steps: StepDirectory, base_url: str, state: MutableMapping[str, Any], *,
-                   fallback: bool, storage_options: Mapping[str, Any] | None) -> Outcome:
+                   fallback: bool, storage_options: Mapping[str, Any] | None,
+                   agree: Callable[[int], int] | None = None) -> Outcome:
     """Loads the newest committed step that verifies into ``state``.
 
     Raises:
@@ -78,7 +105,7 @@ def restore_newest(steps: StepDirectory, base_url: str, state: MutableMapping[st
             break
         step, name = max(candidates.items())
         try:
-            load_step(steps, base_url, step, name, state, storage_options)
+            load_step(steps, base_url, step, name, state, storage_options, agree)
         except CheckpointNotFoundError:
             vanished.add(step)
             continue

@@ -13,12 +13,16 @@ GETs of just the wanted bytes; long ranges are split into parts fetched concurre
 
 from __future__ import annotations
 
+import functools
 import logging
 import posixpath
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
-import fsspec
+try:
+    import fsspec
+except ImportError as e:  # the optional dependency of URL paths
+    raise ImportError(f"URL paths need fsspec ({e}); install 'shardsafe[s3]' for S3") from None
 
 log = logging.getLogger("shardsafe")
 
@@ -30,6 +34,35 @@ MAX_PARTS = 10_000  # S3's limit on parts per multipart upload
 # save, a concurrent `gc`) changes them behind our back, and a stale listing would make
 # a committed checkpoint look absent.
 _OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss"})
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _backend_errors(protocols: set[str]) -> tuple[type[BaseException], ...]:
+    """Client errors that the filesystem lets through untranslated (s3fs: botocore's own)."""
+    if protocols & {"s3", "s3a"}:
+        from botocore.exceptions import BotoCoreError  # s3fs maps only ClientError to OSError
+
+        return (BotoCoreError,)
+    return ()
+
+
+def _os_errors(method: _F) -> _F:
+    """Re-raises backend client errors (no credentials, endpoint unreachable) as OSError.
+
+    Callers of a Storage handle OSError; a botocore exception escaping would be a
+    traceback in the CLI and an unexpected type for the library.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: FsspecStorage, path: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, path, *args, **kwargs)
+        except self._backend_errors as e:
+            raise OSError(f"{path}: {type(e).__name__}: {e}") from e
+
+    return wrapper  # type: ignore[return-value]
 
 
 def _protocols(fs: Any) -> set[str]:
@@ -89,6 +122,7 @@ class FsspecStorage:
         protos = _protocols(fs)
         self._object_store = bool(protos & _OBJECT_STORES)
         self._s3 = bool(protos & {"s3", "s3a"})
+        self._backend_errors = _backend_errors(protos)
 
     @classmethod
     def for_url(cls, url: str, storage_options: dict | None = None) -> tuple[FsspecStorage, str]:
@@ -113,6 +147,7 @@ class FsspecStorage:
         return posixpath.join(*parts)
 
     # ------------------------------------------------------------------ writing
+    @_os_errors
     def write(self, path: str, buffers: Sequence[memoryview]) -> None:
         data = _Parts(buffers)
         if self._s3 and data.size >= 2 * self.part_size:
@@ -123,14 +158,17 @@ class FsspecStorage:
         else:
             self.fs.pipe_file(path, data[:])
 
+    @_os_errors
     def publish(self, path: str, data: bytes) -> None:
         # one PUT: object stores never expose a partially written object
         self.fs.pipe_file(path, bytes(data))
 
     # ------------------------------------------------------------------ reading
+    @_os_errors
     def read(self, path: str) -> bytes:
         return self.fs.cat_file(path)
 
+    @_os_errors
     def read_into(self, path: str, offset: int, out: memoryview) -> None:
         out = memoryview(out).cast("B")
         n = len(out)
@@ -150,12 +188,14 @@ class FsspecStorage:
                     raise EOFError(f"{path}: object ends before byte {offset + n}")
                 out[s - offset : e - offset] = data
 
+    @_os_errors
     def size(self, path: str) -> int:
         info = self.fs.info(path)
         if info.get("type") == "directory":
             raise FileNotFoundError(f"{path} is a directory/prefix, not an object")
         return int(info["size"])
 
+    @_os_errors
     def modified(self, path: str) -> float | None:
         """Last-modified time (POSIX seconds) of an object, or None when unknown."""
         try:
@@ -164,9 +204,11 @@ class FsspecStorage:
             return None
         return value.timestamp() if value is not None else None
 
+    @_os_errors
     def exists(self, path: str) -> bool:
         return bool(self.fs.exists(path))
 
+    @_os_errors
     def list(self, path: str) -> list[str]:
         try:
             entries = self.fs.ls(path, detail=False)
@@ -186,6 +228,7 @@ class FsspecStorage:
         except FileNotFoundError:
             return False
 
+    @_os_errors
     def incomplete_uploads(self, path: str) -> list[tuple[str, str, float | None]]:
         """Unfinished multipart uploads under ``path``: ``(key path, upload id, start time)``.
 
@@ -204,16 +247,19 @@ class FsspecStorage:
                             started.timestamp() if started is not None else None))
         return out
 
+    @_os_errors
     def abort_upload(self, key_path: str, upload_id: str) -> None:
         """Aborts an unfinished multipart upload (see ``incomplete_uploads``)."""
         bucket, _, key = key_path.partition("/")
         self.fs.abort_mpu(bucket, key, upload_id)
 
     # ------------------------------------------------------------------ namespace
+    @_os_errors
     def makedirs(self, path: str) -> None:
         if not self._object_store:  # object stores have no directories to create
             self.fs.makedirs(path, exist_ok=True)
 
+    @_os_errors
     def delete(self, path: str) -> None:
         try:
             if self._is_dir(path):

@@ -1,0 +1,133 @@
+"""The communication seam: what a save or load needs from the other ranks.
+
+Two kinds of exchange exist, on purpose:
+
+* ``Comm`` collectives (``gather``, ``broadcast``, ``barrier``) run on the caller's
+  thread, in program order, on the training process group. Every rank calls them at the
+  same point, exactly like a training collective.
+* ``Channel`` exchanges go through a key-value store (the c10d Store under
+  torch.distributed). They are safe from background threads because they never touch
+  the process group, and every wait has a timeout, so a dead rank turns into
+  ``CheckpointTimeoutError`` instead of a hang.
+
+``SingleProcessComm`` (world size 1, no process group) implements both in memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from .channel import Channel, LocalChannel
+
+
+class Comm(Protocol):
+    """Collectives over a group of ranks.
+
+    The primitives move bytes (never pickled objects); ``gather`` and ``broadcast``
+    carry JSON-like values over them (with more than one rank, values come back as
+    JSON decodes them: tuples become lists).
+    """
+
+    rank: int
+    world_size: int
+
+    def barrier(self) -> None:
+        """Blocks until every rank of the group arrives."""
+        ...
+
+    def gather_bytes(self, data: bytes, dst: int = 0) -> list[bytes] | None:
+        """Every rank's ``data`` on rank ``dst`` (rank order); None elsewhere."""
+        ...
+
+    def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
+        """``data`` of rank ``src``, returned on every rank."""
+        ...
+
+    def gather(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        """Every rank's JSON-like ``obj`` on rank ``dst`` (rank order); None elsewhere."""
+        ...
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """The JSON-like ``obj`` of rank ``src``, returned on every rank."""
+        ...
+
+    def allreduce_max(self, values: Sequence[int]) -> list[int]:
+        """The element-wise maximum of every rank's ``values`` (how ranks agree on flags)."""
+        ...
+
+    def channel(self, namespace: str) -> Channel:
+        """A store-backed channel whose keys live under ``namespace`` (unique per save)."""
+        ...
+
+    def group_rank(self, global_rank: int) -> int:
+        """The rank in this group of a rank of the default (world) group; -1 if absent."""
+        ...
+
+
+def to_json(obj: Any) -> bytes:
+    """JSON bytes of a value sent between ranks (NaN/inf allowed: they are Python's)."""
+    return json.dumps(obj, separators=(",", ":")).encode("utf-8")
+
+
+def from_json(data: bytes) -> Any:
+    return json.loads(data.decode("utf-8"))
+
+
+class JsonCollectives:
+    """``gather``/``broadcast`` of JSON-like values over the byte primitives."""
+
+    rank: int
+
+    def gather_bytes(self, data: bytes, dst: int = 0) -> list[bytes] | None:
+        raise NotImplementedError
+
+    def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
+        raise NotImplementedError
+
+    def gather(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        out = self.gather_bytes(to_json(obj), dst)
+        return None if out is None else [from_json(b) for b in out]
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return from_json(self.broadcast_bytes(to_json(obj) if self.rank == src else None, src))
+
+
+class SingleProcessComm:
+    """World size 1 without any process group: collectives are identities.
+
+    ``gather``/``broadcast`` return the very objects given (no JSON round trip).
+    """
+
+    rank = 0
+    world_size = 1
+
+    def barrier(self) -> None:
+        return None
+
+    def gather_bytes(self, data: bytes, dst: int = 0) -> list[bytes] | None:
+        return [bytes(data)]
+
+    def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
+        if data is None:
+            raise ValueError("broadcast from the only rank needs data")
+        return bytes(data)
+
+    def gather(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        return [obj]
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return obj
+
+    def allreduce_max(self, values: Sequence[int]) -> list[int]:
+        return [int(v) for v in values]
+
+    def channel(self, namespace: str) -> Channel:
+        return LocalChannel()
+
+    def group_rank(self, global_rank: int) -> int:
+        return 0 if global_rank == 0 else -1
+
+
+SingleProcess = SingleProcessComm  # the name the save pipeline's seam first used

@@ -1,0 +1,196 @@
+"""Comm over a torch.distributed process group, and a Channel over its c10d Store.
+
+This module (with ``comm/__init__``) is the only place in shardsafe that calls
+torch.distributed. Messages are bytes carried in uint8 tensors; nothing is pickled
+(``all_gather_object`` and friends would unpickle whatever a peer sends).
+"""
+
+from __future__ import annotations
+
+import datetime
+import struct
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from ..errors import CheckpointError
+from .base import JsonCollectives
+from .channel import Channel
+
+_LEN = struct.Struct("<Q")
+
+
+def _store_error(e: BaseException, key: str) -> CheckpointError:
+    return CheckpointError(f"lost contact with the coordination store while waiting for {key!r} "
+                           f"(the rank hosting it, usually rank 0, may have died): {e}")
+
+
+class StoreChannel:
+    """A Channel over a c10d Store (TCPStore under torchrun), safe from any thread.
+
+    It talks through its own clone of the store (``Store.clone()``: a separate
+    connection), so a blocking ``wait`` neither stalls other threads' store traffic
+    (the training thread's included) nor makes anyone poll. After a wait times out the
+    clone is replaced: the server may still answer that wait later. Stores that cannot
+    be cloned are polled with ``check`` instead.
+    """
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int) -> None:
+        self._origin = store
+        self.rank = rank
+        self.world_size = world_size
+        self._blocking = True
+        try:
+            self.store = store.clone()
+        except (AttributeError, RuntimeError, NotImplementedError):
+            self.store, self._blocking = store, False
+
+    def set(self, key: str, value: bytes) -> None:
+        try:
+            self.store.set(key, bytes(value))
+        except dist.DistError as e:
+            raise _store_error(e, key) from None
+
+    def _check(self, keys: Sequence[str]) -> list[bool]:
+        try:
+            if self.store.check(list(keys)):  # "all present": narrow down only if not
+                return [True] * len(keys)
+            return [self.store.check([k]) for k in keys] if len(keys) > 1 else [False]
+        except dist.DistError as e:
+            raise _store_error(e, keys[0]) from None
+
+    def wait(self, keys: Sequence[str], timeout: float) -> list[bool]:
+        if not keys:
+            return []
+        if not self._blocking:
+            return _poll(self._check, keys, timeout)
+        start = time.monotonic()
+        try:
+            self.store.wait(list(keys), datetime.timedelta(seconds=max(timeout, 0.001)))
+            return [True] * len(keys)
+        except dist.DistStoreError as e:
+            if time.monotonic() - start < 0.9 * timeout:  # not a timeout: the store failed
+                raise _store_error(e, keys[0]) from None
+        except dist.DistError as e:
+            raise _store_error(e, keys[0]) from None
+        self.store = self._origin.clone()  # the timed-out wait may still be answered
+        return self._check(keys)
+
+    def fetch(self, keys: Sequence[str]) -> list[bytes]:
+        try:
+            return [bytes(v) for v in self.store.multi_get(list(keys))] if keys else []
+        except dist.DistError as e:
+            raise _store_error(e, keys[0]) from None
+
+    def delete(self, key: str) -> None:
+        try:
+            self.store.delete_key(key)
+        except dist.DistError as e:
+            raise _store_error(e, key) from None
+
+
+def _poll(check: Callable[[Sequence[str]], list[bool]], keys: Sequence[str],
+          timeout: float) -> list[bool]:
+    """Polls ``check`` (with back-off) until every key exists or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    delay = 0.0005
+    while True:
+        present = check(keys)
+        if all(present) or time.monotonic() >= deadline:
+            return present
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.05)
+
+
+class TorchComm(JsonCollectives):
+    """Collectives over ``process_group`` (default: the world group) on byte strings.
+
+    Args:
+        process_group: The group whose ranks take part; None for the default group.
+        store: The store for channels; default: the store the default group was
+            initialised with (what torchrun sets up).
+    """
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None,
+                 store: dist.Store | None = None) -> None:
+        self.group = process_group
+        self.rank = dist.get_rank(process_group)
+        self.world_size = dist.get_world_size(process_group)
+        backend = str(dist.get_backend(process_group))
+        # gloo moves CPU tensors; a pure NCCL group needs them on the current GPU
+        cpu_ok = "gloo" in backend or backend.startswith("cpu:") or ",cpu" in backend
+        self.device = torch.device("cpu") if cpu_ok or not torch.cuda.is_available() else \
+            torch.device("cuda", torch.cuda.current_device())
+        self._store = store
+        pg = process_group or c10d._get_default_group()
+        self._prefix = f"shardsafe/{pg.group_name}/"
+
+    # ------------------------------------------------------------------ collectives
+    def barrier(self) -> None:
+        # a tiny all_reduce is a barrier that every backend implements the same way
+        t = torch.zeros(1, dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, group=self.group)
+
+    def allreduce_max(self, values: Sequence[int]) -> list[int]:
+        t = torch.tensor(list(values), dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return [int(v) for v in t.cpu().tolist()]
+
+    def _global(self, group_rank: int) -> int:
+        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
+
+    def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
+        if self.rank == src and data is None:
+            raise ValueError("the broadcast source must provide data")
+        n = torch.tensor([len(data) if self.rank == src else 0],  # type: ignore[arg-type]
+                         dtype=torch.int64, device=self.device)
+        dist.broadcast(n, self._global(src), group=self.group)
+        size = int(n.item())
+        if self.rank == src:
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device) if size \
+                else torch.empty(0, dtype=torch.uint8, device=self.device)
+        else:
+            buf = torch.empty(size, dtype=torch.uint8, device=self.device)
+        if size:
+            dist.broadcast(buf, self._global(src), group=self.group)
+        return bytes(data) if self.rank == src else buf.cpu().numpy().tobytes()
+
+    def gather_bytes(self, data: bytes, dst: int = 0) -> list[bytes] | None:
+        # every rank's buffer must have the same length: agree on the longest, and carry
+        # each real length in an 8-byte prefix
+        n = torch.tensor([len(data) + _LEN.size], dtype=torch.int64, device=self.device)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX, group=self.group)
+        size = int(n.item())
+        mine = np.zeros(size, dtype=np.uint8)
+        mine[: _LEN.size] = np.frombuffer(_LEN.pack(len(data)), dtype=np.uint8)
+        mine[_LEN.size : _LEN.size + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        t = torch.from_numpy(mine).to(self.device)
+        out = [torch.empty(size, dtype=torch.uint8, device=self.device)
+               for _ in range(self.world_size)] if self.rank == dst else None
+        dist.gather(t, out, dst=self._global(dst), group=self.group)
+        if out is None:
+            return None
+        result = []
+        for b in out:
+            raw = b.cpu().numpy().tobytes()
+            (length,) = _LEN.unpack_from(raw)
+            result.append(raw[_LEN.size : _LEN.size + length])
+        return result
+
+    # ------------------------------------------------------------------ store side
+    def channel(self, namespace: str) -> Channel:
+        store = self._store if self._store is not None else c10d._get_default_store()
+        return StoreChannel(dist.PrefixStore(self._prefix + namespace + "/", store),
+                            self.rank, self.world_size)
+
+    def group_rank(self, global_rank: int) -> int:
+        if self.group is None:
+            return global_rank if 0 <= global_rank < self.world_size else -1
+        try:
+            return dist.get_group_rank(self.group, global_rank)
+        except ValueError:  # not a member of this group
+            return -1

@@ -1,0 +1,106 @@
+"""DTensor support: where this rank's piece of a distributed tensor sits in the whole.
+
+A DTensor (FSDP2 ``fully_shard``, tensor parallel, any DeviceMesh and placements) is
+saved as chunks of its global tensor. On each rank the local tensor is one box of the
+global tensor at ``offsets`` with ``shape``; ranks that differ only in their coordinate
+along ``Replicate`` mesh dimensions hold identical boxes (the ``holders``), and the
+planner lets exactly one of them write it. Offsets follow
+``compute_local_shape_and_global_offset``, the function DCP itself uses, so uneven
+shards and multi-dimensional meshes place exactly as torch places them.
+
+Only this module and ``shardsafe.comm`` know about torch.distributed types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+try:
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    HAVE_DTENSOR = True
+except ImportError:  # pragma: no cover - numpy-only installs or torch without distributed
+    DTensor = Partial = Replicate = None  # type: ignore[assignment,misc]
+    HAVE_DTENSOR = False
+
+
+def is_dtensor(x: Any) -> bool:
+    """True for ``torch.distributed.tensor.DTensor`` values."""
+    return HAVE_DTENSOR and isinstance(x, DTensor)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalShard:
+    """This rank's box of a DTensor.
+
+    Attributes:
+        local: The local tensor (``to_local()``): read from on save, written into on load.
+        offsets: Position of the box in the global tensor, one entry per dimension.
+        shape: Shape of the box (equal to ``local.shape``).
+        global_shape: Shape of the whole tensor.
+        holders: Sorted default-group ranks whose local box is this very box (this rank
+            included); more than one when the tensor is replicated along a mesh dimension.
+    """
+
+    local: Any
+    offsets: tuple[int, ...]
+    shape: tuple[int, ...]
+    global_shape: tuple[int, ...]
+    holders: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+def holders_of(mesh_ranks: Any, coordinate: list[int], replicated_dims: set[int]) -> tuple[int, ...]:
+    """Ranks of ``mesh_ranks`` (an n-D array) sharing ``coordinate`` outside ``replicated_dims``."""
+    index = tuple(slice(None) if d in replicated_dims else c for d, c in enumerate(coordinate))
+    sub = mesh_ranks[index]
+    flat = sub.reshape(-1).tolist() if hasattr(sub, "reshape") else [int(sub)]
+    return tuple(sorted(int(r) for r in flat))
+
+
+def local_shard(x: Any, key: str = "<tensor>") -> LocalShard:
+    """Describes this rank's part of DTensor ``x``.
+
+    Raises:
+        TypeError: ``x`` has a ``Partial`` placement (its value is a pending reduction,
+            not data: redistribute it first), or this rank is not in its mesh.
+    """
+    placements = tuple(x.placements)
+    if any(isinstance(p, Partial) for p in placements):
+        raise TypeError(f"cannot save DTensor at key path {key!r}: placement Partial holds a pending "
+                        f"reduction; call .redistribute() or .full_tensor() first")
+    mesh = x.device_mesh
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:
+        raise TypeError(f"DTensor at key path {key!r}: this rank is not part of its device mesh")
+    global_shape = tuple(int(s) for s in x.shape)
+    shape, offsets = compute_local_shape_and_global_offset(global_shape, mesh, placements)
+    local = x.to_local()
+    if tuple(local.shape) != tuple(shape):
+        raise TypeError(f"DTensor at key path {key!r}: local tensor has shape {tuple(local.shape)}, "
+                        f"its placements imply {tuple(shape)} (padded shards are not supported)")
+    replicated = {d for d, p in enumerate(placements) if isinstance(p, Replicate)}
+    holders = holders_of(mesh.mesh.cpu(), list(coordinate), replicated)
+    return LocalShard(local, tuple(int(o) for o in offsets), tuple(int(s) for s in shape),
+                      global_shape, holders)
+
+
+def target_region(x: Any) -> tuple[Any, tuple[int, ...], tuple[int, ...]]:
+    """Where a load target's memory sits in the global tensor: ``(tensor, offsets, shape)``.
+
+    For a DTensor: its local tensor and box (so a rank reads only its own region); for
+    anything else: the tensor itself, covering the whole.
+    """
+    if is_dtensor(x):
+        box = local_shard(x)
+        return box.local, box.offsets, box.shape
+    shape = tuple(int(s) for s in x.shape)
+    return x, (0,) * len(shape), shape
