@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
+
+from shardsafe.comm import free_loopback_port
 
 KEY = "shardsafe-test-key"
 SECRET = "shardsafe-test-secret"
@@ -63,11 +65,21 @@ class S3Location:
         return s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False,
                                  **self.storage_options)
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    def kill_during_upload(self, child: subprocess.Popen, timeout: float = 120) -> None:
+        """SIGKILLs ``child`` while one of its multipart uploads is in progress."""
+        fs = self.filesystem()
+        try:
+            deadline = time.monotonic() + timeout
+            while not fs.list_multipart_uploads(self.bucket):  # parts are going up right now
+                assert child.poll() is None, "child exited before its upload started"
+                assert time.monotonic() < deadline, "no multipart upload seen"
+                time.sleep(0.02)
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(30)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(30)
 
 
 def _wait_ready(proc: subprocess.Popen, endpoint: str) -> bool:
@@ -105,7 +117,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("moto") / "server.log"
     with open(log, "wb") as out:
         for _attempt in range(3):  # the free port can be taken between probe and bind
-            port = _free_port()
+            port = free_loopback_port()
             endpoint = f"http://127.0.0.1:{port}"
             proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
                                      "-p", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)

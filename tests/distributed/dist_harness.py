@@ -10,22 +10,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from shardsafe.comm import free_loopback_port
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "dist_worker.py")
 SRC = os.path.join(os.path.dirname(os.path.dirname(HERE)), "src")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(nprocs: int, phases: Sequence[tuple[str, int]], out_dir: str, *args: str,
@@ -44,7 +39,7 @@ def run_ranks(nprocs: int, phases: Sequence[tuple[str, int]], out_dir: str, *arg
         AssertionError: a rank failed (its output is in the message) or the job hung.
     """
     os.makedirs(out_dir, exist_ok=True)
-    spec = ",".join(f"{name}:{world}:{free_port()}" for name, world in phases)
+    spec = ",".join(f"{name}:{world}:{free_loopback_port()}" for name, world in phases)
     procs = []
     for rank in range(nprocs):
         penv = dict(os.environ, RANK=str(rank), MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1",

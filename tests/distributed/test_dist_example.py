@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 
-from dist_harness import SRC, free_port
+from dist_harness import SRC
+
+from shardsafe.comm import free_loopback_port
 
 EXAMPLE = os.path.join(os.path.dirname(SRC), "examples", "fsdp_torchrun.py")
 
@@ -15,7 +17,7 @@ def torchrun(nproc: int, *args: str) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                          f"--master_port={free_port()}", EXAMPLE, *args], env=env,
+                          f"--master_port={free_loopback_port()}", EXAMPLE, *args], env=env,
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     return out.stdout

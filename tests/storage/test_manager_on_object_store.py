@@ -4,11 +4,8 @@ and a manager run SIGKILLed mid-upload that leaves no committed step behind."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -53,21 +50,9 @@ with CheckpointManager(sys.argv[1], async_save=False, storage_options=opts) as m
 
 def test_manager_killed_mid_upload_leaves_only_committed_steps(s3, subprocess_env) -> None:  # noqa: ANN001
     url, opts = s3.url + "/run", s3.storage_options
-    fs = s3.filesystem()
     child = subprocess.Popen([sys.executable, "-c", _CHILD, url, json.dumps(opts), str(320 << 20)],
                              env=subprocess_env, stdout=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 120
-        while not fs.list_multipart_uploads(s3.bucket):  # step 2's parts are going up
-            assert child.poll() is None, "child exited before step 2's upload started"
-            assert time.monotonic() < deadline, "no multipart upload seen"
-            time.sleep(0.02)
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(30)
+    s3.kill_during_upload(child)
     assert child.stdout.read().decode().splitlines() == ["step 1 committed"]
     with manager.CheckpointManager(url, read_only=True, storage_options=opts) as mgr:
         assert mgr.all_steps() == [1]

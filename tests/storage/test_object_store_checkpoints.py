@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 
 import numpy as np
@@ -196,18 +195,7 @@ def test_s3_crash_mid_upload_leaves_no_committed_checkpoint(s3, subprocess_env) 
     fs = s3.filesystem()
     child = subprocess.Popen([sys.executable, "-c", _CHILD, run + "/step_00000002", json.dumps(opts),
                               str(320 << 20)], env=subprocess_env, stdout=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 120
-        while not fs.list_multipart_uploads(s3.bucket):  # parts are going up right now
-            assert child.poll() is None, "child exited before its upload started"
-            assert time.monotonic() < deadline, "no multipart upload seen"
-            time.sleep(0.02)
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(30)
+    s3.kill_during_upload(child)
     assert child.returncode == -signal.SIGKILL
     assert b"saved" not in child.stdout.read()
     uploads = fs.list_multipart_uploads(s3.bucket)

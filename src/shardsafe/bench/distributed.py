@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..comm import free_loopback_port
 from . import parse_size
 
 # ----------------------------------------------------------------------------- one rank
@@ -232,16 +232,10 @@ def worker(argv: Sequence[str]) -> int:
 # ----------------------------------------------------------------------------- orchestration
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(nproc: Sequence[int], size: int, tensors: int, repeat: int, directory: str) -> dict[str, Any]:
     """Runs every phase in one set of processes; returns ``{"run": {N: ...}, "reshard": ...}``."""
-    phases = [f"run:{n}:{_free_port()}" for n in nproc]
-    phases += [f"reshard:{n}:{_free_port()}" for n in nproc[:-1]]  # the last run already did
+    phases = [f"run:{n}:{free_loopback_port()}" for n in nproc]
+    phases += [f"reshard:{n}:{free_loopback_port()}" for n in nproc[:-1]]  # the last run already did
     opts = {"size": size, "tensors": tensors, "repeat": repeat, "nproc": list(nproc)}
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1",

@@ -7,6 +7,7 @@ torch.distributed is initialised with more than one rank (or a group is passed),
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from .base import Comm, SingleProcess, SingleProcessComm
@@ -42,5 +43,12 @@ def global_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 right now, for a local job's ``MASTER_PORT``."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 __all__ = ["Channel", "Comm", "LocalChannel", "SingleProcess", "SingleProcessComm", "distributed_active",
-           "get_comm", "global_rank"]
+           "free_loopback_port", "get_comm", "global_rank"]

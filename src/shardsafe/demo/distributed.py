@@ -35,6 +35,7 @@ from typing import Any
 
 import shardsafe
 
+from ..comm import free_loopback_port
 from .compare import differences, fingerprint, summarize
 from .events import WorkerLog
 from .plan import Interruptions, plan_interruptions
@@ -203,14 +204,6 @@ def worker(argv: Sequence[str] | None = None) -> int:
 # ----------------------------------------------------------------------------- orchestration
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_job(name: str, nproc: int, args: list[str], *, timeout_s: float,
             signal_at: tuple[int, signal.Signals] | None = None) -> WorkerLog:
     """Runs one job of ``nproc`` ranks, following rank 0's events; once rank 0 reports step
@@ -222,7 +215,7 @@ def run_job(name: str, nproc: int, args: list[str], *, timeout_s: float,
     """
     log = WorkerLog(name)
     start = time.perf_counter()
-    env = dict(_worker_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+    env = dict(_worker_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_loopback_port()),
                WORLD_SIZE=str(nproc))
     errs = [tempfile.TemporaryFile(mode="w+") for _ in range(nproc)]
     procs = [subprocess.Popen([sys.executable, "-m", "shardsafe.demo.distributed", *args],
