@@ -84,12 +84,20 @@ class Checkpointer:
         and nobody collected it). Arguments as for ``shardsafe.save``.
         """
         with self._lock:
-            self._check_open()
-            self._wait_previous()
-            prep = pipeline.prepare(state, path, overwrite=overwrite, metadata=metadata,
-                                    storage_options=storage_options,
-                                    comm=self._comm(process_group), timeout=timeout)
+            prep = self._prepare(state, path, overwrite=overwrite, metadata=metadata,
+                                 storage_options=storage_options, process_group=process_group,
+                                 timeout=timeout)
             self._save_streamed(prep)
+
+    def _prepare(self, state: Mapping[str, Any], path: str, *, overwrite: bool,
+                 metadata: Mapping[str, Any] | None, storage_options: dict | None,
+                 process_group: Any, timeout: float | None) -> PreparedSave:
+        """With the lock held: waits for the save in flight, then flattens and plans."""
+        self._check_open()
+        self._wait_previous()
+        return pipeline.prepare(state, path, overwrite=overwrite, metadata=metadata,
+                                storage_options=storage_options, comm=self._comm(process_group),
+                                timeout=timeout)
 
     def async_save(self, state: Mapping[str, Any], path: str, *, staging: str = "blocking",
                    overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
@@ -121,11 +129,9 @@ class Checkpointer:
         if staging not in STAGING_MODES:
             raise ValueError(f"staging must be one of {STAGING_MODES}, got {staging!r}")
         with self._lock:
-            self._check_open()
-            self._wait_previous()
-            prep = pipeline.prepare(state, path, overwrite=overwrite, metadata=metadata,
-                                    storage_options=storage_options,
-                                    comm=self._comm(process_group), timeout=timeout)
+            prep = self._prepare(state, path, overwrite=overwrite, metadata=metadata,
+                                 storage_options=storage_options, process_group=process_group,
+                                 timeout=timeout)
             handle = SaveHandle(path, prep.nbytes)
             sizes = [p.layout.size for p in prep.plans]
             if staging == "background":

@@ -79,9 +79,6 @@ class FileUnits:
         start = k * self.unit_size
         return start, min(start + self.unit_size, self.size)
 
-    def first_unit(self, block: Block) -> int:
-        return self.unit_of(block.start)
-
     def parts(self, k: int) -> list[Part]:
         """What unit ``k`` holds: pieces of the header and of items, in file order."""
         start, stop = self.span(k)
