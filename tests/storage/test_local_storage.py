@@ -28,7 +28,7 @@ def test_write_concatenates_buffers(tmp_path, direct_io: bool, sizes: list[int])
     assert s.size(path) == sum(sizes)
 
 
-def test_many_segments_written_in_parallel(tmp_path, monkeypatch) -> None:
+def test_many_segments_written_in_order(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(local, "SEGMENT", 8192)  # force many concurrent segments on a small file
     buf = HostBuffer(8192 * 9 + 100)             # page-aligned: the O_DIRECT path where allowed
     buf.array[:] = np.frombuffer(_payload(buf.nbytes), dtype=np.uint8)

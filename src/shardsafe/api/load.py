@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import dtensor, tensors
 from ..comm import distributed_active, get_comm
-from ..engine.collective import read_index_collective
+from ..engine.index_exchange import read_index_collective
 from ..engine.commit import read_index
 from ..engine.mmap_load import load_mapped
 from ..engine.reader import Reader, ReadJob

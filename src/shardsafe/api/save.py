@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..engine.pipeline import BLOCK_SIZE, PreparedSave, build_index, prepare
 from .async_save import default_checkpointer
 
 
@@ -44,4 +43,4 @@ def save(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
                                 timeout=timeout)
 
 
-__all__ = ["save", "prepare", "build_index", "PreparedSave", "BLOCK_SIZE"]
+__all__ = ["save"]

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..engine.buffers import HostBuffer
-from ..storage.local import io_threads
+from ..engine.io_pool import io_threads
 from .measure import Samples, drop_cache, settle, timed
 
 SEG = 64 << 20

@@ -23,7 +23,7 @@ from ..format.datafile import parse_header
 from ..format.index import Index
 from ..format.tree import render_path
 from ..storage import Storage, storage_for
-from ..storage.local import io_pool
+from ..engine.io_pool import io_pool
 
 MAX_READ = 64 << 20
 

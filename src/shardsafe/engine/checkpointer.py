@@ -24,11 +24,11 @@ from typing import Any
 
 from ..comm import Comm, get_comm
 from ..errors import CheckpointError
-from ..storage.local import io_threads
+from .io_pool import io_threads
 from . import cuda, pipeline
 from .buffers import BouncePool, HostBuffer, StagingArena
 from .handle import SaveHandle
-from .pipeline import PreparedSave
+from .prepared import BLOCK_SIZE, UNIT_SIZE, PreparedSave
 from .staging import StageTask, host_sources, stage_files
 from .units import FileUnits
 from .writer import FileWrite
@@ -62,7 +62,7 @@ class Checkpointer:
         ckpt.close()  # waits for the last save; raises its error if it failed
     """
 
-    def __init__(self, *, comm: Comm | None = None, unit_size: int = pipeline.UNIT_SIZE,
+    def __init__(self, *, comm: Comm | None = None, unit_size: int = UNIT_SIZE,
                  pin_memory: bool | None = None, overlap_writes: bool = False) -> None:
         self.comm = comm
         self.unit_size = unit_size
@@ -226,7 +226,7 @@ class Checkpointer:
                      ) -> tuple[list[FileWrite], list[StageTask]]:
         writes, tasks = [], []
         for plan, buf in zip(prep.plans, buffers):
-            units = FileUnits(plan, self.unit_size, pipeline.BLOCK_SIZE)
+            units = FileUnits(plan, self.unit_size, BLOCK_SIZE)
             fw = FileWrite(units, prep.storage, prep.file_path(plan), staged=buf)
             writes.append(fw)
             tasks.append(StageTask(units, buf.array, fw.unit_ready))
@@ -247,7 +247,7 @@ class Checkpointer:
         scratch: list[HostBuffer] = []
         try:
             for plan in prep.plans:
-                units = FileUnits(plan, self.unit_size, pipeline.BLOCK_SIZE)
+                units = FileUnits(plan, self.unit_size, BLOCK_SIZE)
                 path = prep.file_path(plan)
                 if hasattr(prep.storage, "open_writer"):
                     fw = FileWrite(units, prep.storage, path, sources=host_sources(plan, device=False),

@@ -24,7 +24,7 @@ from ..errors import CorruptCheckpointError
 from ..format.dtypes import lookup
 from ..format.index import Index
 from ..format.tree import KeyPath, Node, build, render_path
-from ..storage.local import io_pool, wait_all
+from .io_pool import io_pool, wait_all
 from .reader import verify
 
 

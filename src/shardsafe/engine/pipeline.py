@@ -7,73 +7,31 @@
     (d) write     checksum + write every unit, fsync each file      (I/O pool)
     (e) commit    gather chunk entries; the coordinator publishes the index
 
-Collectives go through a ``comm.Comm`` (``SingleProcess`` for world size 1). With
-more than one rank, ``engine.collective`` supplies phase (b) (a planning collective on
-the caller's thread: who writes what, the transaction token) and the store-only
-begin/commit/abort that may run on a background thread (a two-phase commit with a
-bounded ``timeout``).
+Collectives go through a ``comm.Comm`` (``SingleProcessComm`` for world size 1). With
+more than one rank, ``engine.plan_exchange`` supplies phase (b) (a planning collective
+on the caller's thread: who writes what, the transaction token) and
+``engine.two_phase_commit`` the store-only begin/commit/abort that may run on a
+background thread (bounded by ``timeout``). What the phases hand each other,
+``PreparedSave``, and the index built from it live in ``engine.prepared``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from .._version import __version__
-from ..comm import Channel, Comm, get_comm
-from ..format import index as fmt
-from ..format.tree import Node
-from ..plan.flatten import TensorItem, flatten
-from ..plan.layout import FilePlan, chunk_entries, data_file_name, plan_file
+from .. import knobs
+from ..comm import Comm, get_comm
+from ..plan.flatten import flatten
+from ..plan.layout import data_file_name, plan_file
 from ..plan.sharding import localize
-from ..storage import Storage, storage_for
-from . import collective, commit
+from ..storage import storage_for
+from . import commit, plan_exchange, two_phase_commit
+from .prepared import PreparedSave, build_index, check_metadata, local_entries
 
 log = logging.getLogger("shardsafe")
-
-BLOCK_SIZE = 16 << 20  # checksum block: partial (resharded) reads verify whole blocks
-UNIT_SIZE = 16 << 20  # write/staging unit: big enough for full-speed direct I/O, small
-#                       enough that writes start while later units are still staged
-
-@dataclass(slots=True)
-class PreparedSave:
-    """Everything decided before any byte is copied (phases a and b).
-
-    Attributes:
-        storage: Backend of the checkpoint.
-        txn: The transaction (working directory, final path).
-        tree: Structure tree of the whole state.
-        items: Every tensor item of the state (index order).
-        plans: The data files this rank writes.
-        metadata: User metadata for the index.
-        comm: The group of ranks taking part.
-        channel: Store channel of this save (None for world size 1).
-        timeout: Seconds a rank waits for the others (collective saves).
-        reported: This rank has told rank 0 how its part went (collective saves).
-    """
-
-    storage: Storage
-    txn: commit.Transaction
-    tree: Node
-    items: list[TensorItem]
-    plans: list[FilePlan]
-    metadata: dict[str, Any]
-    comm: Comm
-    channel: Channel | None = None
-    timeout: float = 0.0
-    reported: bool = False
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes this rank writes (data files, headers included)."""
-        return sum(p.layout.size for p in self.plans)
-
-    def file_path(self, plan: FilePlan) -> str:
-        return self.storage.join(self.txn.workdir, plan.name)
 
 
 def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
@@ -92,20 +50,15 @@ def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
     comm = comm or get_comm()
     storage, spath = storage_for(path, storage_options)
     md = dict(metadata or {})
-
-    def check_metadata() -> None:  # raises TypeError/ValueError unless it is JSON
-        fmt.encode_index(fmt.Index(tree={"t": "dict", "k": [], "v": []}, tensors=(), files=(),
-                                   block_size=BLOCK_SIZE, metadata=md))
-
     if comm.world_size > 1:
-        p = collective.plan_collective(state, storage, spath, comm, overwrite=overwrite,
-                                       check_metadata=check_metadata)
-        wait = collective.default_timeout() if timeout is None else float(timeout)
+        p = plan_exchange.plan_collective(state, storage, spath, comm, overwrite=overwrite,
+                                          metadata=md)
+        wait = knobs.timeout() if timeout is None else float(timeout)
         return PreparedSave(storage, p.txn, p.tree, p.items, [plan_file(data_file_name(comm.rank), p.mine)],
                             md, comm, comm.channel(p.token), wait)
     tree, items = flatten(state)
     localize(items, comm.group_rank)  # DTensors on a one-rank mesh: their local tensor
-    check_metadata()
+    check_metadata(md)
     txn = commit.plan_transaction(storage, spath, overwrite=overwrite, token=uuid.uuid4().hex[:16])
     plans = [plan_file(data_file_name(comm.rank), items)]
     return PreparedSave(storage, txn, tree, items, plans, md, comm)
@@ -114,50 +67,15 @@ def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
 def begin(prep: PreparedSave) -> None:
     """Creates the working directory (coordinator) before any rank writes into it."""
     if prep.channel is not None:
-        collective.begin(prep)
+        two_phase_commit.begin(prep)
     else:
         commit.begin(prep.txn)
-
-
-def build_index(prep: PreparedSave, parts: Sequence[tuple[dict[int, list[fmt.ChunkEntry]],
-                                                          list[fmt.FileEntry]]]) -> bytes:
-    """The index bytes from every rank's ``(chunks by item id, files)``."""
-    chunks: dict[int, list[fmt.ChunkEntry]] = {}
-    files: list[fmt.FileEntry] = []
-    for by_item, fs in parts:
-        for i, cs in by_item.items():
-            chunks.setdefault(i, []).extend(cs)
-        files.extend(fs)
-    tensors = tuple(fmt.TensorEntry(key=it.path, kind=it.kind, dtype=it.dtype, shape=it.shape,
-                                    chunks=_ordered(chunks.get(it.id, [])))
-                    for it in prep.items)
-    index = fmt.Index(tree=prep.tree, tensors=tensors, files=tuple(files), block_size=BLOCK_SIZE,
-                      world_size=prep.comm.world_size, created=time.time(), metadata=prep.metadata,
-                      library=f"shardsafe {__version__}")
-    return fmt.encode_index(index)
-
-
-def _ordered(cs: list[fmt.ChunkEntry]) -> tuple[fmt.ChunkEntry, ...]:
-    """Chunks in global-offset order (most tensors have one: skip the sort)."""
-    return tuple(cs) if len(cs) < 2 else tuple(sorted(cs, key=lambda c: c.offsets))
-
-
-def local_entries(prep: PreparedSave, sums: Sequence[list[list[int]]]
-                  ) -> tuple[dict[int, list[fmt.ChunkEntry]], list[fmt.FileEntry]]:
-    """This rank's chunk and file entries, given the block checksums of its files."""
-    by_item: dict[int, list[fmt.ChunkEntry]] = {}
-    for plan, s in zip(prep.plans, sums):
-        for item_id, c in chunk_entries(plan, s):
-            by_item.setdefault(item_id, []).append(c)
-    files = [fmt.FileEntry(p.name, p.layout.size, p.layout.data_start, prep.comm.rank)
-             for p in prep.plans]
-    return by_item, files
 
 
 def commit_save(prep: PreparedSave, sums: Sequence[list[list[int]]]) -> None:
     """Phase (e): the coordinator publishes the index once every rank's files are durable.
 
-    Collective saves use the store-only two-phase commit of ``engine.collective``
+    Collective saves use the store-only two-phase commit of ``engine.two_phase_commit``
     (safe on a background thread).
 
     Raises:
@@ -167,7 +85,7 @@ def commit_save(prep: PreparedSave, sums: Sequence[list[list[int]]]) -> None:
     if prep.channel is None:
         commit.finish(prep.txn, build_index(prep, [local_entries(prep, sums)]))
         return
-    collective.commit_save(prep, collective.encode_entries(*local_entries(prep, sums)), build_index)
+    two_phase_commit.commit_save(prep, local_entries(prep, sums))
 
 
 def abort(prep: PreparedSave, error: BaseException | None = None) -> None:
@@ -178,7 +96,7 @@ def abort(prep: PreparedSave, error: BaseException | None = None) -> None:
     other ranks (``error`` says why), so nothing commits and nobody waits for this rank.
     """
     if prep.channel is not None:
-        collective.abort(prep, error)
+        two_phase_commit.abort(prep, error)
     if prep.comm.rank != 0:
         return
     try:

@@ -31,7 +31,7 @@ from ..format.index import ChunkEntry, Index, TensorEntry
 from ..format.tree import render_path
 from ..plan.load_plan import CoverageError, Piece, pieces_for
 from ..storage.base import Storage
-from ..storage.local import io_pool, wait_all
+from .io_pool import io_pool, wait_all
 
 SPLIT_MIN = 1 << 20  # chunks from this size are read block by block straight into the target
 MAX_GAP = 64 << 10  # small chunks further apart than this are not read together

@@ -10,7 +10,6 @@ stream (``cuda.DeviceCopier``) while the host tensors are being copied.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,10 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import tensors
-from ..format.checksum import block_checksums
+from .. import knobs, tensors
 from ..plan.layout import FilePlan
-from ..storage.local import wait_all
+from .io_pool import wait_all
 from . import cuda
 from .units import HEADER, FileUnits
 
@@ -31,10 +29,7 @@ _pool: ThreadPoolExecutor | None = None
 
 def copy_threads() -> int:
     """Threads that copy during staging (``SHARDSAFE_COPY_THREADS``, default: CPUs, at most 4)."""
-    env = os.environ.get("SHARDSAFE_COPY_THREADS")
-    if env:
-        return max(1, int(env))
-    return max(1, min(4, os.cpu_count() or 1))
+    return knobs.copy_threads()
 
 
 def copy_pool() -> ThreadPoolExecutor:
@@ -134,26 +129,5 @@ def stage_files(tasks: Sequence[StageTask], *, threads: int | None = None) -> No
                 t.on_unit(k)
 
 
-def stage(plan: FilePlan, out: np.ndarray) -> None:
-    """Writes the header and every item's bytes into ``out`` (uint8, ``plan.layout.size``)."""
-    stage_files([StageTask(FileUnits(plan, 16 << 20, 16 << 20), out)])
 
-
-def checksums(plan: FilePlan, buf: np.ndarray, block_size: int) -> list[list[int]]:
-    """Block checksums of every item of ``plan`` as staged in ``buf``."""
-    mv = memoryview(buf)
-    return [block_checksums(mv[off : off + it.nbytes], block_size)
-            for it, off in zip(plan.items, plan.layout.offsets)]
-
-
-def total_bytes(plans: Sequence[FilePlan]) -> int:
-    return sum(p.layout.size for p in plans)
-
-
-def is_device_state(plans: Sequence[FilePlan]) -> bool:
-    """True when any item lives on a CUDA device (pinned staging then pays off)."""
-    return any(cuda.is_device_tensor(it.value) for p in plans for it in p.items)
-
-
-__all__ = ["StageTask", "stage_files", "copy_unit", "host_sources", "stage", "checksums",
-           "copy_pool", "copy_threads", "total_bytes", "is_device_state"]
+__all__ = ["StageTask", "stage_files", "copy_unit", "host_sources"]

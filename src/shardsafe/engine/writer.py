@@ -29,7 +29,7 @@ import numpy as np
 
 from ..format.checksum import crc32c
 from ..storage.base import Storage
-from ..storage.local import io_pool, wait_all
+from .io_pool import io_pool, wait_all
 from .buffers import BouncePool, HostBuffer, round_up
 from .staging import copy_unit
 from .units import HEADER, Block, FileUnits

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..comm import get_comm
 from ..comm.channel import announce, receive
-from ..engine.collective import default_timeout
+from ..knobs import timeout as default_timeout
 from ..engine.checkpointer import Checkpointer
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from ..storage import storage_for

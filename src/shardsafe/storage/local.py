@@ -1,9 +1,11 @@
-"""Local POSIX backend: parallel pwrite/pread, direct I/O where allowed, fsync everywhere.
+"""Local POSIX backend: pwrite/pread, direct I/O where allowed, fsync everywhere.
 
-Writes split each buffer into segments written concurrently by a small thread pool
-(``os.pwrite`` releases the GIL). Page-aligned segments go through an ``O_DIRECT``
-descriptor when the filesystem accepts one, bypassing the page cache; unaligned tails
-use a normal descriptor. The file is fsynced before ``write`` returns.
+The backend owns no threads. Parallel writes of one file go through ``open_writer``:
+the engine's I/O pool (``engine.io_pool``) writes disjoint ranges concurrently
+(``os.pwrite`` releases the GIL). ``write`` writes its buffers segment by segment on
+the calling thread. Page-aligned segments go through an ``O_DIRECT`` descriptor when
+the filesystem accepts one, bypassing the page cache; unaligned tails use a normal
+descriptor. The file is fsynced before ``write`` returns.
 """
 
 from __future__ import annotations
@@ -13,40 +15,21 @@ import errno
 import logging
 import os
 import shutil
-import threading
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from .. import knobs
 from .cached_or_direct import read_range
 
 log = logging.getLogger("shardsafe")
 
 ALIGN = 4096
-SEGMENT = 64 << 20  # bytes one thread writes per call
+SEGMENT = 64 << 20  # bytes ``write`` hands to one pwrite call
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _RENAME_EXCHANGE = 2
 _IOV_MAX = 1024
-
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-
-
-def io_threads() -> int:
-    """Threads used for parallel file I/O (``SHARDSAFE_IO_THREADS``, default 4)."""
-    return max(1, int(os.environ.get("SHARDSAFE_IO_THREADS", "4")))
-
-
-def io_pool() -> ThreadPoolExecutor:
-    """The process-wide pool for file I/O (created lazily, shared by all backends)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(io_threads(), thread_name_prefix="shardsafe-io")
-        return _pool
-
 
 def _address(buf: memoryview) -> int:
     return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) if len(buf) else 0
@@ -56,21 +39,6 @@ def _pwrite_all(fd: int, buf: memoryview, offset: int) -> None:
     while len(buf):
         n = os.pwrite(fd, buf, offset)
         buf, offset = buf[n:], offset + n
-
-
-def wait_all(futures: Sequence[Future]) -> None:
-    """Waits for every future, then re-raises the first error (never leaves one running).
-
-    Callers close descriptors and free buffers after this returns, so no job may still
-    be using them: waiting for all before raising is what makes that safe.
-    """
-    first: BaseException | None = None
-    for f in futures:
-        exc = f.exception()
-        if exc is not None and first is None:
-            first = exc
-    if first is not None:
-        raise first
 
 
 class LocalFileWriter:
@@ -186,7 +154,7 @@ class LocalStorage:
 
     def __init__(self, *, direct_io: bool | None = None) -> None:
         if direct_io is None:
-            direct_io = os.environ.get("SHARDSAFE_DIRECT_IO", "1") != "0"
+            direct_io = knobs.direct_io()
         self.direct_io = direct_io and bool(_O_DIRECT)
 
     def join(self, *parts: str) -> str:
@@ -210,11 +178,8 @@ class LocalStorage:
             offset += len(b)
         w = LocalFileWriter(path, offset, direct_io=self.direct_io)
         try:
-            if len(jobs) <= 1:
-                for seg, off in jobs:
-                    w.write_at(off, seg)
-            else:
-                wait_all([io_pool().submit(w.write_at, o, s) for s, o in jobs])
+            for seg, off in jobs:
+                w.write_at(off, seg)
         except BaseException:
             w.abort()
             raise

@@ -1,17 +1,15 @@
-"""The distributed phases of a save: plan together, agree on begin, commit in two phases.
+"""The two-phase commit of a collective save, through the c10d Store only.
 
-``engine.pipeline`` calls these when the group has more than one rank:
+Safe on any thread (it never touches the process group, so it may run on an async
+save's background thread while training collectives go on):
 
-* **plan** (caller's thread, process-group collectives, like any training
-  collective): each rank flattens its state, localises DTensors and reports what it
-  holds; rank 0 plans who writes what (``plan.distribute``), checks the target path,
-  picks the transaction token and broadcasts the decision. A rank that fails here
-  (an unsavable value) reports its error instead, and every rank raises.
-* **begin / commit / abort** (any thread; the c10d Store only, never the process
-  group): rank 0 creates the working directory and says so; every rank writes its own
-  data file into it; each rank then sends its chunk entries (JSON) to rank 0, which
-  publishes the index only if every rank succeeded within ``timeout``, and tells the
-  others. A rank that died or raised leaves no commit, and the others raise
+* **begin**: rank 0 creates the working directory and says so; the others wait
+  (bounded) before writing their data files into it.
+* **commit**: each rank sends its chunk entries (JSON) to rank 0, which checks that
+  together they cover every tensor exactly, publishes the index only if every rank
+  succeeded within ``timeout``, and tells the others.
+* **abort**: a rank that failed tells the others, so nothing commits and nobody
+  waits for it. A rank that died leaves no commit either: the others raise
   ``CheckpointTimeoutError``/``CheckpointError`` instead of hanging.
 
 Store keys live under ``shardsafe/<group>/<token>/``; the token is unique per save.
@@ -22,97 +20,18 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
-from ..comm import Channel, Comm
+from ..comm import Channel
 from ..comm.channel import announce, gather, get, missing_ranks, receive, timeout_error
 from ..errors import CheckpointError
 from ..format import index as fmt
-from ..format.tree import Node, render_path
-from ..plan.distribute import decode_plan, decode_report, encode_plan, plan_writers
-from ..plan.distribute import encode_report
-from ..plan.flatten import TensorItem, flatten
-from ..plan.sharding import everywhere, localize, make_report, my_share
-from ..storage import Storage
+from ..format.tree import render_path
+from ..plan.flatten import TensorItem
 from . import commit
-
-if TYPE_CHECKING:
-    from .pipeline import PreparedSave
+from .prepared import Entries, PreparedSave, build_index
 
 log = logging.getLogger("shardsafe")
-
-
-def default_timeout() -> float:
-    """Seconds a rank waits for the others (``SHARDSAFE_TIMEOUT``, default 600)."""
-    return float(os.environ.get("SHARDSAFE_TIMEOUT", "600"))
-
-
-@dataclass(slots=True)
-class Planned:
-    """This rank's outcome of the planning collective."""
-
-    tree: Node
-    items: list[TensorItem]
-    mine: list[TensorItem]
-    txn: commit.Transaction
-    token: str
-
-
-def _decide(comm: Comm, storage: Storage, spath: str, overwrite: bool, messages: Sequence[bytes],
-            plain: list[tuple[int, int]]) -> dict[str, Any]:
-    """Rank 0: plans the writers and the transaction; returns the decision to broadcast."""
-    for r, raw in enumerate(messages):
-        if raw[:1] == b"E":
-            return {"error": f"rank {r} failed: {raw[1:].decode('utf-8', 'replace')}"}
-    try:
-        plan = plan_writers(comm.world_size, [decode_report(raw[1:]) for raw in messages], plain)
-        token = uuid.uuid4().hex[:16]
-        txn = commit.plan_transaction(storage, spath, overwrite=overwrite, token=token)
-    except (ValueError, TypeError, CheckpointError, OSError) as e:
-        return {"error": f"rank 0 failed: {type(e).__name__}: {e}"}
-    return {"token": token, "workdir": txn.workdir, "replace": txn.replace,
-            "plan": encode_plan(plan).decode("utf-8")}
-
-
-def plan_collective(state: Mapping[str, Any], storage: Storage, spath: str, comm: Comm, *,
-                    overwrite: bool, check_metadata: Any) -> Planned:
-    """The planning collective (caller's thread): every rank of ``comm`` calls it.
-
-    Raises:
-        TypeError: this rank's state holds a value that cannot be saved.
-        CheckpointError: another rank failed to prepare, or the path is not writable.
-    """
-    local_error: BaseException | None = None
-    try:
-        check_metadata()  # the same metadata everywhere: every rank raises the same error
-        tree, items = flatten(state)
-        holders = localize(items, comm.group_rank)
-        message = b"R" + encode_report(make_report(comm.rank, items, holders))
-    except BaseException as e:  # noqa: BLE001 - reported to the other ranks, then re-raised
-        local_error = e
-        message = b"E" + f"{type(e).__name__}: {e}".encode("utf-8", "replace")
-    gathered = comm.gather_bytes(message, dst=0)
-    decision_bytes = None
-    if comm.rank == 0:
-        plain = everywhere(items, holders) if local_error is None else []
-        decision = _decide(comm, storage, spath, overwrite, gathered or [], plain)
-        decision_bytes = json.dumps(decision).encode("utf-8")
-    decision = json.loads(comm.broadcast_bytes(decision_bytes, src=0).decode("utf-8"))
-    if local_error is not None:
-        raise local_error
-    if "error" in decision:
-        raise CheckpointError(f"collective save to {spath!r} aborted before writing: "
-                              f"{decision['error']}")
-    txn = commit.Transaction(storage, spath, decision["workdir"], bool(decision["replace"]))
-    mine = my_share(decode_plan(decision["plan"].encode("utf-8")), comm.rank, items, holders)
-    return Planned(tree, items, mine, txn, decision["token"])
-
-
-# ----------------------------------------------------------------------------- store side
 
 
 def begin(prep: PreparedSave) -> None:
@@ -136,7 +55,7 @@ def encode_entries(by_item: dict[int, list[fmt.ChunkEntry]], files: list[fmt.Fil
     return json.dumps(body, separators=(",", ":")).encode("utf-8")
 
 
-def decode_entries(data: bytes) -> tuple[dict[int, list[fmt.ChunkEntry]], list[fmt.FileEntry]]:
+def decode_entries(data: bytes) -> Entries:
     """Inverse of ``encode_entries``."""
     body = json.loads(data.decode("utf-8"))
     by_item: dict[int, list[fmt.ChunkEntry]] = {}
@@ -146,8 +65,7 @@ def decode_entries(data: bytes) -> tuple[dict[int, list[fmt.ChunkEntry]], list[f
     return by_item, [fmt.FileEntry(*f) for f in body["files"]]
 
 
-def check_coverage(items: Sequence[TensorItem],
-                   parts: Sequence[tuple[dict[int, list[fmt.ChunkEntry]], list[fmt.FileEntry]]]) -> None:
+def check_coverage(items: Sequence[TensorItem], parts: Sequence[Entries]) -> None:
     """Raises CheckpointError unless every tensor's chunks hold exactly its elements."""
     count: dict[int, int] = {}
     for by_item, _ in parts:
@@ -160,8 +78,12 @@ def check_coverage(items: Sequence[TensorItem],
                                   f"{list(it.shape)} needs {math.prod(it.shape)}")
 
 
-def commit_save(prep: PreparedSave, entries: bytes, build_index: Any) -> None:
+def commit_save(prep: PreparedSave, local: Entries) -> None:
     """The two-phase commit; every rank calls it once its files are durable.
+
+    ``local`` is this rank's part of the index (``prepared.local_entries``); rank 0
+    checks that the parts of all ranks cover every tensor exactly (``check_coverage``)
+    before it publishes the index (``prepared.build_index``).
 
     Rank 0 publishes the index only if every rank sent its entries within the timeout,
     then waits (bounded) until the others have read its verdict: it usually hosts the
@@ -173,6 +95,7 @@ def commit_save(prep: PreparedSave, entries: bytes, build_index: Any) -> None:
     """
     ch = prep.channel
     assert ch is not None
+    entries = encode_entries(*local)
     if prep.comm.rank != 0:
         prep.reported = True
         gather(ch, "chunks", b"R" + entries, prep.timeout, dst=0)
@@ -254,30 +177,3 @@ def abort(prep: PreparedSave, error: BaseException | None) -> None:
             gather(ch, "chunks", b"E" + text.encode("utf-8", "replace"), prep.timeout, dst=0)
     except CheckpointError as e:  # the store is gone too; the original error matters more
         log.warning("could not tell the other ranks that this save failed: %s", e)
-
-
-# ----------------------------------------------------------------------------- load side
-
-
-def read_index_collective(storage: Storage, spath: str, comm: Comm) -> fmt.Index:
-    """Rank 0 reads and validates the index once and broadcasts its bytes; all decode.
-
-    With many ranks this replaces N index reads and N x files size checks (a metadata
-    storm on shared file systems, N GETs on object stores) with one. When rank 0 fails,
-    every other rank reads the index itself, so it raises the very same error.
-    """
-    message, error = None, None
-    if comm.rank == 0:
-        try:
-            raw, index = commit.read_index_bytes(storage, spath)
-            message = b"R" + raw
-        except CheckpointError as e:
-            error, message = e, b"E"
-    data = comm.broadcast_bytes(message, src=0)
-    if error is not None:
-        raise error
-    if comm.rank == 0:
-        return index
-    if data[:1] != b"R":
-        return commit.read_index(storage, spath)
-    return fmt.decode_index(data[1:])
