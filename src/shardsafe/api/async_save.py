@@ -21,7 +21,7 @@ def default_checkpointer() -> Checkpointer:
     """
     global _default
     with _default_lock:
-        if _default is None or _default._closed:
+        if _default is None or _default.closed:
             _default = Checkpointer()
         return _default
 

@@ -158,12 +158,17 @@ class Checkpointer:
                 self._thread = None
             else:  # no writer thread to abort: tell the other ranks ourselves
                 pipeline.abort(prep, e)
-            handle._mark_collected()  # the caller gets it right here
+            handle.mark_collected()  # the caller gets it right here
             self._inflight = None
             raise
-        handle._set_staged()
+        handle.mark_staged()
         if not self.overlap_writes:
             self._start(prep, handle, lambda: (writes, tasks), stage=False)
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called (a closed Checkpointer refuses new saves)."""
+        return self._closed
 
     @property
     def retained_bytes(self) -> int:
@@ -208,17 +213,16 @@ class Checkpointer:
         h = self._inflight
         if h is None:
             return
-        if not h._done.wait(SLOW_WAIT_S):
+        if not h.wait_settled(SLOW_WAIT_S):
             log.warning("save waits for the previous async save to %s, still in flight after %.0f s "
                         "(saving more often than the disk can absorb?)", h.path, SLOW_WAIT_S)
-            h._done.wait()
+            h.wait_settled()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         self._inflight = None
-        err = h._uncollected
+        err = h.take_failure()
         if err is not None:
-            h._mark_collected()
             raise CheckpointError(f"the previous async save to {h.path!r} failed: "
                                   f"{type(err).__name__}: {err}") from err
 
@@ -249,19 +253,7 @@ class Checkpointer:
             for plan in prep.plans:
                 units = FileUnits(plan, self.unit_size, BLOCK_SIZE)
                 path = prep.file_path(plan)
-                if hasattr(prep.storage, "open_writer"):
-                    fw = FileWrite(units, prep.storage, path, sources=host_sources(plan, device=False),
-                                   bounce=self._bounce)
-                    writes.append(fw)
-                    fw.start()
-                    fw.all_ready()
-                else:  # object stores take whole files: stage this one into scratch memory
-                    buf = HostBuffer(plan.layout.size)
-                    scratch.append(buf)
-                    fw = FileWrite(units, prep.storage, path, staged=buf)
-                    writes.append(fw)
-                    stage_files([StageTask(units, buf.array, fw.unit_ready)])
-                    fw.start()
+                writes.append(self._file_write(prep, units, path, scratch))
             sums = [fw.finish() for fw in writes]
             pipeline.commit_save(prep, sums)
         except BaseException as e:
@@ -272,6 +264,37 @@ class Checkpointer:
         finally:
             for b in scratch:
                 b.close()
+
+    def _file_write(self, prep: PreparedSave, units: FileUnits, path: str,
+                    scratch: list[HostBuffer]) -> FileWrite:
+        """A started sync-save FileWrite of one data file, all of it ready to be written.
+
+        Streamed through the bounce buffers when the backend writes ranges; object stores
+        (``open_writer`` gives None) take whole files, so the file is staged into scratch
+        memory (appended to ``scratch``) first.
+        """
+        writer = prep.storage.open_writer(path, units.size)
+        if writer is not None:
+            try:
+                sources = host_sources(units.plan, device=False)
+            except BaseException:
+                writer.abort()
+                raise
+            fw = FileWrite(units, prep.storage, path, sources=sources, bounce=self._bounce,
+                           writer=writer)
+            try:
+                fw.start()
+                fw.all_ready()
+            except BaseException:
+                fw.cancel()  # waits for the jobs already submitted, closes the file
+                raise
+            return fw
+        buf = HostBuffer(units.plan.layout.size)
+        scratch.append(buf)
+        fw = FileWrite(units, prep.storage, path, staged=buf)
+        stage_files([StageTask(units, buf.array, fw.unit_ready)])
+        fw.start()
+        return fw
 
 
 def _background(prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, stage: bool) -> None:
@@ -292,7 +315,7 @@ def _background(prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, stage: 
                 for fw in writes:
                     fw.fail(e)
                 raise
-            handle._set_staged()
+            handle.mark_staged()
         sums = [fw.finish() for fw in writes]
         pipeline.commit_save(prep, sums)
     # Everything the save raises is delivered to the caller through the handle (result(),
@@ -301,10 +324,10 @@ def _background(prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, stage: 
         for fw in writes:
             fw.cancel()
         pipeline.abort(prep, e)
-        handle._set_done(e)
+        handle.settle(e)
         log.debug("async save to %s failed: %s", handle.path, e)
         return
-    handle._set_done(None)
+    handle.settle(None)
     with _UNSETTLED_LOCK:
         _UNSETTLED.discard(handle)
 
@@ -327,10 +350,9 @@ def _drain_at_exit() -> None:
     for h in pending:
         if not h.done():
             log.info("waiting for the async save to %s to finish before exit", h.path)
-            h._done.wait()
-        err = h._uncollected
+            h.wait_settled()
+        err = h.take_failure()
         if err is not None:
-            h._mark_collected()
             log.error("async save to %s failed and nobody called result(): %s: %s", h.path,
                       type(err).__name__, err)
 

@@ -77,24 +77,34 @@ class SaveHandle:
         return f"SaveHandle({self.path!r}, {state})"
 
     # ----------------------------------------------------------------- engine side
-    def _elapsed(self) -> float:
-        return time.perf_counter() - self._t0
+    # Called by the Checkpointer that runs the save, not by users.
 
-    def _set_staged(self) -> None:
+    def mark_staged(self) -> None:
+        """The state has been copied: ``wait_staged()`` returns from now on."""
         self.timings.setdefault("staged", self._elapsed())
         self._staged.set()
 
-    def _set_done(self, error: BaseException | None = None) -> None:
+    def settle(self, error: BaseException | None = None) -> None:
+        """The save committed (``error`` None) or failed with ``error``; wakes every waiter."""
         if error is None:
             self.timings["durable"] = self._elapsed()
         self._error = error
         self._staged.set()
         self._done.set()
 
-    @property
-    def _uncollected(self) -> BaseException | None:
-        """The failure nobody has seen yet (None when none or already raised)."""
-        return None if self._collected else self._error
+    def wait_settled(self, timeout: float | None = None) -> bool:
+        """Waits until ``settle`` was called (at most ``timeout`` s); True if it was."""
+        return self._done.wait(timeout)
 
-    def _mark_collected(self) -> None:
+    def take_failure(self) -> BaseException | None:
+        """The failure nobody has seen yet, now marked seen (None when none or already seen)."""
+        err = None if self._collected else self._error
         self._collected = True
+        return err
+
+    def mark_collected(self) -> None:
+        """The caller got this save's failure another way (raised to it directly)."""
+        self._collected = True
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self._t0

@@ -13,8 +13,8 @@ Two sources of bytes:
   written with direct I/O, gathers the source slices straight into ``pwritev``;
   checksums read the source tensors, which do not change during a sync save.
 
-Storages without ranged writes (object stores) get the whole staged file in one
-``Storage.write`` at the end.
+Storages without ranged writes (object stores: ``Storage.open_writer`` returns None)
+get the whole staged file in one ``Storage.write`` at the end.
 """
 
 from __future__ import annotations
@@ -23,34 +23,16 @@ import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Protocol
-
 import numpy as np
 
 from ..format.checksum import crc32c
-from ..storage.base import Storage
+from ..storage.base import RangeWriter, Storage
 from .io_pool import io_pool, wait_all
 from .buffers import BouncePool, HostBuffer, round_up
 from .staging import copy_unit
 from .units import HEADER, Block, FileUnits
 
 log = logging.getLogger("shardsafe")
-
-class RangeWriter(Protocol):
-    """What ``Storage.open_writer`` returns (see ``storage.local.LocalFileWriter``)."""
-
-    direct: bool
-
-    def write_at(self, offset: int, data: memoryview) -> None: ...
-    def write_gather(self, offset: int, views: Sequence[memoryview]) -> None: ...
-    def close(self, *, sync: bool = True) -> None: ...
-    def abort(self) -> None: ...
-
-
-def open_writer(storage: Storage, path: str, size: int) -> RangeWriter | None:
-    """A ranged writer when the backend has one (local files), else None."""
-    opener = getattr(storage, "open_writer", None)
-    return opener(path, size) if opener is not None else None
 
 
 class FileWrite:
@@ -62,11 +44,13 @@ class FileWrite:
         staged: The file image (staged mode), or None for streamed mode.
         sources: Per-item flat uint8 host views (streamed mode).
         bounce: Bounce buffers for streamed direct writes.
+        writer: The file, already opened with ``storage.open_writer`` (default: opened by
+            ``start``).
     """
 
     def __init__(self, units: FileUnits, storage: Storage, path: str, *,
                  staged: HostBuffer | None = None, sources: Sequence[np.ndarray] | None = None,
-                 bounce: BouncePool | None = None) -> None:
+                 bounce: BouncePool | None = None, writer: RangeWriter | None = None) -> None:
         if (staged is None) == (sources is None):
             raise ValueError("give exactly one of staged= and sources=")
         self.units, self.storage, self.path = units, storage, path
@@ -77,7 +61,7 @@ class FileWrite:
         self._prefix = 0  # units [0, prefix) are all ready
         self._pending: list[tuple[str, int]] = []  # jobs noted before start()
         self._futures: list[Future] = []
-        self._writer: RangeWriter | None = None
+        self._writer = writer
         self._started = False
         self._all_ready = threading.Event()
         self._failed: BaseException | None = None
@@ -85,7 +69,8 @@ class FileWrite:
     # ------------------------------------------------------------------ dispatch
     def start(self) -> None:
         """Opens the file; jobs for units already ready are submitted now, later ones on arrival."""
-        self._writer = open_writer(self.storage, self.path, self.units.size)
+        if self._writer is None:
+            self._writer = self.storage.open_writer(self.path, self.units.size)
         if self._writer is None and self.staged is None:
             raise ValueError(f"{type(self.storage).__name__} has no ranged writes; stage the file")
         with self._lock:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Storage
+from .base import RangeWriter, Storage
 from .local import LocalStorage
 
 
@@ -21,4 +21,4 @@ def storage_for(path: str, storage_options: dict | None = None) -> tuple[Storage
     return FsspecStorage.for_url(path, storage_options or {})
 
 
-__all__ = ["Storage", "LocalStorage", "storage_for"]
+__all__ = ["RangeWriter", "Storage", "LocalStorage", "storage_for"]

@@ -6,6 +6,33 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 
+class RangeWriter(Protocol):
+    """One file being written in disjoint ranges, from any threads (``Storage.open_writer``).
+
+    Attributes:
+        direct: True while aligned ranges bypass the page cache (callers then hand it
+            page-aligned buffers; see ``storage.local.LocalFileWriter``).
+    """
+
+    direct: bool
+
+    def write_at(self, offset: int, data: memoryview) -> None:
+        """Writes ``data`` at ``offset`` (ranges may extend past the size: ``close`` truncates)."""
+        ...
+
+    def write_gather(self, offset: int, views: Sequence[memoryview]) -> None:
+        """Writes ``views`` back to back from ``offset``."""
+        ...
+
+    def close(self, *, sync: bool = True) -> None:
+        """Truncates the file to its size and (by default) makes it durable, then closes it."""
+        ...
+
+    def abort(self) -> None:
+        """Closes without making the file durable (the caller deletes it)."""
+        ...
+
+
 @runtime_checkable
 class Storage(Protocol):
     """Primitive file operations under string paths, in the backend's own syntax.
@@ -19,6 +46,15 @@ class Storage(Protocol):
 
     def join(self, *parts: str) -> str:
         """Joins path components."""
+        ...
+
+    def open_writer(self, path: str, size: int) -> RangeWriter | None:
+        """Creates ``path`` (``size`` bytes) for ranged writes, or returns None.
+
+        None means the backend takes whole files only (object stores): the caller then
+        hands the complete file to ``write``. The backend starts no threads: callers
+        write ranges concurrently from their own (the engine's I/O pool).
+        """
         ...
 
     def write(self, path: str, buffers: Sequence[memoryview]) -> None:

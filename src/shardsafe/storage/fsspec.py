@@ -147,6 +147,10 @@ class FsspecStorage:
         return posixpath.join(*parts)
 
     # ------------------------------------------------------------------ writing
+    def open_writer(self, path: str, size: int) -> None:
+        """None: objects are uploaded whole (or as one multipart upload) by ``write``."""
+        return None
+
     @_os_errors
     def write(self, path: str, buffers: Sequence[memoryview]) -> None:
         data = _Parts(buffers)
