@@ -6,7 +6,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ..engine.checkpointer import Checkpointer
+from ..engine.checkpointer import Checkpointer, StagingMode
 from ..engine.handle import SaveHandle
 
 _default_lock = threading.Lock()
@@ -26,7 +26,7 @@ def default_checkpointer() -> Checkpointer:
         return _default
 
 
-def async_save(state: Mapping[str, Any], path: str, *, staging: str = "blocking",
+def async_save(state: Mapping[str, Any], path: str, *, staging: StagingMode = "blocking",
                overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
                storage_options: dict | None = None, process_group: Any = None,
                timeout: float | None = None) -> SaveHandle:

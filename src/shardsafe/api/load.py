@@ -27,8 +27,11 @@ class LoadResult:
     """What an in-place ``load(path, state, strict=False)`` skipped (all empty when strict)."""
 
     missing: list[str] = field(default_factory=list)
+    """Key paths of ``state`` that the checkpoint does not hold (left unchanged)."""
     unexpected: list[str] = field(default_factory=list)
+    """Key paths in the checkpoint that ``state`` has no place for (not loaded)."""
     mismatched: list[str] = field(default_factory=list)
+    """Key paths whose shape or dtype differs between checkpoint and ``state`` (not loaded)."""
 
 
 def _read(reader: Reader, targets: list[TensorTarget]) -> None:

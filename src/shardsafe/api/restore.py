@@ -26,7 +26,9 @@ class TensorTarget:
     """A checkpoint tensor and the host/device tensor it is read into."""
 
     entry: TensorEntry
+    """The tensor's index entry (its chunks)."""
     target: Any
+    """The tensor (or DTensor) its bytes are read into."""
 
 
 @dataclass(slots=True)
@@ -34,11 +36,17 @@ class Matching:
     """What a load will do, and what did not fit."""
 
     reads: list[TensorTarget] = field(default_factory=list)
-    assignments: list[tuple[Any, Any, Any]] = field(default_factory=list)  # (container, key, value)
+    """Tensors to read in place."""
+    assignments: list[tuple[Any, Any, Any]] = field(default_factory=list)
+    """``(container, key, value)``: plain values to store once the reads succeeded."""
     finalizers: list[Callable[[], None]] = field(default_factory=list)
+    """Calls that finish a load (e.g. ``load_state_dict`` of Stateful objects), in order."""
     missing: list[str] = field(default_factory=list)
+    """Key paths of the target absent from the checkpoint."""
     unexpected: list[str] = field(default_factory=list)
+    """Key paths of the checkpoint absent from the target."""
     mismatched: list[str] = field(default_factory=list)
+    """Key paths whose shape, dtype or type differ."""
 
     def problems(self) -> list[str]:
         return ([f"missing in checkpoint: {k}" for k in self.missing]

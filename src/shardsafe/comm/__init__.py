@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from .base import Comm, SingleProcess, SingleProcessComm
+from .base import Comm, SingleProcessComm
 from .channel import Channel, LocalChannel
 
 
@@ -34,15 +34,6 @@ def get_comm(process_group: Any = None) -> Comm:
     return TorchComm(process_group)
 
 
-def global_rank() -> int:
-    """This process's rank in the default group (0 without torch.distributed)."""
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return 0
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
 def free_loopback_port() -> int:
     """A TCP port free on 127.0.0.1 right now, for a local job's ``MASTER_PORT``."""
     with socket.socket() as s:
@@ -50,5 +41,5 @@ def free_loopback_port() -> int:
         return int(s.getsockname()[1])
 
 
-__all__ = ["Channel", "Comm", "LocalChannel", "SingleProcess", "SingleProcessComm", "distributed_active",
-           "free_loopback_port", "get_comm", "global_rank"]
+__all__ = ["Channel", "Comm", "LocalChannel", "SingleProcessComm", "distributed_active",
+           "free_loopback_port", "get_comm"]

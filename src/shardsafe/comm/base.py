@@ -128,6 +128,3 @@ class SingleProcessComm:
 
     def group_rank(self, global_rank: int) -> int:
         return 0 if global_rank == 0 else -1
-
-
-SingleProcess = SingleProcessComm  # the name the save pipeline's seam first used

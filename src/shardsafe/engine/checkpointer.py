@@ -20,7 +20,7 @@ import concurrent.futures.thread  # noqa: F401 - registers its exit hook before 
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 from ..comm import Comm, get_comm
 from ..errors import CheckpointError
@@ -35,7 +35,9 @@ from .writer import FileWrite
 
 log = logging.getLogger("shardsafe")
 
-STAGING_MODES = ("blocking", "background")
+StagingMode = Literal["blocking", "background"]
+"""How ``async_save`` copies the state: on the caller's thread, or in the background."""
+STAGING_MODES: tuple[StagingMode, ...] = get_args(StagingMode)
 _JobMaker = Callable[[], "tuple[list[FileWrite], list[StageTask]]"]
 BACKGROUND_COPY_THREADS = 1
 SLOW_WAIT_S = 1.0  # a new save waiting longer than this for the previous one logs a warning
@@ -99,7 +101,7 @@ class Checkpointer:
                                 storage_options=storage_options, comm=self._comm(process_group),
                                 timeout=timeout)
 
-    def async_save(self, state: Mapping[str, Any], path: str, *, staging: str = "blocking",
+    def async_save(self, state: Mapping[str, Any], path: str, *, staging: StagingMode = "blocking",
                    overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
                    storage_options: dict | None = None, process_group: Any = None,
                    timeout: float | None = None) -> SaveHandle:

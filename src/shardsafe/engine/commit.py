@@ -86,9 +86,13 @@ class Transaction:
     """An unfinished save: files go to ``workdir``; ``final`` is where it commits."""
 
     storage: Storage
+    """Backend of the checkpoint."""
     final: str
+    """Path of the committed checkpoint."""
     workdir: str
+    """Where the data files and the index are written (``final`` itself on object stores)."""
     replace: bool
+    """A committed checkpoint is at ``final`` and is replaced (``overwrite=True``)."""
 
 
 def _split(path: str) -> tuple[str, str]:

@@ -84,9 +84,13 @@ class StageTask:
     """One data file to stage: its units, item sources, destination, and a progress callback."""
 
     units: FileUnits
+    """The file's units (what to copy where)."""
     out: np.ndarray
+    """The file image (uint8, the file's size) the units are copied into."""
     on_unit: Callable[[int], None] | None = None
+    """Called with ``k`` once unit ``k`` holds its final bytes (any thread, any order)."""
     sources: list[np.ndarray | None] | None = None
+    """Per-item flat host bytes (default: ``host_sources`` of the plan; None: a CUDA item)."""
 
 
 def stage_files(tasks: Sequence[StageTask], *, threads: int | None = None) -> None:

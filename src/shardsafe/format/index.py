@@ -108,12 +108,6 @@ class Index:
     library: str = ""
     format_version: int = FORMAT_VERSION
 
-    def file(self, name: str) -> FileEntry:
-        for f in self.files:
-            if f.name == name:
-                return f
-        raise KeyError(name)
-
 
 def num_blocks(nbytes: int, block_size: int) -> int:
     """Number of checksum blocks of a chunk (at least one, also for zero bytes)."""
