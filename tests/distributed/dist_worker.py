@@ -322,9 +322,27 @@ def s_manager(out: str) -> dict[str, Any]:
     write_full_state(model2, opt2, os.path.join(out, f"managed-restored-r{RANK}.safetensors"))
     return res
 
+def s_lost(out: str) -> dict[str, Any]:
+    """Rank 1's share of the plan is lost (as a planner bug would lose it): nothing commits."""
+    from shardsafe.engine import plan_exchange
+
+    res: dict[str, Any] = {}
+    mesh = init_device_mesh("cpu", (WORLD,))
+    x = distribute_tensor(torch.arange(WORLD * 64, dtype=torch.float32).reshape(WORLD * 8, 8),
+                          mesh, [Shard(0)])
+    if RANK == 1:
+        plan_exchange.my_share = lambda *args, **kwargs: []  # type: ignore[assignment]
+    try:
+        shardsafe.save({"x": x, "step": 3}, os.path.join(out, "lost"), timeout=30.0)
+        res["error"] = None
+    except shardsafe.CheckpointError as e:
+        res["error"] = type(e).__name__
+        res["message"] = str(e)
+    return res
+
 
 SCENARIOS = {"comm": s_comm, "save": s_save, "load": s_load, "kill": s_kill, "async": s_async,
-             "manager": s_manager}
+             "manager": s_manager, "lost": s_lost}
 
 
 def main() -> None:
