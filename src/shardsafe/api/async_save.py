@@ -48,4 +48,4 @@ def async_save(state: Mapping[str, Any], path: str, *, staging: StagingMode = "b
                                              process_group=process_group, timeout=timeout)
 
 
-__all__ = ["async_save", "default_checkpointer", "SaveHandle", "Checkpointer"]
+__all__ = ["async_save", "default_checkpointer"]
