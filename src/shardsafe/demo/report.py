@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
+
+from .._numbers import human_bytes as _human_bytes
 from .compare import summarize
 from .events import SaveEvent
 from .run import DemoResult
 
 _WIDTH = 13  # label column
-
-
-def human_bytes(n: float) -> str:
-    """``1536`` -> ``'1.5 KiB'``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+human_bytes = partial(_human_bytes, largest="GiB")  # the demo's sizes stay in GiB at most
 
 
 def _ms(seconds: float) -> str:

@@ -17,9 +17,10 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .._numbers import ceil_div
 from .dtypes import lookup
 
-ALIGN = 4096
+ALIGN = 4096  # direct-I/O alignment of data sections and buffers; the one definition
 METADATA_KEY = "__metadata__"
 
 
@@ -77,7 +78,7 @@ def layout(slots: Sequence[Slot]) -> Layout:
         rel[i] = pos
         pos += s.nbytes
     text = json.dumps(entries, separators=(",", ":")).encode("utf-8")
-    total = -(-(8 + len(text)) // ALIGN) * ALIGN
+    total = ceil_div(8 + len(text), ALIGN) * ALIGN
     header = struct.pack("<Q", total - 8) + text + b" " * (total - 8 - len(text))
     return Layout(header, tuple(total + r for r in rel), total + pos)
 

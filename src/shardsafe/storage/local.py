@@ -20,11 +20,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from ..format.datafile import ALIGN
 from .cached_or_direct import read_range
 
 log = logging.getLogger("shardsafe")
 
-ALIGN = 4096
 SEGMENT = 64 << 20  # bytes one thread writes per call
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _RENAME_EXCHANGE = 2
