@@ -39,36 +39,24 @@ from ..comm import free_loopback_port
 from .compare import differences, fingerprint, summarize
 from .events import WorkerLog
 from .plan import Interruptions, plan_interruptions
-from .process import DemoError, _worker_env
-from .report import _line
+from .process import DemoError, worker_env
+from .report import continued, labelled
 from .run import DemoOptions, in_demo_directory
+from .train import TrainConfig
 
 
-@dataclass(frozen=True, slots=True)
-class DistConfig:
+BATCH_SIZE = 32  # per rank
+
+
+def job_config(steps: int, seed: int, nproc: int) -> TrainConfig:
     """The distributed demo job (every rank of every run uses the same values)."""
-
-    steps: int
-    seed: int
-    nproc: int
-    samples: int = 1000
-    features: int = 32
-    hidden: int = 256
-    classes: int = 10
-    batch_size: int = 32
-    dropout: float = 0.1
-
-    def describe(self) -> str:
-        """One line naming the model and training setup (for the report)."""
-        return (f"MLP {self.features}-{self.hidden}-{self.hidden}-{self.classes} with dropout, "
-                f"sharded by FSDP2 over {self.nproc} ranks (gloo, CPU), AdamW, warmup LR, "
-                f"per-rank StatefulDataLoader (DistributedSampler, batch {self.batch_size})")
+    return TrainConfig(steps=steps, seed=seed, nproc=nproc, batch_size=BATCH_SIZE)
 
 
 # ----------------------------------------------------------------------------- one rank
 
 
-def build_state(cfg: DistConfig, rank: int, world: int) -> dict[str, Any]:
+def build_state(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     """The complete training state of one rank (step 0)."""
     import numpy as np
     import torch
@@ -169,7 +157,7 @@ def worker(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    trainer = RankTrainer(build_state(DistConfig(args.steps, args.seed, world), rank, world))
+    trainer = RankTrainer(build_state(job_config(args.steps, args.seed, world), rank, world))
     mgr = shardsafe.CheckpointManager(args.dir, save_interval_steps=args.every or None,
                                       max_to_keep=args.keep, async_save=not args.sync,
                                       preemption_signals=(signal.SIGTERM,) if args.every else ())
@@ -215,7 +203,7 @@ def run_job(name: str, nproc: int, args: list[str], *, timeout_s: float,
     """
     log = WorkerLog(name)
     start = time.perf_counter()
-    env = dict(_worker_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_loopback_port()),
+    env = dict(worker_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_loopback_port()),
                WORLD_SIZE=str(nproc))
     errs = [tempfile.TemporaryFile(mode="w+") for _ in range(nproc)]
     procs = [subprocess.Popen([sys.executable, "-m", "shardsafe.demo.distributed", *args],
@@ -276,7 +264,7 @@ class DistResult:
     """What the distributed demo report shows."""
 
     options: DemoOptions
-    config: DistConfig
+    config: TrainConfig
     plan: Interruptions
     reference: WorkerLog
     crashed: WorkerLog
@@ -321,7 +309,7 @@ def _run_in(directory: str, opts: DemoOptions) -> DistResult:
     extra = ["--forget-rng"] if opts.corrupt_resume else []
     resumed = run_job("resumed", n, [*managed, "--resume", "--final", res_final, *extra], timeout_s=t)
     ref_state, res_state = shardsafe.load(ref_final), shardsafe.load(res_final)
-    return DistResult(opts, DistConfig(opts.steps, opts.seed, n), plan, reference, crashed,
+    return DistResult(opts, job_config(opts.steps, opts.seed, n), plan, reference, crashed,
                       preempted, resumed, differences(ref_state, res_state), fingerprint(res_state))
 
 
@@ -343,32 +331,32 @@ def report(r: DistResult) -> str:
         f"shardsafe demo on {r.config.nproc} ranks: SIGKILL and preempt a distributed training "
         f"job, resume it, compare with an uninterrupted job",
         "",
-        _line("job", r.config.describe()),
-        _line("steps", f"{o.steps}, a checkpoint every {o.every} steps ({'sync' if o.sync else 'async'} "
+        labelled("job", r.config.describe()),
+        labelled("steps", f"{o.steps}, a checkpoint every {o.every} steps ({'sync' if o.sync else 'async'} "
                        f"CheckpointManager on every rank, max_to_keep {o.keep}, seed {o.seed})"),
-        _line("crash", f"SIGKILL to all {r.config.nproc} ranks once step {crash.signal_sent_at} was "
+        labelled("crash", f"SIGKILL to all {r.config.nproc} ranks once step {crash.signal_sent_at} was "
                        f"reported (planned {r.plan.crash_at}); the next job resumed from step "
                        f"{pre.resumed_from}"),
-        _line("preemption", f"SIGTERM to all ranks once step {pre.signal_sent_at} was reported "
+        labelled("preemption", f"SIGTERM to all ranks once step {pre.signal_sent_at} was reported "
                             f"(planned {r.plan.preempt_at}); the ranks agreed on step "
                             f"{pre.preempted_step}, saved it and exited; the next job resumed "
                             f"from step {res.resumed_from}"),
-        _line("checkpoints", f"{sum(len(w.saves) for w in (crash, pre, res))} saves, one data "
+        labelled("checkpoints", f"{sum(len(w.saves) for w in (crash, pre, res))} saves, one data "
                              f"file per rank each; per save the loop stalled "
                              f"{sum(stalls) / len(stalls) * 1e3:.1f} ms on rank 0 (mean)"),
-        _line("wall time", f"reference {r.reference.wall_s:.1f} s, crashed {crash.wall_s:.1f} s, "
+        labelled("wall time", f"reference {r.reference.wall_s:.1f} s, crashed {crash.wall_s:.1f} s, "
                            f"preempted {pre.wall_s:.1f} s, resumed {res.wall_s:.1f} s"),
     ]
     for p in r.problems:
-        lines.append(_line("problem", p))
+        lines.append(labelled("problem", p))
     if r.identical:
-        lines.append(_line("result", f"IDENTICAL: sharded parameters and optimizer state, LR "
+        lines.append(labelled("result", f"IDENTICAL: sharded parameters and optimizer state, LR "
                                      f"schedule, every rank's data loader and RNG match the "
                                      f"uninterrupted job bit for bit (sha256 {r.fingerprint[:16]}...)"))
     else:
-        lines.append(_line("result", f"DIFFERENT: {len(r.differences)} key path(s) differ from "
+        lines.append(labelled("result", f"DIFFERENT: {len(r.differences)} key path(s) differ from "
                                      f"the uninterrupted job:"))
-        lines += [" " * 15 + d for d in summarize(r.differences)]
+        lines += [continued(d) for d in summarize(r.differences)]
     return "\n".join(lines)
 
 
