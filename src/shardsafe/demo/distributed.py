@@ -239,24 +239,37 @@ def run_job(name: str, nproc: int, args: list[str], *, timeout_s: float,
             p.wait()
     log.returncode = codes[0]
     log.wall_s = time.perf_counter() - start
-    stderr = []
+    stderr = _stderr_tails(errs)
+    _check_job(log, codes, stderr, signal_at, timed_out=log.wall_s >= timeout_s)
+    return log
+
+
+def _stderr_tails(errs: list[Any]) -> list[str]:
+    """The end of each rank's stderr (the files are closed)."""
+    out = []
     for r, f in enumerate(errs):
         f.seek(0)
-        stderr.append(f"--- rank {r}\n{f.read()[-2000:]}")
+        out.append(f"--- rank {r}\n{f.read()[-2000:]}")
         f.close()
+    return out
+
+
+def _check_job(log: WorkerLog, codes: list[int], stderr: list[str],
+               signal_at: tuple[int, signal.Signals] | None, *, timed_out: bool) -> None:
+    """Raises ``DemoError`` unless the job ended as planned (see ``run_job``)."""
+    name = log.name
     sig = None if signal_at is None else signal_at[1]
     if sig == signal.SIGKILL and log.signal_sent_at is not None and \
             all(c == -signal.SIGKILL for c in codes):
-        return log
+        return
     if any(codes):
-        why = "timed out" if time.perf_counter() - start >= timeout_s else f"exited with {codes}"
+        why = "timed out" if timed_out else f"exited with {codes}"
         raise DemoError(f"the {name} job {why}:\n" + "\n".join(stderr))
     if signal_at is not None and (log.signal_sent_at is None or sig == signal.SIGKILL):
         raise DemoError(f"the {name} job ended before {signal_at[1].name} at step {signal_at[0]}")
     if sig == signal.SIGTERM and log.preempted_step is None:
         raise DemoError(f"the {name} job got SIGTERM but saved no preemption checkpoint:\n"
                         + "\n".join(stderr))
-    return log
 
 
 @dataclass(slots=True)
