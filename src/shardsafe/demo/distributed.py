@@ -41,7 +41,7 @@ from .events import WorkerLog
 from .plan import Interruptions, plan_interruptions
 from .process import DemoError, worker_env
 from .report import continued, labelled
-from .run import DemoOptions, in_demo_directory
+from .run import DemoOptions, Verdict, in_demo_directory
 from .train import TrainConfig
 
 
@@ -273,7 +273,7 @@ def _check_job(log: WorkerLog, codes: list[int], stderr: list[str],
 
 
 @dataclass(slots=True)
-class DistResult:
+class DistResult(Verdict):
     """What the distributed demo report shows."""
 
     options: DemoOptions
@@ -287,11 +287,6 @@ class DistResult:
     fingerprint: str
 
     @property
-    def identical(self) -> bool:
-        """The resumed job's final state equals the reference bit for bit."""
-        return not self.differences
-
-    @property
     def problems(self) -> list[str]:
         """Ways the preemption failed its promise (resume from exactly the saved step)."""
         pre, res = self.preempted, self.resumed
@@ -299,11 +294,6 @@ class DistResult:
             return [f"the preempted job saved step {pre.preempted_step}, but the next job "
                     f"resumed from step {res.resumed_from}"]
         return []
-
-    @property
-    def ok(self) -> bool:
-        """Identical, and the preemption lost nothing."""
-        return self.identical and not self.problems
 
 
 def _run_in(directory: str, opts: DemoOptions) -> DistResult:
