@@ -37,8 +37,8 @@ from .plan import Interruptions, plan_interruptions
 from .process import DemoError, TrainingProcess
 from .train import TrainConfig, Trainer, deterministic_process
 
-__all__ = ["DemoError", "DemoOptions", "DemoResult", "ReferenceRun", "Verdict", "in_demo_directory", "run_demo",
-           "run_reference"]
+__all__ = ["DemoError", "DemoOptions", "DemoResult", "ReferenceRun", "Verdict", "in_demo_directory",
+           "run_demo", "run_reference"]
 
 R = TypeVar("R")
 
