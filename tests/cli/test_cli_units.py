@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from shardsafe._numbers import ceil_div
 from shardsafe.cli._common import Entry
 from shardsafe.cli._tensors import leaves, subtree
 from shardsafe.cli.gc import expired
@@ -17,7 +18,7 @@ def _index(chunks: list[tuple[str, str, int, int]], block_size: int = BS) -> Ind
     """An index of 1-D uint8 tensors: (key, file, offset, nbytes) each."""
     tensors, files = [], {}
     for i, (key, file, offset, n) in enumerate(chunks):
-        nblocks = max(1, -(-n // block_size))
+        nblocks = max(1, ceil_div(n, block_size))
         c = ChunkEntry(file, offset, n, (0,), (n,), tuple(range(nblocks)))
         tensors.append(TensorEntry((key,), "numpy", "uint8", (n,), (c,)))
         files[file] = max(files.get(file, 0), offset + n)

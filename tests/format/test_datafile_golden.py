@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from shardsafe.format.datafile import ALIGN, Slot, layout, parse_header
+from shardsafe.format.datafile import ALIGN, Slot, layout, parse_header, safetensors_header
 
 SLOTS = [Slot("a", "float16", (3,)), Slot("b", "float64", (2,)), Slot("c", "bfloat16", (1,)),
          Slot("d", "complex32", (2,))]
@@ -85,3 +85,16 @@ def test_parse_header_rejects(prefix: bytes) -> None:
 def test_header_is_valid_json_when_padding_is_stripped() -> None:
     lay = layout(SLOTS)
     assert json.loads(lay.header[8:].rstrip(b" ")) == json.loads(GOLDEN_JSON)
+
+
+def test_safetensors_header_pads_the_data_section_to_the_alignment() -> None:
+    tensors = [("w", "F32", (2, 3), 24), ("b", "U8", (5,), 5)]
+    for align in (8, ALIGN):
+        header = safetensors_header({"format": "pt"}, tensors, align)
+        assert len(header) % align == 0
+        start, entries = parse_header(header)
+        assert start == len(header)
+        assert entries == {"__metadata__": {"format": "pt"},
+                           "w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+                           "b": {"dtype": "U8", "shape": [5], "data_offsets": [24, 29]}}
+    assert len(safetensors_header({}, [], 8)) == 32  # 8-byte length + 19 bytes of JSON, padded

@@ -19,7 +19,8 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
               "g": 1 << 30, "gib": 1 << 30}
@@ -57,60 +58,79 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress", action="store_true", help="log each measurement to stderr")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Runs the benchmark described by parsed ``args``; prints the markdown report."""
-    from . import limits, report, runner, states, training
-
+def _cases(args: argparse.Namespace) -> list[str]:
+    """The cases to run (``--quick`` also shrinks every size to a smoke test)."""
     if args.quick:
         args.size, args.tensor_size, args.small_count = 4 << 20, 1 << 20, 100
         args.repeat, args.steps, args.every = 1, 4, 2
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     if not set(cases) <= {"a", "b", "c"}:
         raise ValueError(f"--cases takes a subset of a,b,c, got {args.cases!r}")
+    return cases
+
+
+def _io_cases(args: argparse.Namespace, cases: list[str], directory: str,
+              log: Callable[[str], None] | None) -> tuple[dict[str, Any], dict[str, float]]:
+    """Cases (a) and (b), with the machine limits measured in the same run."""
+    from . import limits, runner, states
+
+    results: dict[str, runner.CaseResult] = {}
+    lim: dict[str, float] = {}
+    if {"a", "b"} & set(cases):
+        lim = limits.measure_limits(args.size, directory, max(1, args.repeat))
+    opts = dict(system_drop=args.drop_caches, warmup=not args.quick, log=log)
+    if "a" in cases:
+        st = states.large_tensors(args.size, args.tensor_size)
+        results["a"] = runner.run_io_case(
+            "a", f"{args.size / (1 << 20):.0f} MiB fp32 in {args.tensor_size >> 20} MiB tensors",
+            st, directory, args.repeat, **opts)
+        del st
+    if "b" in cases:
+        st = states.small_tensors(args.small_count)
+        results["b"] = runner.run_io_case("b", f"{args.small_count} small tensors (1-64 KiB)", st,
+                                          directory, args.repeat, **opts)
+        del st
+    return results, lim
+
+
+def _training_case(args: argparse.Namespace, directory: str) -> tuple[str, dict[str, float], Any]:
+    """Case (c): its table, the throughput ratios and the raw rates."""
+    import torch
+
+    from . import report, training
+
+    size = training.QUICK if args.quick else training.ModelSize()
+    if args.train_threads:
+        torch.set_num_threads(args.train_threads)
+    rates, sbytes = training.run_training(directory, size, args.steps, args.every, args.repeat,
+                                          warmup_steps=0 if args.quick else 2)
+    desc = (f"d_model {size.d_model}, {size.layers} layers, seq {size.seq}, batch {size.batch}, "
+            f"{args.steps} steps, save every {args.every}, {torch.get_num_threads()} torch threads")
+    table, ratios = report.training_table(rates, sbytes, desc)
+    return table, ratios, rates
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the benchmark described by parsed ``args``; prints the markdown report."""
+    from . import report
+
+    cases = _cases(args)
     own_dir = args.dir is None
     directory = tempfile.mkdtemp(prefix="shardsafe-bench-") if own_dir else args.dir
     os.makedirs(directory, exist_ok=True)
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.progress else None
     started = time.time()
-    results: dict[str, runner.CaseResult] = {}
-    sections: list[str] = []
     train_ratios = None
     raw: dict[str, object] = {}
     try:
-        lim: dict[str, float] = {}
+        results, lim = _io_cases(args, cases, directory, log)
         if {"a", "b"} & set(cases):
-            lim = limits.measure_limits(args.size, directory, max(1, args.repeat))
             raw["limits"] = lim
-        if "a" in cases:
-            st = states.large_tensors(args.size, args.tensor_size)
-            results["a"] = runner.run_io_case(
-                "a", f"{args.size / (1 << 20):.0f} MiB fp32 in {args.tensor_size >> 20} MiB tensors",
-                st, directory, args.repeat, system_drop=args.drop_caches, warmup=not args.quick, log=log)
-            del st
-        if "b" in cases:
-            st = states.small_tensors(args.small_count)
-            results["b"] = runner.run_io_case("b", f"{args.small_count} small tensors (1-64 KiB)", st,
-                                              directory, args.repeat, system_drop=args.drop_caches,
-                                              warmup=not args.quick, log=log)
-            del st
-        for c in results.values():
-            sections.append(report.case_table(c, lim))
-            raw[c.name] = {o.label: o.samples.values for o in c.ops}
+        sections = [report.case_table(c, lim) for c in results.values()]
+        raw.update({c.name: {o.label: o.samples.values for o in c.ops} for c in results.values()})
         if "c" in cases:
-            size = training.QUICK if args.quick else training.ModelSize()
-            if args.train_threads:
-                import torch
-
-                torch.set_num_threads(args.train_threads)
-            rates, sbytes = training.run_training(directory, size, args.steps, args.every, args.repeat,
-                                                  warmup_steps=0 if args.quick else 2)
-            import torch
-
-            desc = (f"d_model {size.d_model}, {size.layers} layers, seq {size.seq}, batch {size.batch}, "
-                    f"{args.steps} steps, save every {args.every}, {torch.get_num_threads()} torch threads")
-            table, train_ratios = report.training_table(rates, sbytes, desc)
+            table, train_ratios, raw["c"] = _training_case(args, directory)
             sections.append(table)
-            raw["c"] = rates
     finally:
         if own_dir:
             shutil.rmtree(directory, ignore_errors=True)

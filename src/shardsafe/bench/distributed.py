@@ -34,6 +34,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._numbers import ceil_div
 from ..comm import free_loopback_port
 from . import parse_size
 
@@ -53,7 +54,7 @@ def _state(total: int, tensors: int, rank: int, world: int) -> dict[str, Any]:
     g = torch.Generator().manual_seed(rank)
     for i in range(tensors):
         # torch's row split for Shard(0): ceil(rows / world) rows per rank, the last fewer
-        per = -(-rows // world)
+        per = ceil_div(rows, world)
         lo, hi = min(rank * per, rows), min((rank + 1) * per, rows)
         local = torch.rand(hi - lo, cols, generator=g)
         out[f"layer{i:03d}.weight"] = DTensor.from_local(local, mesh, [Shard(0)], run_check=False,

@@ -12,8 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .._numbers import ceil_div
 from ..engine.buffers import HostBuffer
 from ..engine.io_pool import io_threads
+from ..format.datafile import ALIGN
 from .measure import Samples, drop_cache, settle, timed
 
 SEG = 64 << 20
@@ -28,7 +30,7 @@ def _direct_write(path: str, buf: HostBuffer, pool: ThreadPoolExecutor) -> None:
     try:
         def one(c: tuple[int, int]) -> None:
             o, n = c
-            os.pwrite(fd, buf.view(o, o + -(-n // 4096) * 4096), o)
+            os.pwrite(fd, buf.view(o, o + ceil_div(n, ALIGN) * ALIGN), o)
         list(pool.map(one, _chunks(buf.nbytes)))
         os.fsync(fd)
     finally:
@@ -38,7 +40,7 @@ def _direct_write(path: str, buf: HostBuffer, pool: ThreadPoolExecutor) -> None:
 def _read(path: str, buf: HostBuffer, pool: ThreadPoolExecutor, direct: bool) -> None:
     fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECT", 0) if direct else 0))
     try:
-        list(pool.map(lambda c: os.preadv(fd, [buf.view(c[0], c[0] + -(-c[1] // 4096) * 4096)], c[0]),
+        list(pool.map(lambda c: os.preadv(fd, [buf.view(c[0], c[0] + ceil_div(c[1], ALIGN) * ALIGN)], c[0]),
                       _chunks(buf.nbytes)))
     finally:
         os.close(fd)
@@ -57,7 +59,7 @@ def _buffered_write(path: str, src: np.ndarray) -> None:
 
 def measure_limits(nbytes: int, directory: str, repeat: int) -> dict[str, float]:
     """Median GB/s of each machine limit over ``repeat`` runs."""
-    nbytes = max(4096, nbytes // 4096 * 4096)
+    nbytes = max(ALIGN, nbytes // ALIGN * ALIGN)
     src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
     dst = HostBuffer(nbytes)
     path = os.path.join(directory, "limits.bin")

@@ -92,7 +92,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def targets(cases: dict[str, CaseResult], limits: dict[str, float],
             training: dict[str, float] | None) -> list[Target]:
-    """The issue's targets, computed from this run."""
+    """The performance targets (goal and whether it is met), computed from this run."""
     a, b = cases.get("a"), cases.get("b")
     out: list[Target] = []
 
@@ -128,7 +128,7 @@ def targets(cases: dict[str, CaseResult], limits: dict[str, float],
 
 
 def targets_table(ts: list[Target]) -> str:
-    rows = ["### Targets (issue 3), from this run", "", "| target | measured | goal | met |",
+    rows = ["### Targets, from this run", "", "| target | measured | goal | met |",
             "|---|---:|---:|:---:|"]
     for t in ts:
         met = "–" if t.ok is None else ("yes" if t.ok else "**no**")

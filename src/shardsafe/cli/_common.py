@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from .._numbers import human_bytes as human_bytes  # one definition; ls and info format sizes
 from ..engine.commit import TMP_MARKER, is_committed, is_temporary, read_index
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ..format.index import Index
@@ -159,18 +160,6 @@ def modified(storage: Storage, path: str) -> float | None:
         return None
     times = [t for t in (get(storage.join(path, n)) for n in storage.list(path)) if t is not None]
     return max(times) if times else None
-
-
-def human_bytes(n: int | None) -> str:
-    """``1.5 GiB``-style sizes."""
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
 
 
 def local_time(ts: float | None) -> str:

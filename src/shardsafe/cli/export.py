@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import struct
 import sys
 from typing import Any
 
@@ -27,6 +26,7 @@ from .. import tensors
 from ._common import add_storage_options, open_checkpoint, progress, storage_options
 from ._tensors import as_torch, leaves, read_tensor, require_torch, subtree
 from ..engine.reader import Reader
+from ..format.datafile import safetensors_header
 from ..format.dtypes import lookup
 from ..format.index import Index
 from ..format.tree import KeyPath, Node, decode_plain, render_path
@@ -83,12 +83,12 @@ def _relative(key: KeyPath, base: KeyPath) -> str:
 
 def _st_header(index: Index, node: Node, base: KeyPath, dtype: str | None) -> tuple[bytes, list, list[str]]:
     """The safetensors header, the tensors to write in order, and the skipped key paths."""
-    entries: dict[str, Any] = {}
+    entries: list[tuple[str, str, tuple[int, ...], int]] = []
     meta: dict[str, str] = {}
-    order, skipped, pos = [], [], 0
+    order, skipped, names = [], [], set()
     for leaf in leaves(index, node, base):
         name = _relative(leaf.key, base)
-        if name in entries or name in meta:
+        if name in meta or name in names:
             raise ValueError(f"two key paths export as {name!r}; use .pt, which keeps the nesting")
         e = leaf.entry
         if e is None:
@@ -104,13 +104,12 @@ def _st_header(index: Index, node: Node, base: KeyPath, dtype: str | None) -> tu
         n = d.itemsize
         for s in e.shape:
             n *= s
-        entries[name] = {"dtype": d.safetensors, "shape": list(e.shape), "data_offsets": [pos, pos + n]}
+        entries.append((name, d.safetensors, e.shape, n))
+        names.add(name)
         order.append((e, n))
-        pos += n
     meta.setdefault("format", "pt")  # what transformers expects of torch weights
-    text = json.dumps({"__metadata__": meta, **entries}, separators=(",", ":")).encode("utf-8")
-    text += b" " * (-len(text) % 8)  # safetensors recommends an 8-byte aligned data section
-    return struct.pack("<Q", len(text)) + text, order, skipped
+    # safetensors recommends an 8-byte aligned data section
+    return safetensors_header(meta, entries, 8), order, skipped
 
 
 def _write_safetensors(reader: Reader, node: Node, base: KeyPath, out: str, dtype: str | None) -> list[str]:

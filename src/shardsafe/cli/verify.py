@@ -17,11 +17,12 @@ import numpy as np
 
 from . import EXIT_FAILED, EXIT_OK
 from ._common import Entry, add_storage_options, checkpoints_at, progress, storage_options
-from ..errors import CheckpointError, CheckpointNotFoundError
-from ..format.checksum import crc32c
+from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+from ..format.checksum import verify_blocks
 from ..format.datafile import parse_header
-from ..format.index import Index
+from ..format.index import ChunkEntry, Index
 from ..format.tree import render_path
+from ..plan.load_plan import coalesce
 from ..storage import Storage, storage_for
 from ..engine.io_pool import io_pool
 
@@ -30,13 +31,18 @@ MAX_READ = 64 << 20
 
 @dataclass(frozen=True, slots=True)
 class Block:
-    """One checksummed block: ``length`` bytes at ``offset`` of a data file."""
+    """Checksum block ``number`` of ``chunk``: ``length`` bytes at ``offset`` of its data file."""
 
     offset: int
     length: int
-    crc: int
     key: str
     number: int
+    chunk: ChunkEntry
+
+    @property
+    def crc(self) -> int:
+        """The block's stored checksum."""
+        return self.chunk.checksums[self.number]
 
 
 @dataclass(slots=True)
@@ -65,28 +71,21 @@ class Problem:
 
 def plan_reads(index: Index, max_read: int = MAX_READ) -> list[ReadRange]:
     """Groups every checksum block of ``index`` into coalesced reads (pure)."""
-    per_file: dict[str, list[Block]] = {}
+    blocks: list[Block] = []
     for t in index.tensors:
         key = render_path(t.key)
         for c in t.chunks:
-            for i, crc in enumerate(c.checksums):
+            for i in range(len(c.checksums)):
                 start = c.offset + i * index.block_size
                 length = min(index.block_size, c.nbytes - i * index.block_size)
-                per_file.setdefault(c.file, []).append(Block(start, max(length, 0), crc, key, i))
-    ranges: list[ReadRange] = []
-    for name in sorted(per_file):
-        current: ReadRange | None = None
-        for b in sorted(per_file[name], key=lambda b: b.offset):
-            end = b.offset + b.length
-            if current is None or b.offset != current.end or end - current.start > max_read:
-                current = ReadRange(name, b.offset, end)
-                ranges.append(current)
-            current.blocks.append(b)
-            current.end = max(current.end, end)
-    return ranges
+                blocks.append(Block(start, max(length, 0), key, i, c))
+    groups = coalesce(blocks, lambda b: (b.chunk.file, b.offset, b.length), max_read)
+    return [ReadRange(g[0].chunk.file, g[0].offset, max(b.offset + b.length for b in g), g)
+            for g in groups]
 
 
-def _check_range(storage: Storage, path: str, r: ReadRange, label: str) -> list[Problem]:
+def _check_range(storage: Storage, path: str, r: ReadRange, block_size: int,
+                 label: str) -> list[Problem]:
     buf = np.empty(r.end - r.start, dtype=np.uint8)
     try:
         storage.read_into(storage.join(path, r.file), r.start, memoryview(buf))
@@ -94,10 +93,14 @@ def _check_range(storage: Storage, path: str, r: ReadRange, label: str) -> list[
         return [Problem(label, "data file is truncated", r.file, r.blocks[0].key)]
     bad: dict[str, Problem] = {}
     for b in r.blocks:
+        if b.key in bad:
+            continue
         lo = b.offset - r.start
-        if b.key not in bad and crc32c(memoryview(buf[lo : lo + b.length])) != b.crc:
-            bad[b.key] = Problem(label, f"checksum mismatch in block {b.number} (file bytes "
-                                        f"{b.offset}-{b.offset + b.length})", r.file, b.key)
+        try:
+            verify_blocks(memoryview(buf[lo : lo + b.length]), block_size, b.chunk.checksums,
+                          b.number, offset=b.offset, file=r.file, key=b.key)
+        except CorruptCheckpointError as e:
+            bad[b.key] = Problem(label, e.message, r.file, b.key)
     return list(bad.values())
 
 
@@ -128,7 +131,7 @@ def verify_checkpoint(storage: Storage, entry: Entry, label: str,
         return [Problem(label, entry.error or f"not a committed checkpoint ({entry.state})")]
     index = entry.index
     problems = _check_headers(storage, entry.path, index, label)
-    futures = {io_pool().submit(_check_range, storage, entry.path, r, label): r
+    futures = {io_pool().submit(_check_range, storage, entry.path, r, index.block_size, label): r
                for r in plan_reads(index)}
     for fut in as_completed(futures):
         try:

@@ -39,36 +39,24 @@ from ..comm import free_loopback_port
 from .compare import differences, fingerprint, summarize
 from .events import WorkerLog
 from .plan import Interruptions, plan_interruptions
-from .process import DemoError, _worker_env
-from .report import _line
-from .run import DemoOptions, in_demo_directory
+from .process import DemoError, worker_env
+from .report import continued, labelled
+from .run import DemoOptions, Verdict, in_demo_directory
+from .train import TrainConfig
 
 
-@dataclass(frozen=True, slots=True)
-class DistConfig:
+BATCH_SIZE = 32  # per rank
+
+
+def job_config(steps: int, seed: int, nproc: int) -> TrainConfig:
     """The distributed demo job (every rank of every run uses the same values)."""
-
-    steps: int
-    seed: int
-    nproc: int
-    samples: int = 1000
-    features: int = 32
-    hidden: int = 256
-    classes: int = 10
-    batch_size: int = 32
-    dropout: float = 0.1
-
-    def describe(self) -> str:
-        """One line naming the model and training setup (for the report)."""
-        return (f"MLP {self.features}-{self.hidden}-{self.hidden}-{self.classes} with dropout, "
-                f"sharded by FSDP2 over {self.nproc} ranks (gloo, CPU), AdamW, warmup LR, "
-                f"per-rank StatefulDataLoader (DistributedSampler, batch {self.batch_size})")
+    return TrainConfig(steps=steps, seed=seed, nproc=nproc, batch_size=BATCH_SIZE)
 
 
 # ----------------------------------------------------------------------------- one rank
 
 
-def build_state(cfg: DistConfig, rank: int, world: int) -> dict[str, Any]:
+def build_state(cfg: TrainConfig, rank: int, world: int) -> dict[str, Any]:
     """The complete training state of one rank (step 0)."""
     import numpy as np
     import torch
@@ -169,7 +157,7 @@ def worker(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    trainer = RankTrainer(build_state(DistConfig(args.steps, args.seed, world), rank, world))
+    trainer = RankTrainer(build_state(job_config(args.steps, args.seed, world), rank, world))
     mgr = shardsafe.CheckpointManager(args.dir, save_interval_steps=args.every or None,
                                       max_to_keep=args.keep, async_save=not args.sync,
                                       preemption_signals=(signal.SIGTERM,) if args.every else ())
@@ -215,7 +203,7 @@ def run_job(name: str, nproc: int, args: list[str], *, timeout_s: float,
     """
     log = WorkerLog(name)
     start = time.perf_counter()
-    env = dict(_worker_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_loopback_port()),
+    env = dict(worker_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_loopback_port()),
                WORLD_SIZE=str(nproc))
     errs = [tempfile.TemporaryFile(mode="w+") for _ in range(nproc)]
     procs = [subprocess.Popen([sys.executable, "-m", "shardsafe.demo.distributed", *args],
@@ -251,32 +239,45 @@ def run_job(name: str, nproc: int, args: list[str], *, timeout_s: float,
             p.wait()
     log.returncode = codes[0]
     log.wall_s = time.perf_counter() - start
-    stderr = []
+    stderr = _stderr_tails(errs)
+    _check_job(log, codes, stderr, signal_at, timed_out=log.wall_s >= timeout_s)
+    return log
+
+
+def _stderr_tails(errs: list[Any]) -> list[str]:
+    """The end of each rank's stderr (the files are closed)."""
+    out = []
     for r, f in enumerate(errs):
         f.seek(0)
-        stderr.append(f"--- rank {r}\n{f.read()[-2000:]}")
+        out.append(f"--- rank {r}\n{f.read()[-2000:]}")
         f.close()
+    return out
+
+
+def _check_job(log: WorkerLog, codes: list[int], stderr: list[str],
+               signal_at: tuple[int, signal.Signals] | None, *, timed_out: bool) -> None:
+    """Raises ``DemoError`` unless the job ended as planned (see ``run_job``)."""
+    name = log.name
     sig = None if signal_at is None else signal_at[1]
     if sig == signal.SIGKILL and log.signal_sent_at is not None and \
             all(c == -signal.SIGKILL for c in codes):
-        return log
+        return
     if any(codes):
-        why = "timed out" if time.perf_counter() - start >= timeout_s else f"exited with {codes}"
+        why = "timed out" if timed_out else f"exited with {codes}"
         raise DemoError(f"the {name} job {why}:\n" + "\n".join(stderr))
     if signal_at is not None and (log.signal_sent_at is None or sig == signal.SIGKILL):
         raise DemoError(f"the {name} job ended before {signal_at[1].name} at step {signal_at[0]}")
     if sig == signal.SIGTERM and log.preempted_step is None:
         raise DemoError(f"the {name} job got SIGTERM but saved no preemption checkpoint:\n"
                         + "\n".join(stderr))
-    return log
 
 
 @dataclass(slots=True)
-class DistResult:
+class DistResult(Verdict):
     """What the distributed demo report shows."""
 
     options: DemoOptions
-    config: DistConfig
+    config: TrainConfig
     plan: Interruptions
     reference: WorkerLog
     crashed: WorkerLog
@@ -286,11 +287,6 @@ class DistResult:
     fingerprint: str
 
     @property
-    def identical(self) -> bool:
-        """The resumed job's final state equals the reference bit for bit."""
-        return not self.differences
-
-    @property
     def problems(self) -> list[str]:
         """Ways the preemption failed its promise (resume from exactly the saved step)."""
         pre, res = self.preempted, self.resumed
@@ -298,11 +294,6 @@ class DistResult:
             return [f"the preempted job saved step {pre.preempted_step}, but the next job "
                     f"resumed from step {res.resumed_from}"]
         return []
-
-    @property
-    def ok(self) -> bool:
-        """Identical, and the preemption lost nothing."""
-        return self.identical and not self.problems
 
 
 def _run_in(directory: str, opts: DemoOptions) -> DistResult:
@@ -321,7 +312,7 @@ def _run_in(directory: str, opts: DemoOptions) -> DistResult:
     extra = ["--forget-rng"] if opts.corrupt_resume else []
     resumed = run_job("resumed", n, [*managed, "--resume", "--final", res_final, *extra], timeout_s=t)
     ref_state, res_state = shardsafe.load(ref_final), shardsafe.load(res_final)
-    return DistResult(opts, DistConfig(opts.steps, opts.seed, n), plan, reference, crashed,
+    return DistResult(opts, job_config(opts.steps, opts.seed, n), plan, reference, crashed,
                       preempted, resumed, differences(ref_state, res_state), fingerprint(res_state))
 
 
@@ -343,32 +334,32 @@ def report(r: DistResult) -> str:
         f"shardsafe demo on {r.config.nproc} ranks: SIGKILL and preempt a distributed training "
         f"job, resume it, compare with an uninterrupted job",
         "",
-        _line("job", r.config.describe()),
-        _line("steps", f"{o.steps}, a checkpoint every {o.every} steps ({'sync' if o.sync else 'async'} "
+        labelled("job", r.config.describe()),
+        labelled("steps", f"{o.steps}, a checkpoint every {o.every} steps ({'sync' if o.sync else 'async'} "
                        f"CheckpointManager on every rank, max_to_keep {o.keep}, seed {o.seed})"),
-        _line("crash", f"SIGKILL to all {r.config.nproc} ranks once step {crash.signal_sent_at} was "
+        labelled("crash", f"SIGKILL to all {r.config.nproc} ranks once step {crash.signal_sent_at} was "
                        f"reported (planned {r.plan.crash_at}); the next job resumed from step "
                        f"{pre.resumed_from}"),
-        _line("preemption", f"SIGTERM to all ranks once step {pre.signal_sent_at} was reported "
+        labelled("preemption", f"SIGTERM to all ranks once step {pre.signal_sent_at} was reported "
                             f"(planned {r.plan.preempt_at}); the ranks agreed on step "
                             f"{pre.preempted_step}, saved it and exited; the next job resumed "
                             f"from step {res.resumed_from}"),
-        _line("checkpoints", f"{sum(len(w.saves) for w in (crash, pre, res))} saves, one data "
+        labelled("checkpoints", f"{sum(len(w.saves) for w in (crash, pre, res))} saves, one data "
                              f"file per rank each; per save the loop stalled "
                              f"{sum(stalls) / len(stalls) * 1e3:.1f} ms on rank 0 (mean)"),
-        _line("wall time", f"reference {r.reference.wall_s:.1f} s, crashed {crash.wall_s:.1f} s, "
+        labelled("wall time", f"reference {r.reference.wall_s:.1f} s, crashed {crash.wall_s:.1f} s, "
                            f"preempted {pre.wall_s:.1f} s, resumed {res.wall_s:.1f} s"),
     ]
     for p in r.problems:
-        lines.append(_line("problem", p))
+        lines.append(labelled("problem", p))
     if r.identical:
-        lines.append(_line("result", f"IDENTICAL: sharded parameters and optimizer state, LR "
+        lines.append(labelled("result", f"IDENTICAL: sharded parameters and optimizer state, LR "
                                      f"schedule, every rank's data loader and RNG match the "
                                      f"uninterrupted job bit for bit (sha256 {r.fingerprint[:16]}...)"))
     else:
-        lines.append(_line("result", f"DIFFERENT: {len(r.differences)} key path(s) differ from "
+        lines.append(labelled("result", f"DIFFERENT: {len(r.differences)} key path(s) differ from "
                                      f"the uninterrupted job:"))
-        lines += [" " * 15 + d for d in summarize(r.differences)]
+        lines += [continued(d) for d in summarize(r.differences)]
     return "\n".join(lines)
 
 

@@ -20,8 +20,9 @@ class DemoError(RuntimeError):
     """The demo could not run as planned (a worker failed or the options do not fit)."""
 
 
-def _worker_env() -> dict[str, str]:
-    # the worker must import this very shardsafe, also when it is not installed
+def worker_env() -> dict[str, str]:
+    """The environment of a demo worker process: this very shardsafe first on its path
+    (also when it is not installed) and one OpenMP thread unless the caller chose."""
     env = dict(os.environ)
     src = os.path.dirname(os.path.dirname(os.path.abspath(shardsafe.__file__)))
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
@@ -52,7 +53,7 @@ class TrainingProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shardsafe.demo.worker", *args, "--wait-for-go"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True,
-            env=_worker_env())
+            env=worker_env())
         self._watchdog = threading.Timer(timeout_s, self.proc.kill)
         self._watchdog.start()
 

@@ -2,31 +2,28 @@
 
 from __future__ import annotations
 
+from functools import partial
+
+from .._numbers import human_bytes as _human_bytes
 from .compare import summarize
 from .events import SaveEvent
 from .run import DemoResult
 
 _WIDTH = 13  # label column
-
-
-def human_bytes(n: float) -> str:
-    """``1536`` -> ``'1.5 KiB'``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
+human_bytes = partial(_human_bytes, largest="GiB")  # the demo's sizes stay in GiB at most
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
 
-def _line(label: str, text: str) -> str:
+def labelled(label: str, text: str) -> str:
+    """A report line: ``label`` in the label column, then ``text``."""
     return f"  {label:<{_WIDTH}}{text}"
 
 
-def _cont(text: str) -> str:
+def continued(text: str) -> str:
+    """A report line that continues the one above (``text`` under the text column)."""
     return " " * (_WIDTH + 2) + text
 
 
@@ -38,15 +35,15 @@ def _spread(values: list[float]) -> str:
 def _crash(r: DemoResult) -> list[str]:
     crash, pre = r.crashed, r.preempted
     lines = [
-        _line("crash", f"SIGKILL once step {crash.signal_sent_at} was reported (planned "
+        labelled("crash", f"SIGKILL once step {crash.signal_sent_at} was reported (planned "
                        f"{r.plan.crash_at}); the process had trained {crash.last_step} steps"),
-        _cont(f"a new process resumed from step {pre.resumed_from}, the newest committed step"
+        continued(f"a new process resumed from step {pre.resumed_from}, the newest committed step"
               if pre.resumed_from is not None else
               "a new process found no committed step and started from step 0"),
     ]
     lost = [s.step for s in crash.saves if pre.resumed_from is None or s.step > pre.resumed_from]
     if lost:  # an async save still being written when the process died never commits
-        lines.append(_cont(f"(the save of step {lost[-1]} was still being written when the "
+        lines.append(continued(f"(the save of step {lost[-1]} was still being written when the "
                            f"process died, so it never counted)"))
     return lines
 
@@ -55,14 +52,14 @@ def _interruptions(r: DemoResult) -> list[str]:
     crash, pre, res = r.crashed, r.preempted, r.resumed
     return [
         *_crash(r),
-        _line("preemption", f"SIGTERM once step {pre.signal_sent_at} was reported (planned "
+        labelled("preemption", f"SIGTERM once step {pre.signal_sent_at} was reported (planned "
                             f"{r.plan.preempt_at}); the process saved step {pre.preempted_step}, "
                             f"waited {_ms(pre.preempt_wait_s or 0.0)} for the write and exited "
                             f"with status {pre.returncode}"),
-        _cont(f"a new process resumed from step {res.resumed_from}"),
-        _line("steps lost", f"{r.steps_lost_to_crash} to the crash (trained again after "
+        continued(f"a new process resumed from step {res.resumed_from}"),
+        labelled("steps lost", f"{r.steps_lost_to_crash} to the crash (trained again after "
                             f"resuming), {r.steps_lost_to_preemption} to the preemption"),
-        _line("steps run", f"{r.reference.steps} reference + {crash.steps_run} crashed + "
+        labelled("steps run", f"{r.reference.steps} reference + {crash.steps_run} crashed + "
                            f"{pre.steps_run} preempted + {res.steps_run} resumed = "
                            f"{r.reference.steps + sum(w.steps_run for w in r.workers)}"),
     ]
@@ -75,16 +72,16 @@ def _checkpoints(r: DemoResult, saves: list[SaveEvent]) -> list[str]:
     durable = [s.durable_s for s in saves if s.durable_s is not None]
     mode = "synchronous save" if o.sync else "async save: until the state was copied"
     lines = [
-        _line("checkpoints", f"{len(saves)} saved ({per_worker} by the three processes), "
+        labelled("checkpoints", f"{len(saves)} saved ({per_worker} by the three processes), "
                              f"{len(r.kept)} kept (max_to_keep {o.keep}): steps "
                              f"{', '.join(map(str, r.kept))}; {human_bytes(r.checkpoint_bytes)} "
                              f"each"),
-        _line("blocked", f"{_ms(sum(stalls))} in all: training waited in save() ({mode})"),
-        _cont(f"per save {_spread(stalls)}"),
+        labelled("blocked", f"{_ms(sum(stalls))} in all: training waited in save() ({mode})"),
+        continued(f"per save {_spread(stalls)}"),
     ]
     if durable:
         how = "within save()" if o.sync else "written in the background"
-        lines.append(_line("durable", f"per save {_spread(durable)} from save() to committed "
+        lines.append(labelled("durable", f"per save {_spread(durable)} from save() to committed "
                                       f"on disk ({how})"))
     return lines
 
@@ -93,16 +90,16 @@ def _result(r: DemoResult) -> list[str]:
     if r.identical:
         fp = r.resumed.fingerprint
         lines = [
-            _line("result", "IDENTICAL: parameters, optimizer, LR schedule, data loader and RNG "
+            labelled("result", "IDENTICAL: parameters, optimizer, LR schedule, data loader and RNG "
                             "states of the resumed run"),
-            _cont(f"match the uninterrupted run bit for bit (sha256 {fp[:16]}...)"
+            continued(f"match the uninterrupted run bit for bit (sha256 {fp[:16]}...)"
                   if fp else "match the uninterrupted run bit for bit"),
         ]
     else:
-        lines = [_line("result", f"DIFFERENT: {len(r.differences)} key path(s) differ from the "
+        lines = [labelled("result", f"DIFFERENT: {len(r.differences)} key path(s) differ from the "
                                  f"uninterrupted run:")]
-        lines += [_cont(d) for d in summarize(r.differences)]
-    lines += [_line("PROBLEM", p) for p in r.problems]
+        lines += [continued(d) for d in summarize(r.differences)]
+    lines += [labelled("PROBLEM", p) for p in r.problems]
     return lines
 
 
@@ -113,8 +110,8 @@ def report(r: DemoResult) -> str:
         "shardsafe demo: crash and preempt a training run, resume it, compare with an "
         "uninterrupted run",
         "",
-        _line("job", r.config.describe()),
-        _line("steps", f"{o.steps}; CheckpointManager(save_interval_steps={o.every}, "
+        labelled("job", r.config.describe()),
+        labelled("steps", f"{o.steps}; CheckpointManager(save_interval_steps={o.every}, "
                        f"max_to_keep={o.keep}, async_save={not o.sync}, "
                        f"preemption_signals=(SIGTERM,)), seed {o.seed}"),
         *_interruptions(r),
@@ -122,9 +119,9 @@ def report(r: DemoResult) -> str:
     if saves:
         lines += _checkpoints(r, saves)
     walls = ", ".join(f"{w.name} {w.wall_s:.1f} s" for w in r.workers)
-    lines += [_line("wall time", f"{r.wall_s:.1f} s in all; training: reference "
+    lines += [labelled("wall time", f"{r.wall_s:.1f} s in all; training: reference "
                                  f"{r.reference.wall_s:.1f} s (in this process), {walls}"),
-              _cont("(the next process starts up while the current one trains)")]
+              continued("(the next process starts up while the current one trains)")]
     lines += _result(r)
     if o.directory is not None:
         lines += ["", f"The checkpoints are kept in {o.directory}. Look at them with:",

@@ -37,8 +37,8 @@ from .plan import Interruptions, plan_interruptions
 from .process import DemoError, TrainingProcess
 from .train import TrainConfig, Trainer, deterministic_process
 
-__all__ = ["DemoError", "DemoOptions", "DemoResult", "ReferenceRun", "in_demo_directory", "run_demo",
-           "run_reference"]
+__all__ = ["DemoError", "DemoOptions", "DemoResult", "ReferenceRun", "Verdict", "in_demo_directory",
+           "run_demo", "run_reference"]
 
 R = TypeVar("R")
 
@@ -90,8 +90,30 @@ class ReferenceRun:
     wall_s: float
 
 
+class Verdict:
+    """The verdict of a demo run, from its ``differences`` and its ``problems``."""
+
+    __slots__ = ()
+    differences: list[str]  # key paths whose final values differ from the reference
+
+    @property
+    def problems(self) -> list[str]:
+        """Ways the preemption failed its promise (resume from exactly the saved step)."""
+        return []
+
+    @property
+    def identical(self) -> bool:
+        """The resumed run's final state equals the reference bit for bit."""
+        return not self.differences
+
+    @property
+    def ok(self) -> bool:
+        """Identical, and the preemption lost nothing."""
+        return self.identical and not self.problems
+
+
 @dataclass(slots=True)
-class DemoResult:
+class DemoResult(Verdict):
     """Everything the report shows."""
 
     options: DemoOptions
@@ -107,11 +129,6 @@ class DemoResult:
     wall_s: float = 0.0
 
     @property
-    def identical(self) -> bool:
-        """The resumed run's final state equals the reference bit for bit."""
-        return not self.differences
-
-    @property
     def problems(self) -> list[str]:
         """Ways the preemption failed its promise (resume from exactly the saved step)."""
         pre, res = self.preempted, self.resumed
@@ -123,11 +140,6 @@ class DemoResult:
             out.append(f"the preempted process trained to step {pre.last_step} but saved "
                        f"step {pre.preempted_step}")
         return out
-
-    @property
-    def ok(self) -> bool:
-        """Identical, and the preemption lost nothing."""
-        return self.identical and not self.problems
 
     @property
     def workers(self) -> tuple[WorkerLog, WorkerLog, WorkerLog]:

@@ -41,7 +41,7 @@ def deterministic_process() -> None:
 
 @dataclass(frozen=True, slots=True)
 class TrainConfig:
-    """The demo job. Every process of one demo must use the same values.
+    """The demo job, on one process or many. Every process of one demo uses the same values.
 
     Attributes:
         steps: Total training steps (also the LR schedule's horizon).
@@ -53,6 +53,8 @@ class TrainConfig:
         classes: Number of labels.
         batch_size: Samples per step.
         dropout: Dropout probability (makes the result depend on the RNG state).
+        nproc: Ranks of the job; above 1 the model is sharded by FSDP2 and each rank has
+            its own data loader (``shardsafe.demo.distributed``).
     """
 
     steps: int = 300
@@ -63,16 +65,20 @@ class TrainConfig:
     classes: int = 10
     batch_size: int = 64
     dropout: float = 0.1
+    nproc: int = 1
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1 or self.samples < 1:
-            raise ValueError("steps, batch_size and samples must be positive")
+        if self.steps < 1 or self.batch_size < 1 or self.samples < 1 or self.nproc < 1:
+            raise ValueError("steps, batch_size, samples and nproc must be positive")
 
     def describe(self) -> str:
         """One line naming the model and training setup (for the report)."""
-        return (f"MLP {self.features}-{self.hidden}-{self.hidden}-{self.classes} with dropout, "
-                f"AdamW, warmup+cosine LR, shuffled StatefulDataLoader ({self.samples} samples, "
-                f"batch {self.batch_size})")
+        model = f"MLP {self.features}-{self.hidden}-{self.hidden}-{self.classes} with dropout"
+        if self.nproc > 1:
+            return (f"{model}, sharded by FSDP2 over {self.nproc} ranks (gloo, CPU), AdamW, warmup "
+                    f"LR, per-rank StatefulDataLoader (DistributedSampler, batch {self.batch_size})")
+        return (f"{model}, AdamW, warmup+cosine LR, shuffled StatefulDataLoader ({self.samples} "
+                f"samples, batch {self.batch_size})")
 
 
 class SyntheticClassification(torch.utils.data.Dataset):

@@ -17,17 +17,19 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .._numbers import ceil_div
+from ..format.datafile import ALIGN
 from ..storage.memory import anonymous
 from . import cuda
 
 log = logging.getLogger("shardsafe")
 
 PAGE = mmap.PAGESIZE
-ALIGN = 4096  # direct-I/O alignment; buffers are padded to it so last ranges go direct too
+# buffers are padded to ALIGN so last ranges go direct too
 
 
 def round_up(n: int, to: int = ALIGN) -> int:
-    return -(-n // to) * to
+    return ceil_div(n, to) * to
 
 
 class HostBuffer:

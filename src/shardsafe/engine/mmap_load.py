@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import tensors
 from ..errors import CorruptCheckpointError
+from ..format.checksum import blocks
 from ..format.dtypes import lookup
 from ..format.index import Index
 from ..format.tree import KeyPath, Node, build, render_path
@@ -42,8 +43,8 @@ def _verify_all(index: Index, maps: dict[str, mmap.mmap]) -> None:
         key = render_path(t.key)
         for c in t.chunks:
             view = memoryview(maps[c.file])[c.offset : c.offset + c.nbytes]
-            for j, rel in enumerate(range(0, c.nbytes, b) if c.nbytes else (0,)):
-                jobs.append(io_pool().submit(verify, c, view[rel : rel + b], b, key, j))
+            for j, block in enumerate(blocks(view, b)):  # every block in parallel
+                jobs.append(io_pool().submit(verify, c, block, b, key, j))
     wait_all(jobs)
 
 

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import CorruptCheckpointError
-from ..format.checksum import crc32c
+from ..format.checksum import verify_blocks
 from ..format.dtypes import lookup
 from ..format.index import ChunkEntry, Index, TensorEntry
 from ..format.tree import render_path
-from ..plan.load_plan import CoverageError, Piece, pieces_for
+from ..plan.load_plan import CoverageError, Piece, coalesce, pieces_for
 from ..storage.base import Storage
 from .io_pool import io_pool, wait_all
 
@@ -42,16 +42,10 @@ def verify(chunk: ChunkEntry, data: memoryview, block_size: int, key: str, first
     """Checks ``data`` (blocks ``first``, ``first + 1``, ... of ``chunk``) against its checksums.
 
     Raises:
-        CorruptCheckpointError: a block does not match (names file, key and byte offset).
+        CorruptCheckpointError: a block does not match (names file, key and byte offsets).
     """
-    n = len(data)
-    starts = range(0, n, block_size) if n else (0,)
-    for j, rel in enumerate(starts):
-        i = first + j
-        if crc32c(data[rel : rel + block_size]) != chunk.checksums[i]:
-            raise CorruptCheckpointError(
-                f"checksum mismatch in block {i} (bytes {chunk.offset + i * block_size}+)",
-                file=chunk.file, key=key)
+    verify_blocks(data, block_size, chunk.checksums, first, offset=chunk.offset + first * block_size,
+                  file=chunk.file, key=key)
 
 
 @dataclass(slots=True)
@@ -176,18 +170,7 @@ class Reader:
 
 def _coalesce(small: list[_Small], limit: int) -> list[list[_Small]]:
     """Groups small chunks of the same file that lie close together, up to ``limit`` bytes."""
-    small.sort(key=lambda s: (s.chunk.file, s.chunk.offset))
-    groups: list[list[_Small]] = []
-    for s in small:
-        g = groups[-1] if groups else None
-        if g is not None and g[0].chunk.file == s.chunk.file:
-            first, last = g[0].chunk, g[-1].chunk
-            gap = s.chunk.offset - (last.offset + last.nbytes)
-            if 0 <= gap <= MAX_GAP and s.chunk.offset + s.chunk.nbytes - first.offset <= limit:
-                g.append(s)
-                continue
-        groups.append([s])
-    return groups
+    return coalesce(small, lambda s: (s.chunk.file, s.chunk.offset, s.chunk.nbytes), limit, MAX_GAP)
 
 
 def _byte_span(p: Piece, shape: Sequence[int], itemsize: int) -> tuple[int, int]:

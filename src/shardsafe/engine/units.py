@@ -14,6 +14,7 @@ import bisect
 from dataclasses import dataclass
 
 
+from .._numbers import ceil_div
 from ..plan.layout import FilePlan
 from .buffers import ALIGN
 
@@ -55,7 +56,7 @@ class FileUnits:
         self.plan = plan
         self.unit_size = unit_size
         self.size = plan.layout.size
-        self.nunits = max(1, -(-self.size // unit_size))
+        self.nunits = max(1, ceil_div(self.size, unit_size))
         offsets = plan.layout.offsets
         self.order = sorted(range(len(plan.items)), key=lambda i: offsets[i])
         self._starts = [offsets[i] for i in self.order]

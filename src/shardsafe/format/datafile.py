@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from .._numbers import ceil_div
 from .dtypes import lookup
 
-ALIGN = 4096
+ALIGN = 4096  # direct-I/O alignment of data sections and buffers; the one definition
 METADATA_KEY = "__metadata__"
 
 
@@ -66,20 +67,40 @@ def layout(slots: Sequence[Slot]) -> Layout:
     if METADATA_KEY in names or len(set(names)) != len(names):
         raise ValueError(f"slot names must be unique and not {METADATA_KEY!r}")
     order = sorted(range(len(slots)), key=lambda i: -lookup(slots[i].dtype).itemsize)
-    entries: dict[str, object] = {METADATA_KEY: {"format": "pt", "writer": "shardsafe"}}
+    tensors = []
     rel = [0] * len(slots)
     pos = 0
     for i in order:
         s = slots[i]
         d = lookup(s.dtype)
-        code, shape = (d.safetensors, list(s.shape)) if d.safetensors else ("U8", [s.nbytes])
-        entries[s.name] = {"dtype": code, "shape": shape, "data_offsets": [pos, pos + s.nbytes]}
+        code, shape = (d.safetensors, s.shape) if d.safetensors else ("U8", (s.nbytes,))
+        tensors.append((s.name, code, shape, s.nbytes))
         rel[i] = pos
         pos += s.nbytes
-    text = json.dumps(entries, separators=(",", ":")).encode("utf-8")
-    total = -(-(8 + len(text)) // ALIGN) * ALIGN
-    header = struct.pack("<Q", total - 8) + text + b" " * (total - 8 - len(text))
+    header = safetensors_header({"format": "pt", "writer": "shardsafe"}, tensors, ALIGN)
+    total = len(header)
     return Layout(header, tuple(total + r for r in rel), total + pos)
+
+
+def safetensors_header(metadata: Mapping[str, str],
+                       tensors: Iterable[tuple[str, str, Sequence[int], int]], align: int) -> bytes:
+    """A safetensors header, length prefix included: the one header writer of the package.
+
+    Args:
+        metadata: The ``__metadata__`` string map (written first).
+        tensors: ``(name, safetensors dtype code, shape, nbytes)`` of each tensor, stored
+            back to back in this order from the start of the data section.
+        align: The data section starts at a multiple of this (the JSON is padded with
+            spaces); ``ALIGN`` for data files, 8 (what safetensors recommends) for exports.
+    """
+    entries: dict[str, object] = {METADATA_KEY: dict(metadata)}
+    pos = 0
+    for name, code, shape, nbytes in tensors:
+        entries[name] = {"dtype": code, "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
+        pos += nbytes
+    text = json.dumps(entries, separators=(",", ":")).encode("utf-8")
+    total = ceil_div(8 + len(text), align) * align
+    return struct.pack("<Q", total - 8) + text + b" " * (total - 8 - len(text))
 
 
 def parse_header(prefix: bytes) -> tuple[int, dict[str, object]]:

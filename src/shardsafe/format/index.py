@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._numbers import ceil_div
 from ..errors import CorruptCheckpointError
 from . import FORMAT_VERSION, INDEX_NAME, tree
 from .checksum import ALGORITHM, crc32c
@@ -111,7 +112,7 @@ class Index:
 
 def num_blocks(nbytes: int, block_size: int) -> int:
     """Number of checksum blocks of a chunk (at least one, also for zero bytes)."""
-    return max(1, -(-nbytes // block_size))
+    return max(1, ceil_div(nbytes, block_size))
 
 
 def _chunk_json(c: ChunkEntry) -> dict[str, Any]:

@@ -5,10 +5,13 @@ Pure functions over plain tuples; unit-tested with synthetic chunk lists.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..format.index import ChunkEntry
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,3 +61,28 @@ def pieces_for(chunks: Sequence[ChunkEntry], offsets: Sequence[int],
     if want and covered < want:
         raise CoverageError(f"saved chunks cover {covered} of the {want} wanted elements")
     return out
+
+
+def coalesce(items: Iterable[T], span: Callable[[T], tuple[str, int, int]], limit: int,
+             max_gap: int = 0) -> list[list[T]]:
+    """Groups byte ranges into reads: the one read coalescer of the package.
+
+    ``span(item)`` is ``(file, offset, nbytes)``. Items are taken in ``(file, offset)``
+    order (stable); an item joins the group before it when it lies in the same file,
+    starts between 0 and ``max_gap`` bytes after the group's last byte, and the group
+    then spans at most ``limit`` bytes. Each group is read as one range, from its first
+    item's offset to its furthest end.
+    """
+    keyed = sorted(((span(it), it) for it in items), key=lambda p: (p[0][0], p[0][1]))
+    groups: list[list[T]] = []
+    file: str | None = None
+    start = end = 0
+    for (name, offset, nbytes), it in keyed:
+        gap = offset - end
+        if groups and name == file and 0 <= gap <= max_gap and offset + nbytes - start <= limit:
+            groups[-1].append(it)
+            end = offset + nbytes  # gap >= 0: the item ends furthest
+        else:
+            groups.append([it])
+            file, start, end = name, offset, offset + nbytes
+    return groups

@@ -21,9 +21,10 @@ import threading
 
 import numpy as np
 
+from .._numbers import ceil_div
+from ..format.datafile import ALIGN
 from .memory import anonymous
 
-ALIGN = 4096
 BOUNCE = 16 << 20  # one checksum block per direct read; kept per I/O thread (4 x 16 MiB)
 DIRECT_MIN = 256 << 10  # below this, a buffered read costs less than the checks and the copy
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
@@ -61,7 +62,7 @@ def cached(fd: int, offset: int, length: int) -> bool | None:
     except (OSError, ValueError):  # e.g. the range runs past the end of the file
         return None
     try:
-        pages = -(-span // mmap.PAGESIZE)
+        pages = ceil_div(span, mmap.PAGESIZE)
         vec = (ctypes.c_ubyte * pages)()
         view = np.frombuffer(m, dtype=np.uint8)
         rc = _mincore(ctypes.c_void_p(int(view.ctypes.data)), span, vec)
@@ -87,7 +88,7 @@ def _read_direct(dfd: int, out: memoryview, offset: int, path: str) -> None:
     dst = np.frombuffer(out, dtype=np.uint8)
     pos = offset - offset % ALIGN
     while pos < end:
-        want = min(BOUNCE, -(-(end - pos) // ALIGN) * ALIGN)
+        want = min(BOUNCE, ceil_div(end - pos, ALIGN) * ALIGN)
         n = os.preadv(dfd, [memoryview(bounce)[:want]], pos)
         lo, hi = max(pos, offset), min(pos + n, end)
         if hi > lo:

@@ -19,6 +19,8 @@ import posixpath
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from .._numbers import ceil_div
+
 try:
     import fsspec
 except ImportError as e:  # the optional dependency of URL paths
@@ -157,7 +159,7 @@ class FsspecStorage:
         if self._s3 and data.size >= 2 * self.part_size:
             # s3fs uploads the parts of a multipart upload concurrently and completes it
             # only when all arrived: the object appears whole or not at all.
-            part = max(self.part_size, -(-data.size // MAX_PARTS))
+            part = max(self.part_size, ceil_div(data.size, MAX_PARTS))
             self.fs.pipe_file(path, data, chunksize=part, max_concurrency=self.max_concurrency)
         else:
             self.fs.pipe_file(path, data[:])

@@ -21,11 +21,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import knobs
+from ..format.datafile import ALIGN
 from .cached_or_direct import read_range
 
 log = logging.getLogger("shardsafe")
 
-ALIGN = 4096
 SEGMENT = 64 << 20  # bytes ``write`` hands to one pwrite call
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _RENAME_EXCHANGE = 2
