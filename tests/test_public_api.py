@@ -93,7 +93,7 @@ def test_each_export_is_documented(mod: types.ModuleType) -> None:
     assert _own_doc(mod), f"{mod.__name__} has no module docstring"
     for name in mod.__all__:
         value = getattr(mod, name)
-        if inspect.isclass(value) or callable(value):
+        if inspect.isclass(value) or callable(value) or isinstance(value, types.ModuleType):
             assert _own_doc(value), f"{mod.__name__}.{name} has no docstring of its own"
         else:  # a constant: it cannot carry a docstring, it must at least be immutable
             assert isinstance(value, IMMUTABLE), f"{mod.__name__}.{name} is a mutable {type(value).__name__}"
