@@ -1,57 +1,132 @@
-"""The public surface: the export list is what DESIGN.md documents; torch is optional."""
+"""The public surface: every exported name exists, is documented and is exactly what the
+module exposes; the DESIGN.md contract names are there; the version is the package's;
+torch is optional."""
 
 from __future__ import annotations
 
 import __future__
 import importlib
+import importlib.metadata
 import inspect
+import os
+import pkgutil
+import re
 import subprocess
 import textwrap
+import tomllib
 import types
+from typing import Any
+
+import pytest
 
 import shardsafe
 
-# DESIGN.md "Public API contract" + what issue 2 adds (LoadResult, the timeout error, __version__).
-FOUNDATION = {
-    "__version__", "save", "load", "LoadResult", "RNGState", "CheckpointError",
-    "CorruptCheckpointError", "CheckpointNotFoundError", "StateMismatchError", "CheckpointTimeoutError",
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# DESIGN.md "Public API contract" (plus LoadResult, SaveHandle and __version__, which the API
+# returns or promises). Only names that exist today: names added later (e.g. ``delete``) join
+# this set when they land. The export list itself may grow; every name in it is checked below.
+CONTRACT = {
+    "__version__", "save", "load", "async_save", "SaveHandle", "LoadResult", "RNGState", "CheckpointManager",
+    "CheckpointError", "CorruptCheckpointError", "CheckpointNotFoundError", "StateMismatchError",
+    "CheckpointTimeoutError",
 }
-# Documented names that later issues add (async save: issue 3; manager: issue 4; distributed
-# model/optimizer state and per-rank state: issue 5). Each may be absent on a branch that predates it, but
-# nothing outside these two sets may be exported.
-LATER = {"async_save", "SaveHandle", "Checkpointer", "CheckpointManager", "ManagerOptions",
-         "ModelOptimizerState", "PerRank"}
+ERRORS = ("CorruptCheckpointError", "CheckpointNotFoundError", "StateMismatchError", "CheckpointTimeoutError")
+IMMUTABLE = (str, int, float, bool, tuple, frozenset, type(None))
 
 
-def test_all_is_exactly_the_documented_names() -> None:
-    exported = set(shardsafe.__all__)
-    assert len(shardsafe.__all__) == len(exported), "duplicates in __all__"
-    assert exported == FOUNDATION | {n for n in LATER if n in exported}
-    assert FOUNDATION <= exported
+def _subpackages_with_exports() -> list[types.ModuleType]:
+    """``shardsafe`` and each of its subpackages that declares an export list."""
+    found = [shardsafe]
+    for info in pkgutil.iter_modules(shardsafe.__path__, "shardsafe."):
+        if info.ispkg:
+            mod = importlib.import_module(info.name)
+            if hasattr(mod, "__all__"):
+                found.append(mod)
+    return found
 
 
-def test_each_name_is_importable_and_documented() -> None:
-    for name in shardsafe.__all__:
-        obj = getattr(importlib.import_module("shardsafe"), name)
-        exec(f"from shardsafe import {name}", {})  # noqa: S102 - the import statement itself
-        if name != "__version__":
-            assert inspect.getdoc(obj), f"{name} has no docstring"
+PACKAGES = _subpackages_with_exports()
 
 
-def test_nothing_public_is_left_out_of_all() -> None:
-    public = {n for n, v in vars(shardsafe).items()
-              if not n.startswith("_") and not isinstance(v, (types.ModuleType, __future__._Feature))}
-    assert public <= set(shardsafe.__all__), public - set(shardsafe.__all__)
+def _defined_elsewhere(value: Any) -> bool:
+    """A class, function or typing helper imported from outside shardsafe (``Any``, ``Sequence``)."""
+    if not (inspect.isclass(value) or inspect.isroutine(value) or type(value).__module__ == "typing"):
+        return False
+    return str(getattr(value, "__module__", "")).split(".")[0] != "shardsafe"
+
+
+def _public_bindings(mod: types.ModuleType) -> set[str]:
+    """Names a reader of ``mod`` would take as its public surface."""
+    return {n for n, v in vars(mod).items()
+            if not n.startswith("_") and not isinstance(v, (types.ModuleType, __future__._Feature))
+            and not _defined_elsewhere(v)}
+
+
+def _own_doc(value: Any) -> str:
+    # inspect.getdoc would inherit a base class's docstring; the export must carry its own
+    doc = vars(value).get("__doc__") if inspect.isclass(value) else getattr(value, "__doc__", None)
+    return (doc or "").strip()
+
+
+def test_found_the_top_level_and_the_packages_with_export_lists() -> None:
+    names = {m.__name__ for m in PACKAGES}
+    assert "shardsafe" in names and "shardsafe.manager" in names and "shardsafe.storage" in names
+
+
+@pytest.mark.parametrize("mod", PACKAGES, ids=lambda m: m.__name__)
+def test_export_list_is_exactly_the_public_surface(mod: types.ModuleType) -> None:
+    exported = list(mod.__all__)
+    assert exported and all(isinstance(n, str) for n in exported)
+    assert len(exported) == len(set(exported)), "duplicates in __all__"
+    missing = [n for n in exported if not hasattr(mod, n)]  # lazy names resolve through __getattr__
+    assert not missing, f"{mod.__name__}.__all__ names what it does not have: {missing}"
+    unlisted = _public_bindings(mod) - set(exported)
+    assert not unlisted, f"{mod.__name__} exposes names missing from __all__: {sorted(unlisted)}"
+    star: dict[str, Any] = {}
+    exec(f"from {mod.__name__} import *", star)  # noqa: S102 - the import statement itself
+    assert set(star) - {"__builtins__"} == set(exported)
+
+
+@pytest.mark.parametrize("mod", PACKAGES, ids=lambda m: m.__name__)
+def test_each_export_is_documented(mod: types.ModuleType) -> None:
+    assert _own_doc(mod), f"{mod.__name__} has no module docstring"
+    for name in mod.__all__:
+        value = getattr(mod, name)
+        if inspect.isclass(value) or callable(value) or isinstance(value, types.ModuleType):
+            assert _own_doc(value), f"{mod.__name__}.{name} has no docstring of its own"
+        else:  # a constant: it cannot carry a docstring, it must at least be immutable
+            assert isinstance(value, IMMUTABLE), f"{mod.__name__}.{name} is a mutable {type(value).__name__}"
+
+
+def test_design_contract_names_are_exported() -> None:
+    assert CONTRACT <= set(shardsafe.__all__), CONTRACT - set(shardsafe.__all__)
+    for name in ("save", "load", "async_save"):
+        assert inspect.isfunction(getattr(shardsafe, name)), name
+    assert {"state", "strict"} <= set(inspect.signature(shardsafe.load).parameters)
+    for verb in ("wait_staged", "result", "done"):
+        assert callable(getattr(shardsafe.SaveHandle, verb, None)), f"SaveHandle.{verb}"
+    for verb in ("should_save", "save", "restore", "wait_until_finished", "all_steps", "latest_step"):
+        assert callable(getattr(shardsafe.CheckpointManager, verb, None)), f"CheckpointManager.{verb}"
 
 
 def test_version_matches_package_metadata() -> None:
-    assert isinstance(shardsafe.__version__, str) and shardsafe.__version__.count(".") >= 2
+    """``__version__`` is the installed distribution's version and pyproject.toml's."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        declared = tomllib.load(f)["project"]["version"]
+    installed = importlib.metadata.version("shardsafe")
+    assert shardsafe.__version__ == installed, (shardsafe.__version__, installed)
+    assert shardsafe.__version__ == declared, (shardsafe.__version__, declared)
+    assert re.fullmatch(r"\d+\.\d+\.\d+([.+-]?[0-9A-Za-z.]+)?", shardsafe.__version__)
 
 
 def test_errors_are_exceptions_with_the_documented_bases() -> None:
+    for name in ERRORS:
+        assert issubclass(getattr(shardsafe, name), shardsafe.CheckpointError), name
     assert issubclass(shardsafe.CheckpointNotFoundError, FileNotFoundError)
     assert issubclass(shardsafe.CheckpointTimeoutError, TimeoutError)
     assert issubclass(shardsafe.CheckpointError, Exception)
+    assert not issubclass(shardsafe.CorruptCheckpointError, (FileNotFoundError, TimeoutError))
 
 
 def _run(python: str, env: dict, code: str) -> str:

@@ -146,7 +146,7 @@ def test_not_found(tmp_path, kind: str) -> None:
         (path / ".c.shardsafe-tmp-abc").mkdir()
     with pytest.raises(shardsafe.CheckpointNotFoundError) as info:
         shardsafe.load(str(path))
-    assert isinstance(info.value, shardsafe.CheckpointError)
+    assert str(path) in str(info.value)  # the message names the path that holds no checkpoint
 
 
 def test_error_hierarchy() -> None:

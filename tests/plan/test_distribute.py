@@ -178,10 +178,15 @@ def test_planning_1024_ranks_by_1000_tensors_under_a_second(make: Callable[[], C
     blobs, everywhere = make()
     t0 = time.perf_counter()  # what rank 0 does (decode, plan, encode) and then every rank
     plan = plan_writers(RANKS, [decode_report(b) for b in blobs], everywhere)
-    mine = decode_plan(encode_plan(plan)).items_written_by(RANKS - 1)
+    received = decode_plan(encode_plan(plan))
+    mine = received.items_written_by(RANKS - 1)
     elapsed = time.perf_counter() - t0
     assert elapsed < 1.0, f"planning took {elapsed:.3f} s"
-    assert isinstance(mine, set)
+    assert mine == plan.items_written_by(RANKS - 1)
+    # every rank reads its own share from the broadcast plan, and each box has exactly one writer
+    shares = [received.items_written_by(r) for r in range(RANKS)]
+    assert shares == [plan.items_written_by(r) for r in range(RANKS)]
+    assert sum(map(len, shares)) == len(everywhere) + sum(len(items) for _, items, _ in plan.shared)
     # within 10% of the mean, unless one tensor alone is bigger (then one tensor per rank)
     largest = max((n for _, n in everywhere), default=0)
     assert max(plan.loads) <= max(1.10 * sum(plan.loads) / RANKS, largest)
