@@ -14,6 +14,8 @@ pytest.importorskip("torchdata")
 
 import torch  # noqa: E402
 
+import shardsafe  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "accelerate_job.py")
 N = 6  # steps per half: the 70-sample loader's epoch (9 batches) ends inside the second half
@@ -37,10 +39,20 @@ def flat(x: object) -> list:
     return x
 
 
-def test_a_resumed_process_continues_bit_exactly(tmp_path, subprocess_env: dict[str, str]) -> None:  # noqa: ANN001
-    full = run(subprocess_env, str(tmp_path / "full"), 2 * N, "fresh")
-    first = run(subprocess_env, str(tmp_path / "split"), N, "fresh")
-    resumed = run(subprocess_env, str(tmp_path / "split"), 2 * N, "resume")
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict, dict, dict]:
+    root = tmp_path_factory.mktemp("accelerate")
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.path.join(os.path.dirname(HERE), "src") + os.pathsep
+               + os.environ.get("PYTHONPATH", ""))
+    full = run(env, str(root / "full"), 2 * N, "fresh")
+    first = run(env, str(root / "split"), N, "fresh")
+    resumed = run(env, str(root / "split"), 2 * N, "resume")
+    return str(root), full, first, resumed
+
+
+def test_a_resumed_process_continues_bit_exactly(runs) -> None:  # noqa: ANN001
+    _, full, first, resumed = runs
     assert first["seen"] == full["seen"][:N]
     assert resumed["seen"] == full["seen"][N:]  # the loader went on mid-epoch, same shuffle
     assert resumed["counter"] == full["counter"]  # the registered object came back
@@ -49,11 +61,12 @@ def test_a_resumed_process_continues_bit_exactly(tmp_path, subprocess_env: dict[
         assert flat(resumed[key]) == flat(full[key]), key
 
 
-def test_training_state_holds_what_save_state_writes(tmp_path, subprocess_env: dict[str, str]) -> None:  # noqa: ANN001
-    run(subprocess_env, str(tmp_path), 3, "fresh")
-    import shardsafe
-
-    ck = shardsafe.load(str(tmp_path / "ckpts" / "step_3"))["train"]
+def test_training_state_holds_what_save_state_writes(runs) -> None:  # noqa: ANN001
+    root = runs[0]
+    mgr = shardsafe.CheckpointManager(os.path.join(root, "split", "ckpts"), read_only=True)
+    assert mgr.all_steps() == [3, 6, 9, 12]
+    ck = shardsafe.load(os.path.join(root, "split", "ckpts", sorted(os.listdir(
+        os.path.join(root, "split", "ckpts")))[0]))["train"]
     assert sorted(ck) == ["custom", "dataloaders", "models", "optimizers", "rng", "schedulers", "step"]
     assert sorted(ck["models"][0]) == ["0.bias", "0.weight", "3.bias", "3.weight"]
     assert ck["optimizers"][0]["state"][0]["step"] is not None
