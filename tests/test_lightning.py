@@ -81,7 +81,16 @@ def test_a_value_that_cannot_be_stored_is_a_clear_type_error(tmp_path) -> None: 
     assert not any(n.endswith(".ckpt") for n in os.listdir(tmp_path))
 
 
-def test_async_save_waits_and_raises(tmp_path) -> None:  # noqa: ANN001
+def test_class_objects_are_stored_by_name_and_map_location_moves_tensors(tmp_path) -> None:  # noqa: ANN001
+    io = ShardsafeCheckpointIO(rng=False)
+    io.save_checkpoint({"hparams_type": dict, "t": (torch.ones(2), int)}, tmp_path / "c.ckpt")
+    got = io.load_checkpoint(tmp_path / "c.ckpt", map_location="cpu")
+    assert got["hparams_type"] == "builtins.dict"
+    assert got["t"][1] == "builtins.int" and torch.equal(got["t"][0], torch.ones(2))
+    assert RNG_KEY not in shardsafe.load(str(tmp_path / "c.ckpt"))
+
+
+def test_async_saves_are_waited_for_before_teardown_and_removal(tmp_path) -> None:  # noqa: ANN001
     io = ShardsafeCheckpointIO(async_save=True)
     t, ckpt = trainer(str(tmp_path), 2, io)
     t.fit(Net(), data(), data(48, False))

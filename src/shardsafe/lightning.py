@@ -89,16 +89,17 @@ class ShardsafeCheckpointIO(CheckpointIO):
             generators are saved and every rank restores them (exact when every rank
             seeds alike, e.g. ``seed_everything(seed)``, as Lightning recommends).
         storage_options: Passed to fsspec for URL paths.
-        timeout: Unused by rank-0 saves (no communication); kept for symmetry with
-            ``shardsafe.save``.
+
+    On load the generators are restored whatever the load is for, ``validate`` and
+    ``test`` with a ``ckpt_path`` included (Lightning does not tell a CheckpointIO why
+    it loads); pass ``rng=False`` where that matters.
     """
 
     def __init__(self, *, async_save: bool = False, rng: bool = True,
-                 storage_options: dict | None = None, timeout: float | None = None) -> None:
+                 storage_options: dict | None = None) -> None:
         self.async_save = async_save
         self.rng = rng
         self.storage_options = storage_options
-        self.timeout = timeout
         self._handle: SaveHandle | None = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
@@ -160,9 +161,7 @@ def load_checkpoint(path: str | os.PathLike[str], map_location: Any | None = Non
                     storage_options: dict | None = None) -> dict[str, Any]:
     """Lightning's checkpoint dict from a shardsafe checkpoint (no generators restored)."""
     io = ShardsafeCheckpointIO(rng=False, storage_options=storage_options)
-    checkpoint = io.load_checkpoint(path, map_location)
-    checkpoint.pop(RNG_KEY, None)
-    return checkpoint
+    return io.load_checkpoint(path, map_location)  # drops the generators without restoring them
 
 
 def load_from_checkpoint(cls: type, path: str | os.PathLike[str], map_location: Any | None = None,
