@@ -37,8 +37,8 @@ def save(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
             state, with no communication at all, even when torch.distributed is
             initialised (for frameworks that save from rank 0 only; the other ranks do
             not call ``save``). Its index says world size 1, so it loads in a plain
-            process or, with ``load(..., collective=False)``, on any rank. A DTensor
-            sharded over several ranks is refused (``TypeError``): save it collectively.
+            process or, with ``load(..., collective=False)``, on any rank. A DTensor whose
+            mesh spans several ranks is refused (``TypeError``): save it collectively.
 
     Raises:
         TypeError: A value cannot be saved safely (the message names its key path).
