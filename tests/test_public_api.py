@@ -24,12 +24,12 @@ import shardsafe
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # DESIGN.md "Public API contract" (plus LoadResult, SaveHandle and __version__, which the API
-# returns or promises). Only names that exist today: names added later (e.g. ``delete``) join
+# returns or promises). Names added later join
 # this set when they land. The export list itself may grow; every name in it is checked below.
 CONTRACT = {
     "__version__", "save", "load", "async_save", "SaveHandle", "LoadResult", "RNGState", "CheckpointManager",
     "CheckpointError", "CorruptCheckpointError", "CheckpointNotFoundError", "StateMismatchError",
-    "CheckpointTimeoutError",
+    "CheckpointTimeoutError", "delete",
 }
 ERRORS = ("CorruptCheckpointError", "CheckpointNotFoundError", "StateMismatchError", "CheckpointTimeoutError")
 IMMUTABLE = (str, int, float, bool, tuple, frozenset, type(None))

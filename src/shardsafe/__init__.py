@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ._version import __version__
 from .api.async_save import async_save
+from .api.delete import delete
 from .api.load import LoadResult, load
 from .api.save import save
 from .engine.checkpointer import Checkpointer
@@ -41,6 +42,7 @@ __all__ = [
     "save",
     "async_save",
     "load",
+    "delete",
     "Checkpointer",
     "SaveHandle",
     "LoadResult",

@@ -29,7 +29,7 @@ def default_checkpointer() -> Checkpointer:
 def async_save(state: Mapping[str, Any], path: str, *, staging: StagingMode = "blocking",
                overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
                storage_options: dict | None = None, process_group: Any = None,
-               timeout: float | None = None) -> SaveHandle:
+               timeout: float | None = None, collective: bool | None = None) -> SaveHandle:
     """Starts saving ``state`` to ``path``; returns a SaveHandle.
 
     With ``staging="blocking"`` (default) it returns once the state is copied into host
@@ -40,12 +40,14 @@ def async_save(state: Mapping[str, Any], path: str, *, staging: StagingMode = "b
     flight: a new save (sync or async) first waits for the previous one and raises its
     error if nobody collected it. Under torch.distributed it is collective like ``save``:
     the planning runs on the calling thread, while the background part talks to the
-    other ranks through the c10d Store only, never the training process group. See
-    ``Checkpointer.async_save`` for the arguments.
+    other ranks through the c10d Store only, never the training process group. With
+    ``collective=False`` this rank alone saves its own state, with no communication (as
+    ``save(..., collective=False)``). See ``Checkpointer.async_save`` for the arguments.
     """
     return default_checkpointer().async_save(state, path, staging=staging, overwrite=overwrite,
                                              metadata=metadata, storage_options=storage_options,
-                                             process_group=process_group, timeout=timeout)
+                                             process_group=process_group, timeout=timeout,
+                                             collective=collective)
 
 
 __all__ = ["async_save", "default_checkpointer"]

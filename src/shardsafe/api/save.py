@@ -13,7 +13,8 @@ from .async_save import default_checkpointer
 
 def save(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
          metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
-         process_group: Any = None, timeout: float | None = None) -> None:
+         process_group: Any = None, timeout: float | None = None,
+         collective: bool | None = None) -> None:
     """Saves ``state`` to ``path`` and returns once the checkpoint is committed and durable.
 
     Waits first for an ``async_save`` still in flight (raising its error if it failed and
@@ -31,6 +32,12 @@ def save(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
             rank writes its own data file; rank 0 commits once all are durable.
         timeout: Seconds a rank of a collective save waits for the others before it
             raises CheckpointTimeoutError (default: ``SHARDSAFE_TIMEOUT`` or 600).
+        collective: ``False``: this rank alone writes a complete checkpoint of its own
+            state, with no communication at all, even when torch.distributed is
+            initialised (for frameworks that save from rank 0 only; the other ranks do
+            not call ``save``). Its index says world size 1, so it loads in a plain
+            process or, with ``load(..., collective=False)``, on any rank. A DTensor whose
+            mesh spans several ranks is refused (``TypeError``): save it collectively.
 
     Raises:
         TypeError: A value cannot be saved safely (the message names its key path).
@@ -40,7 +47,7 @@ def save(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
     """
     default_checkpointer().save(state, path, overwrite=overwrite, metadata=metadata,
                                 storage_options=storage_options, process_group=process_group,
-                                timeout=timeout)
+                                timeout=timeout, collective=collective)
 
 
 __all__ = ["save"]

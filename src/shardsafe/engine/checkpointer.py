@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_args
 
-from ..comm import Comm, get_comm
+from ..comm import Comm, SingleProcessComm, get_comm
 from ..errors import CheckpointError
 from .io_pool import io_threads
 from . import cuda, pipeline
@@ -79,7 +79,8 @@ class Checkpointer:
     # ------------------------------------------------------------------ public
     def save(self, state: Mapping[str, Any], path: str, *, overwrite: bool = False,
              metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
-             process_group: Any = None, timeout: float | None = None) -> None:
+             process_group: Any = None, timeout: float | None = None,
+             collective: bool | None = None) -> None:
         """Saves ``state`` and returns once the checkpoint is committed and durable.
 
         Waits for an async save still in flight first (and raises its error if it failed
@@ -88,23 +89,24 @@ class Checkpointer:
         with self._lock:
             prep = self._prepare(state, path, overwrite=overwrite, metadata=metadata,
                                  storage_options=storage_options, process_group=process_group,
-                                 timeout=timeout)
+                                 timeout=timeout, collective=collective)
             self._save_streamed(prep)
 
     def _prepare(self, state: Mapping[str, Any], path: str, *, overwrite: bool,
                  metadata: Mapping[str, Any] | None, storage_options: dict | None,
-                 process_group: Any, timeout: float | None) -> PreparedSave:
+                 process_group: Any, timeout: float | None,
+                 collective: bool | None) -> PreparedSave:
         """With the lock held: waits for the save in flight, then flattens and plans."""
         self._check_open()
         self._wait_previous()
+        comm = SingleProcessComm() if collective is False else self._comm(process_group)
         return pipeline.prepare(state, path, overwrite=overwrite, metadata=metadata,
-                                storage_options=storage_options, comm=self._comm(process_group),
-                                timeout=timeout)
+                                storage_options=storage_options, comm=comm, timeout=timeout)
 
     def async_save(self, state: Mapping[str, Any], path: str, *, staging: StagingMode = "blocking",
                    overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
                    storage_options: dict | None = None, process_group: Any = None,
-                   timeout: float | None = None) -> SaveHandle:
+                   timeout: float | None = None, collective: bool | None = None) -> SaveHandle:
         """Starts saving ``state``; checksums, writes and commit run in the background.
 
         Args:
@@ -119,6 +121,7 @@ class Checkpointer:
             storage_options: Passed to fsspec for URLs.
             process_group: As for ``shardsafe.save``: the group of a collective save.
             timeout: As for ``shardsafe.save``: how long ranks wait for each other.
+            collective: As for ``shardsafe.save``: ``False`` saves this rank's state alone.
 
         Returns:
             A SaveHandle; ``result()`` waits for the commit and re-raises any failure.
@@ -133,7 +136,7 @@ class Checkpointer:
         with self._lock:
             prep = self._prepare(state, path, overwrite=overwrite, metadata=metadata,
                                  storage_options=storage_options, process_group=process_group,
-                                 timeout=timeout)
+                                 timeout=timeout, collective=collective)
             handle = SaveHandle(path, prep.nbytes)
             sizes = [p.layout.size for p in prep.plans]
             if staging == "background":
