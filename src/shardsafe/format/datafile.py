@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .dtypes import lookup
@@ -55,8 +55,10 @@ class Layout:
         return len(self.header)
 
 
-def layout(slots: Sequence[Slot]) -> Layout:
+def layout(slots: Sequence[Slot], metadata: Mapping[str, str] | None = None) -> Layout:
     """Computes the header and the position of every slot (largest element size first).
+
+    ``metadata`` adds string entries to ``__metadata__`` after ``format`` and ``writer``.
 
     Raises:
         ValueError: Two slots share a name, or one is named ``__metadata__`` (reserved by
@@ -66,7 +68,7 @@ def layout(slots: Sequence[Slot]) -> Layout:
     if METADATA_KEY in names or len(set(names)) != len(names):
         raise ValueError(f"slot names must be unique and not {METADATA_KEY!r}")
     order = sorted(range(len(slots)), key=lambda i: -lookup(slots[i].dtype).itemsize)
-    entries: dict[str, object] = {METADATA_KEY: {"format": "pt", "writer": "shardsafe"}}
+    entries: dict[str, object] = {METADATA_KEY: {"format": "pt", "writer": "shardsafe", **(metadata or {})}}
     rel = [0] * len(slots)
     pos = 0
     for i in order:

@@ -77,7 +77,9 @@ def alias_key(x: Any) -> Hashable | None:
     ptr = x.untyped_storage().data_ptr()
     if ptr == 0:
         return None
-    return ("torch", str(x.device), ptr, x.storage_offset(), tuple(x.shape), x.stride(), x.dtype)
+    # a conj/neg view shares memory and geometry with its base but not its values
+    return ("torch", str(x.device), ptr, x.storage_offset(), tuple(x.shape), x.stride(), x.dtype,
+            x.is_conj(), x.is_neg())
 
 
 class _Flattener:
