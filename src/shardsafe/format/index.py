@@ -310,6 +310,9 @@ def _parse(data: bytes) -> dict[str, Any]:
         raise _bad("missing index_checksum trailer (truncated?)")
     if crc32c(data[: m.start()]) != int(m.group(1), 16):
         raise CorruptCheckpointError("index checksum mismatch", file=INDEX_NAME)
+    bad = tree.find_lone_surrogate(data)
+    if bad >= 0:  # the writer cannot write such a string: nothing that loads fails to save
+        raise _bad(f"a string holds a lone UTF-16 surrogate (escape at byte {bad})")
     try:
         raw = json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float,
                          object_pairs_hook=_unique_members)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import base64
 import math
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -46,6 +47,27 @@ def check_key_text(text: str, path: KeyPath) -> None:
     if not is_valid_text(text):
         raise TypeError(f"string at key path {render_path(path)!r} is not valid unicode "
                         f"(lone surrogate); it cannot be stored as UTF-8 JSON")
+
+
+# A JSON escape of a UTF-16 surrogate, or an escaped backslash (consumed in pairs so that
+# the text \\ud800 -- a backslash, then "ud800" -- is not mistaken for an escape).
+_SURROGATE_ESCAPE = re.compile(rb"\\(?:\\|u[dD][89abAB][0-9a-fA-F]{2}(?:\\u[dD][c-fC-F][0-9a-fA-F]{2})?"
+                               rb"|u[dD][c-fC-F][0-9a-fA-F]{2})")
+
+
+def find_lone_surrogate(json_bytes: bytes) -> int:
+    """Offset of the first ``\\uD800``-style escape of a lone surrogate in JSON text, or -1.
+
+    Such a string parses, but cannot be written back as UTF-8: the writer refuses it
+    (``check_key_text``), so the reader refuses it too, anywhere in the index.
+    """
+    if b"\\u" not in json_bytes:
+        return -1
+    for m in _SURROGATE_ESCAPE.finditer(json_bytes):
+        esc = m.group()
+        if esc != b"\\\\" and len(esc) != 12:  # a pair is 12 bytes long
+            return m.start()
+    return -1
 
 
 def _text(v: Any, what: str) -> str:
@@ -112,9 +134,9 @@ def encode_key(key: Any, path: KeyPath) -> Any:
         raise TypeError(f"dict key NaN at key path {render_path(path)!r} cannot be looked up again")
     try:
         return values.encode_hashable(key, path + (key,), encode_plain, 0, MAX_DEPTH)
-    except TypeError:
+    except TypeError as e:
         raise TypeError(f"dict key {key!r} ({type(key).__name__}) at key path {render_path(path)!r} "
-                        f"cannot be saved: keys are str, int, float, bool, None, tuples or the "
+                        f"cannot be saved ({e}): keys are str, int, float, bool, None, tuples or the "
                         f"other hashable values of docs/FORMAT.md section 6") from None
 
 
