@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib
+import json
 import pathlib
 import re
 from collections.abc import Callable
@@ -222,8 +223,6 @@ def encode_hashable(x: Any, path: KeyPath, plain: Callable[[Any, KeyPath], Node 
 
 
 def _sort_key(node: Node) -> str:
-    import json
-
     return json.dumps(node, sort_keys=True, ensure_ascii=True)
 
 
