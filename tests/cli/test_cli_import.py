@@ -96,3 +96,34 @@ def test_import_errors(cli, tmp_path) -> None:  # noqa: ANN001
     torch.save(torch.ones(2), tmp_path / "t.pt")
     proc = cli("import", tmp_path / "t.pt", tmp_path / "out")
     assert proc.returncode == 1 and "not a dict" in one_line_error(proc)
+
+
+def test_import_safetensors_with_prefix_loads_into_a_module_in_place(cli, tmp_path) -> None:  # noqa: ANN001
+    st = pytest.importorskip("safetensors.torch")
+    source = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    st.save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(tmp_path / "m.safetensors"))
+    proc = cli("import", tmp_path / "m.safetensors", tmp_path / "out", "--prefix", "model")
+    assert proc.returncode == 0, proc.stderr
+    target = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    weight = target[0].weight
+    shardsafe.load(str(tmp_path / "out"), {"model": target})
+    assert target[0].weight is weight  # in place
+    for k, v in source.state_dict().items():
+        assert torch.equal(target.state_dict()[k], v), k
+    index = shardsafe.api.load.read_checkpoint_index(str(tmp_path / "out"))
+    assert index.metadata["shardsafe.import"]["prefix"] == "model"
+    assert sorted(shardsafe.load(str(tmp_path / "out"))) == ["model"]
+
+
+def test_import_without_prefix_does_not_fit_a_module(cli, tmp_path) -> None:  # noqa: ANN001
+    st = pytest.importorskip("safetensors.torch")
+    st.save_file({"weight": torch.ones(2, 2)}, str(tmp_path / "m.safetensors"))
+    assert cli("import", tmp_path / "m.safetensors", tmp_path / "out").returncode == 0
+    with pytest.raises(shardsafe.StateMismatchError):
+        shardsafe.load(str(tmp_path / "out"), {"model": torch.nn.Linear(2, 2, bias=False)})
+
+
+def test_import_refuses_an_empty_prefix(cli, tmp_path) -> None:  # noqa: ANN001
+    torch.save({"w": torch.ones(1)}, tmp_path / "ck.pt")
+    proc = cli("import", tmp_path / "ck.pt", tmp_path / "out", "--prefix", "")
+    assert "--prefix" in one_line_error(proc)

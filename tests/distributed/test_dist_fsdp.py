@@ -101,7 +101,7 @@ def test_replicated_state_is_written_once_and_balanced(saved) -> None:  # noqa: 
 
 def test_a_rank_raising_while_preparing_fails_every_rank(saved) -> None:  # noqa: ANN001
     out, results = saved
-    assert results[1]["bad"].startswith("TypeError: cannot save value of type builtins.set")
+    assert results[1]["bad"].startswith("TypeError: cannot save value of type builtins.object")
     for r in (0, 2, 3):
         assert results[r]["bad"].startswith("CheckpointError:"), results[r]["bad"]
         assert "rank 1 failed" in results[r]["bad"] and "'oops'" in results[r]["bad"]

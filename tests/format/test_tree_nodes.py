@@ -45,7 +45,7 @@ def test_nan_round_trips() -> None:
     assert math.isnan(decode_plain(node))
 
 
-@pytest.mark.parametrize("value", [object(), {1}, [1], (1,), {"a": 1}, 1j, np.arange(3)])
+@pytest.mark.parametrize("value", [object(), [1], (1,), {"a": 1}, 1j, np.arange(3)])
 def test_non_plain_values_are_not_encoded(value: Any) -> None:
     assert encode_plain(value, ()) is None
 

@@ -29,7 +29,7 @@ def test_sharded_items_name_their_offsets() -> None:
                     dtype="float32", shape=(4, 3), offsets=(2, 0), replicated=False)
     plan = plan_file("f", [it])
     _, entries = parse_header(plan.layout.header)
-    assert "w@2,0" in entries
+    assert "w/part[2:4,0:3]" in entries
     (item_id, chunk), = chunk_entries(plan, [[7]])
     assert item_id == 0
     assert (chunk.file, chunk.offset, chunk.nbytes, chunk.offsets, chunk.shape, chunk.checksums) == (

@@ -17,8 +17,8 @@ from typing import Any
 
 from .. import tensors
 from ..format.index import Index, TensorEntry
-from ..format.tree import KeyPath, Node, build, render_path
-from ..plan.flatten import is_stateful
+from ..format.tree import KeyPath, Node, build, dict_items, render_path
+from ..plan.flatten import alias_key, is_stateful
 
 
 @dataclass(slots=True)
@@ -77,6 +77,8 @@ def _holds_state(x: Any) -> bool:
 
 
 def _kind(node: Node) -> str:
+    if node["t"] == "alias":
+        return "tensor"
     return node["t"] if node["t"] in ("dict", "list", "tuple", "tensor") else "plain value"
 
 
@@ -84,6 +86,8 @@ class _Matcher:
     def __init__(self, index: Index) -> None:
         self.index = index
         self.m = Matching()
+        self.memo: dict[int, Any] = {}  # tensor id -> new tensor (tied tensors come back tied)
+        self.read_into: dict[int, set[Any]] = {}  # tensor id -> alias keys of targets read into
 
     def fresh(self, node: Node, path: KeyPath) -> Any:
         """A new value built from the checkpoint; its tensors are allocated and read later."""
@@ -94,7 +98,7 @@ class _Matcher:
             self.m.reads.append(TensorTarget(e, value))
             return value
 
-        return build(node, leaf, path)
+        return build(node, leaf, path, self.memo)
 
     def mismatch(self, path: KeyPath, what: str) -> None:
         self.m.mismatched.append(f"{render_path(path)}: {what}")
@@ -147,9 +151,10 @@ class _Matcher:
     def mapping(self, target: MutableMapping, node: Node, path: KeyPath, open_: bool,
                 copy_: bool = False) -> MutableMapping:
         out = _copy.copy(target) if copy_ else target
-        ckpt_keys = set(node["k"])
+        children = list(dict_items(node))
+        ckpt_keys = {k for k, _ in children}
         self.m.missing.extend(render_path(path + (k,)) for k in target.keys() if k not in ckpt_keys)
-        for k, child in zip(node["k"], node["v"]):
+        for k, child in children:
             if k in target:
                 new = self.value(target[k], child, path + (k,), open_, copy_)
                 if new is not target[k]:
@@ -161,7 +166,7 @@ class _Matcher:
         return out
 
     def tensor(self, target: Any, node: Node, path: KeyPath, open_: bool) -> Any:
-        if node["t"] != "tensor":
+        if node["t"] not in ("tensor", "alias"):
             if open_:
                 return self.fresh(node, path)
             self.mismatch(path, f"target is a tensor, checkpoint holds {_kind(node)}")
@@ -176,7 +181,11 @@ class _Matcher:
         if shape != e.shape or dtype != e.dtype:
             self.mismatch(path, f"target {dtype}{list(shape)}, checkpoint {e.dtype}{list(e.shape)}")
             return target
-        self.m.reads.append(TensorTarget(e, target))
+        key = alias_key(target)
+        done = self.read_into.setdefault(node["id"], set())
+        if key is None or key not in done:  # a tied target already being read needs no second read
+            self.m.reads.append(TensorTarget(e, target))
+            done.add(key)
         return target
 
 

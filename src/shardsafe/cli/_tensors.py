@@ -13,7 +13,7 @@ from typing import Any
 from .. import tensors
 from ..engine.reader import Reader, ReadJob
 from ..format.index import Index, TensorEntry
-from ..format.tree import KeyPath, Node, decode_plain, render_path
+from ..format.tree import KeyPath, Node, decode_plain, dict_items, render_path
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,13 +56,13 @@ def leaves(index: Index, node: Node | None = None, path: KeyPath = ()) -> Iterat
 
     def walk(node: Node, path: KeyPath) -> Iterator[Leaf]:
         t = node["t"]
-        if t == "dict" and node["k"]:
-            for k, v in zip(node["k"], node["v"]):
+        if t in ("dict", "namespace") and node["k"]:
+            for k, v in dict_items(node):
                 yield from walk(v, path + (k,))
         elif t in ("list", "tuple") and node["v"]:
             for i, v in enumerate(node["v"]):
                 yield from walk(v, path + (i,))
-        elif t == "tensor":
+        elif t in ("tensor", "alias"):  # an alias (tied tensor) shows the entry it shares
             yield Leaf(path, node, index.tensors[node["id"]])
         else:
             yield Leaf(path, node, None)
@@ -83,8 +83,8 @@ def subtree(index: Index, only: str | None) -> tuple[Node, KeyPath]:
         if render_path(path) == only:
             return node, path
         t = node["t"]
-        if t == "dict":
-            children = zip(node["k"], node["v"])
+        if t in ("dict", "namespace"):
+            children = dict_items(node)
         elif t in ("list", "tuple"):
             children = enumerate(node["v"])
         else:

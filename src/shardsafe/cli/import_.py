@@ -37,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("src", metavar="SRC", help="source file or DCP directory (local)")
     p.add_argument("ckpt", metavar="CKPT", help="checkpoint to create (directory or URL)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint")
+    p.add_argument("--prefix", metavar="KEY", default=None,
+                   help="store the imported state under this top-level key (--prefix model: "
+                        "load(CKPT, {'model': module}) restores a module in place)")
     add_storage_options(p)
     p.set_defaults(func=run)
 
@@ -127,6 +130,10 @@ def run(args: argparse.Namespace) -> int:
         state, metadata["format"] = read_torch_save(src), "torch.save"
     if not isinstance(state, Mapping):
         raise ValueError(f"{src} holds a {type(state).__name__}, not a dict of state")
+    if args.prefix is not None:
+        if not args.prefix:
+            raise ValueError("--prefix needs a non-empty key")
+        state, metadata["prefix"] = {args.prefix: state}, args.prefix
     save(state, args.ckpt, overwrite=args.overwrite, metadata={"shardsafe.import": metadata},
          storage_options=storage_options(args))
     print(f"imported {src} ({metadata['format']}) into {args.ckpt}")

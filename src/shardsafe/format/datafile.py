@@ -56,8 +56,10 @@ class Layout:
         return len(self.header)
 
 
-def layout(slots: Sequence[Slot]) -> Layout:
+def layout(slots: Sequence[Slot], metadata: Mapping[str, str] | None = None) -> Layout:
     """Computes the header and the position of every slot (largest element size first).
+
+    ``metadata`` adds string entries to ``__metadata__`` after ``format`` and ``writer``.
 
     Raises:
         ValueError: Two slots share a name, or one is named ``__metadata__`` (reserved by
@@ -77,7 +79,7 @@ def layout(slots: Sequence[Slot]) -> Layout:
         tensors.append((s.name, code, shape, s.nbytes))
         rel[i] = pos
         pos += s.nbytes
-    header = safetensors_header({"format": "pt", "writer": "shardsafe"}, tensors, ALIGN)
+    header = safetensors_header({"format": "pt", "writer": "shardsafe", **(metadata or {})}, tensors, ALIGN)
     total = len(header)
     return Layout(header, tuple(total + r for r in rel), total + pos)
 

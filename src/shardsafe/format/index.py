@@ -132,7 +132,7 @@ def encode_index(index: Index) -> bytes:
         "metadata": index.metadata,
         "files": [{"name": f.name, "size": f.size, "data_start": f.data_start, "rank": f.rank}
                   for f in index.files],
-        "tensors": [{"key": list(t.key), "kind": t.kind, "dtype": t.dtype, "shape": list(t.shape),
+        "tensors": [{"key": tree.encode_key_path(t.key), "kind": t.kind, "dtype": t.dtype, "shape": list(t.shape),
                      "chunks": [_chunk_json(c) for c in t.chunks]} for t in index.tensors],
         "tree": index.tree,
     }
@@ -200,9 +200,10 @@ def _decode_chunk(c: Any, ndim: int, itemsize: int, block_size: int, key: str) -
 def _decode_tensor(t: Any, block_size: int) -> TensorEntry:
     if not isinstance(t, dict) or not isinstance(t.get("key"), list):
         raise _bad("tensor entry needs a key list")
-    key = tuple(t["key"])
-    if not all(isinstance(k, str) or (isinstance(k, int) and not isinstance(k, bool)) for k in key):
-        raise _bad(f"tensor key {t['key']!r} must hold strings and integers")
+    try:
+        key = tree.decode_key_path(t["key"])
+    except (tree.TreeError, RecursionError) as e:
+        raise _bad(f"tensor key {t['key']!r}: {e}") from None
     name = tree.render_path(key)
     if t.get("kind") not in TENSOR_KINDS:
         raise _bad(f"tensor {name}: unknown kind {t.get('kind')!r}")
@@ -304,6 +305,9 @@ def _parse(data: bytes) -> dict[str, Any]:
         raise _bad("missing index_checksum trailer (truncated?)")
     if crc32c(data[: m.start()]) != int(m.group(1), 16):
         raise CorruptCheckpointError("index checksum mismatch", file=INDEX_NAME)
+    bad = tree.find_lone_surrogate(data)
+    if bad >= 0:  # the writer cannot write such a string: nothing that loads fails to save
+        raise _bad(f"a string holds a lone UTF-16 surrogate (escape at byte {bad})")
     try:
         raw = json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float,
                          object_pairs_hook=_unique_members)
@@ -332,6 +336,8 @@ def _check_tree(node: Any, tensors: Sequence[TensorEntry]) -> None:
     ids = [n["id"] for _, n in leaves if n["t"] == "tensor"]
     if sorted(ids) != list(range(len(tensors))):
         raise _bad("tree must reference every tensor entry exactly once")
+    if any(not 0 <= n["id"] < len(tensors) for _, n in leaves if n["t"] == "alias"):
+        raise _bad("an alias node references no tensor entry")
     for path, n in leaves:
         if n["t"] == "tensor" and tensors[n["id"]].key != path:
             raise _bad(f"tensor {n['id']} is keyed {tensors[n['id']].key!r} but sits at {path!r}")

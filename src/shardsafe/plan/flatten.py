@@ -7,12 +7,16 @@ cannot be saved safely raises ``TypeError`` naming its key path: nothing is ever
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import argparse
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .. import tensors
-from ..format.tree import MAX_DEPTH, KeyPath, Node, encode_plain, render_path
+from ..format.tree import MAX_DEPTH, KeyPath, Node, encode_key, encode_plain, render_path
 
 
 def is_stateful(x: Any) -> bool:
@@ -56,10 +60,33 @@ class TensorItem:
         return tensors.nbytes_of(self.value)
 
 
+def alias_key(x: Any) -> Hashable | None:
+    """What makes two tensors the same saved tensor: one memory, one geometry, one dtype.
+
+    Tied weights (``lm_head.weight`` and ``embed.weight``) and the separate objects a
+    module's ``state_dict()`` hands out for one parameter share all of it. None for
+    values never stored once for two paths: DTensors and other subclasses, empty
+    tensors, and tensors without real memory.
+    """
+    if isinstance(x, np.ndarray):
+        if x.size == 0 or type(x) is not np.ndarray:
+            return None
+        return ("numpy", x.__array_interface__["data"][0], x.shape, x.strides, x.dtype.str)
+    if type(x) not in tensors.PLAIN_TENSOR_TYPES or x.numel() == 0 or x.device.type == "meta":
+        return None
+    ptr = x.untyped_storage().data_ptr()
+    if ptr == 0:
+        return None
+    # a conj/neg view shares memory and geometry with its base but not its values
+    return ("torch", str(x.device), ptr, x.storage_offset(), tuple(x.shape), x.stride(), x.dtype,
+            x.is_conj(), x.is_neg())
+
+
 class _Flattener:
     def __init__(self) -> None:
         self.items: list[TensorItem] = []
         self._active: set[int] = set()  # containers on the current path (cycle detection)
+        self._aliases: dict[Hashable, tuple[int, Any]] = {}  # alias_key -> (item id, tensor kept alive)
 
     def node(self, x: Any, path: KeyPath) -> Node:
         if tensors.is_tensor(x):
@@ -82,13 +109,16 @@ class _Flattener:
         if isinstance(x, Mapping):
             keys, vals = [], []
             for k, v in x.items():
-                if isinstance(k, bool) or not isinstance(k, (str, int)):
-                    raise TypeError(f"dict key {k!r} ({type(k).__name__}) at key path "
-                                    f"{render_path(path)!r} is not str or int")
-                encode_plain(k, path + (k,))  # same text/size limits as values
-                keys.append(str(k) if isinstance(k, str) else int(k))
+                keys.append(encode_key(k, path))
                 vals.append(self.node(v, path + (k,)))
-            return {"t": "dict", "k": keys, "v": vals}
+            node: Node = {"t": "dict", "k": keys, "v": vals}
+            if isinstance(x, OrderedDict):
+                node["ordered"] = True
+            return node
+        if type(x) is argparse.Namespace:
+            names = list(vars(x))
+            return {"t": "namespace", "k": [encode_key(k, path) for k in names],
+                    "v": [self.node(getattr(x, k), path + (k,)) for k in names]}
         if isinstance(x, (list, tuple)):
             return {"t": "tuple" if isinstance(x, tuple) else "list",
                     "v": [self.node(v, path + (i,)) for i, v in enumerate(x)]}
@@ -109,7 +139,12 @@ class _Flattener:
             tensors.check_supported(x)
         except TypeError as e:
             raise TypeError(f"cannot save tensor at key path {render_path(path)!r}: {e}") from None
+        key = alias_key(x)
+        if key is not None and key in self._aliases:
+            return {"t": "alias", "id": self._aliases[key][0]}
         shape = tensors.shape_of(x)
+        if key is not None:
+            self._aliases[key] = (len(self.items), x)
         item = TensorItem(id=len(self.items), path=path, value=x, kind=tensors.kind_of(x),
                           dtype=tensors.dtype_of(x).name, shape=shape, offsets=(0,) * len(shape))
         self.items.append(item)

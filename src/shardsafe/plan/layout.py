@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,20 +25,40 @@ def data_file_name(rank: int, part: int = 0) -> str:
     return f"data-r{rank:05d}-{part:03d}.safetensors"
 
 
+PARTS_KEY = "shardsafe.parts"  # __metadata__ entry describing the partial chunks of a data file
+
+
+def part_name(path: str, offsets: Sequence[int], shape: Sequence[int]) -> str:
+    """Header name of a partial chunk: ``model.w/part[0:512,0:1024]`` (half-open ranges per dim)."""
+    return f"{path}/part[{','.join(f'{o}:{o + s}' for o, s in zip(offsets, shape))}]"
+
+
 def plan_file(name: str, items: Sequence[TensorItem]) -> FilePlan:
-    """Lays out ``items`` in one data file; slot names are the items' dotted key paths."""
+    """Lays out ``items`` in one data file.
+
+    Slot names are the items' dotted key paths. A chunk holding only part of its tensor
+    (a shard) is named ``<path>/part[<begin>:<end>,...]`` instead, and the header's
+    ``__metadata__["shardsafe.parts"]`` maps each such name (as JSON text) to its tensor,
+    offsets and global shape, so a tool reading the file without the index cannot take a
+    shard for a whole tensor.
+    """
     names: set[str] = {METADATA_KEY}  # a state key "__metadata__" gets a suffix like any clash
     slots = []
+    parts: dict[str, dict[str, object]] = {}
     for it in items:
-        base = render_path(it.path)
-        if any(it.offsets):
-            base += "@" + ",".join(map(str, it.offsets))
+        path = render_path(it.path)
+        partial = it.local_shape != it.shape
+        base = part_name(path, it.offsets, it.local_shape) if partial else path
         n, k = base, 1
         while n in names:  # dotted paths can collide ("a.b" vs a -> b)
             n, k = f"{base}#{k}", k + 1
         names.add(n)
         slots.append(Slot(n, it.dtype, it.local_shape))
-    return FilePlan(name, tuple(items), layout(slots))
+        if partial:
+            parts[n] = {"tensor": path, "offsets": list(it.offsets), "shape": list(it.local_shape),
+                        "global_shape": list(it.shape)}
+    meta = {PARTS_KEY: json.dumps(parts, separators=(",", ":"))} if parts else None
+    return FilePlan(name, tuple(items), layout(slots, meta))
 
 
 def chunk_entries(plan: FilePlan, checksums: Sequence[Sequence[int]]) -> list[tuple[int, ChunkEntry]]:
