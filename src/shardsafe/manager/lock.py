@@ -145,3 +145,10 @@ class DirectoryLock:
         """Removes the lock file if it is still ours (idempotent)."""
         if self.held():
             self._storage.delete(self._path)
+
+    def release_quietly(self) -> None:
+        """``release``, logging (not raising) an I/O error: for ``close`` and exit paths."""
+        try:
+            self.release()
+        except OSError as e:
+            log.warning("could not remove the manager lock %s: %s", self._path, e)

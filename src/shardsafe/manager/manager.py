@@ -1,28 +1,30 @@
 """``CheckpointManager``: the object a training loop uses (Orbax's verbs, shardsafe's commit).
 
-One writable manager owns a directory of ``step_<N>`` checkpoints. ``save`` decides whether
-a step is due, captures the state and returns (the write and commit continue on a
-background thread), then retention runs on that thread after the commit. ``restore``
-loads the newest step that verifies. Every decision about which steps exist goes through
-``steps.StepDirectory`` and therefore through ``engine.commit.is_committed``.
+One writable manager owns a directory of ``step_<N>`` checkpoints (``lock``: a second
+writable manager on it raises). ``save`` asks the save policy (``save_policy``) whether a
+step is due, captures the state and returns (with ``async_save`` the write, the commit
+and then retention continue on a background thread; without it all three are done when
+``save`` returns). ``restore`` loads the newest step that verifies, or an explicit step,
+optionally rolling the directory back to it. Every decision about which steps exist goes
+through ``steps.StepDirectory`` and therefore through ``engine.commit.is_committed``.
 
 Under torch.distributed every rank creates the manager and makes the same calls. Saves
-and restores are collective; the ranks agree (a tiny all-reduce on the caller's thread)
-on decisions that could differ between them: a time-based interval, a preemption signal
-that reached only some ranks, a step that fails verification on one rank only. Rank 0
-alone deletes (retention, ``delete``, leftovers, setting corrupt steps aside).
+and restores are collective; the ranks agree through ``comm.agreement`` (never by talking
+to the store themselves) on decisions that could differ between them: a time-based
+interval, a preemption signal that reached only some ranks, a step that fails
+verification on one rank only. Rank 0 alone locks and deletes (retention, ``delete``,
+leftovers, setting corrupt or rolled-back steps aside) and the others learn its outcome.
 
 Threads: the caller's thread runs ``save``/``restore``/...; one worker thread per manager
-waits for each save to commit and then applies retention. At most one save is in flight:
-a new save first waits for the previous one and raises its error, so no background error
-is lost (``wait_until_finished`` and ``close`` raise it too).
+waits for each asynchronous save to commit and then applies retention. At most one save
+is in flight: a new save first waits for the previous one and raises its error, so no
+background error is lost (``wait_until_finished`` and ``close`` raise it too).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import weakref
 from collections.abc import Mapping, MutableMapping
@@ -32,13 +34,14 @@ from typing import Any
 
 from ..comm import agreement
 from ..engine.checkpointer import Checkpointer
-from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+from ..errors import CheckpointError, CheckpointNotFoundError
 from ..storage import storage_for
 from . import recovery, saving
 from .lock import DirectoryLock
 from .options import ManagerOptions
-from .policy import StepRecord, best_step, policy_from_options, steps_to_delete
+from .policy import best_step, policy_from_options, steps_to_delete
 from .preemption import PreemptionWatcher
+from .records import StepRecords
 from .save_policy import SaveContext, save_policy_from_options, varies_between_ranks
 from .steps import StepDirectory, encode_metrics, manager_metadata, step_name
 
@@ -59,10 +62,7 @@ def _report_uncollected(slot: _Inflight, lock: DirectoryLock | None) -> None:
         log.error("checkpoint save of step %s failed and nobody called wait_until_finished() "
                   "or close(): %s", slot.step, fut.exception())
     if lock is not None:
-        try:
-            lock.release()
-        except OSError as e:  # at exit: nobody to raise to
-            log.warning("could not remove the manager lock of %s: %s", lock.owner.describe(), e)
+        lock.release_quietly()
 
 
 class CheckpointManager:
@@ -95,8 +95,7 @@ class CheckpointManager:
         self._dir = StepDirectory(storage, spath)
         self._policy = policy_from_options(self._opts)
         self._save_policy = save_policy_from_options(self._opts)
-        self._lock = threading.Lock()
-        self._records: dict[tuple[int, str], StepRecord] = {}
+        self._records = StepRecords(self._dir, self._url, read_only=self._opts.read_only)
         self._inflight = _Inflight()
         self._last_started: int | None = None
         self._saved_after_signal = False
@@ -165,54 +164,15 @@ class CheckpointManager:
         name = self._dir.committed().get(step)
         if name is None:
             raise CheckpointNotFoundError(f"step {step} is not a committed checkpoint in {self._url!r}")
-        m = self._record(step, name).metrics
+        m = self._records.get(step, name).metrics
         return dict(m) if m is not None else None
 
     def best_step(self) -> int | None:
         """The committed step with the best ``best_fn`` (the latest step without ``best_fn``)."""
         if self._opts.best_fn is None:
             return self.latest_step()
-        return best_step(self._records_of(self._dir.committed()), self._opts.best_fn,
+        return best_step(self._records.of(self._dir.committed()), self._opts.best_fn,
                          self._opts.best_mode)
-
-    def _record(self, step: int, name: str) -> StepRecord:
-        # a committed step never changes, so a writer caches what it read; a reader does not
-        # (the trainer may set a corrupt step aside and later commit the same number again)
-        with self._lock:
-            rec = self._records.get((step, name))
-        if rec is None:
-            rec = self._dir.record(step, name)
-            if not self._opts.read_only:
-                with self._lock:
-                    self._records[(step, name)] = rec
-        return rec
-
-    def _records_of(self, committed: Mapping[int, str]) -> list[StepRecord]:
-        """Records of listed steps, skipping steps deleted since the listing.
-
-        A step whose index is damaged gets a record without metrics (saved at time 0), so
-        one bad step cannot stop retention; ``restore`` reports the damage.
-        """
-        out = []
-        for step, name in committed.items():
-            try:
-                out.append(self._record(step, name))
-            except CheckpointNotFoundError:
-                continue
-            except CorruptCheckpointError as e:
-                log.warning("step %d in %s has a damaged index (%s); retention treats it as "
-                            "saved without metrics", step, self._url, e)
-                rec = StepRecord(step, 0.0, None)
-                if not self._opts.read_only:
-                    with self._lock:
-                        self._records[(step, name)] = rec
-                out.append(rec)
-        return out
-
-    def _forget(self, step: int) -> None:
-        with self._lock:
-            for key in [k for k in self._records if k[0] == step]:
-                del self._records[key]
 
     # ------------------------------------------------------------------ saving
     def _initial_save_time(self) -> float:
@@ -225,7 +185,7 @@ class CheckpointManager:
             return now
         step, name = next(reversed(committed.items()))
         try:
-            return min(now, self._record(step, name).time)
+            return min(now, self._records.get(step, name).time)
         except CheckpointError as e:
             log.warning("cannot read the save time of step %d in %s: %s", step, self._url, e)
             return now
@@ -367,9 +327,9 @@ class CheckpointManager:
     def _apply_retention(self) -> None:
         """Rank 0: deletes the steps the retention policy drops."""
         committed = self._dir.committed()
-        for s in steps_to_delete(self._records_of(committed), self._policy):
+        for s in steps_to_delete(self._records.of(committed), self._policy):
             self._dir.delete(s, committed[s])
-            self._forget(s)
+            self._records.forget(s)
             log.info("retention deleted step %d in %s", s, self._url)
 
     def wait_until_finished(self) -> None:
@@ -413,7 +373,7 @@ class CheckpointManager:
             raise CheckpointNotFoundError(f"step {step} does not exist in {self._url!r}")
         if agreement.is_leader():  # with several ranks, rank 0 deletes for all of them
             self._dir.delete(step, name)
-        self._forget(step)
+        self._records.forget(step)
 
     def _check_writable(self, what: str) -> None:
         if self._closed:
@@ -452,7 +412,8 @@ class CheckpointManager:
         if self._closed:
             raise CheckpointError(f"cannot restore: the CheckpointManager for {self._url!r} is closed")
         if rollback:
-            self._check_rollback(step)
+            self._check_writable("roll back")
+            recovery.check_rollback(self._dir, self._url, step)
         if not self._opts.read_only:
             self.wait_until_finished()
         if step is not None:
@@ -460,9 +421,9 @@ class CheckpointManager:
             recovery.load_step(self._dir, self._url, step, name, state, self._opts.storage_options,
                                agree=agreement.worst)
             if rollback:
-                agreement.leader_decides(lambda: self._roll_back_after(step),
+                agreement.leader_decides(lambda: recovery.roll_back_after(self._dir, self._url, step),
                                          what=f"rolling back {self._url!r} to step {step}")
-                self._forget_newer(step)
+                self._records.forget(step, and_newer=True)
                 if self._last_started is not None and self._last_started > step:
                     self._last_started = step
             return step
@@ -472,36 +433,13 @@ class CheckpointManager:
             self._set_aside(out.corrupt, out.step)
         return out.step
 
-    def _check_rollback(self, step: int | None) -> None:
-        if step is None:
-            raise CheckpointError("restore(rollback=True) needs the step to continue from")
-        self._check_writable("roll back")
-        if not self._dir.storage.atomic_rename:
-            raise CheckpointError(f"cannot roll back {self._url!r}: its storage cannot rename a "
-                                  f"step atomically to move it aside; delete the newer steps "
-                                  f"with delete(step) if you mean to")
-
-    def _roll_back_after(self, step: int) -> None:
-        """Rank 0: moves every committed step newer than ``step`` aside."""
-        now = time.time()
-        for s, name in self._dir.committed().items():
-            if s > step:
-                new = self._dir.roll_back(s, name, now)
-                log.warning("rolled back to step %d in %s: step %d moved aside to %s",
-                            step, self._url, s, new)
-
-    def _forget_newer(self, step: int) -> None:
-        with self._lock:
-            for key in [k for k in self._records if k[0] > step]:
-                del self._records[key]
-
     def _set_aside(self, corrupt: Mapping[int, tuple[str, str]], restored: int) -> None:
         if self._opts.read_only or not agreement.is_leader():
             return
         for s, (name, _) in sorted(corrupt.items()):
             if s > restored:
                 new = self._dir.set_aside(s, name)
-                self._forget(s)
+                self._records.forget(s)
                 where = f"moved aside to {new}" if new else "deleted"
                 log.warning("corrupt step %d in %s %s so that training can continue from step %d",
                             s, self._url, where, restored)
@@ -525,16 +463,8 @@ class CheckpointManager:
             if self._saver is not None:
                 self._saver.close()  # frees the staging buffers; its saves were collected above
             self._finalizer.detach()
-            self._release_lock()
-
-    def _release_lock(self) -> None:
-        if self._owner_lock is None:
-            return
-        try:
-            self._owner_lock.release()
-        except OSError as e:
-            log.warning("could not remove the manager lock of %s in %s: %s",
-                        self._owner_lock.owner.describe(), self._url, e)
+            if self._owner_lock is not None:
+                self._owner_lock.release_quietly()
 
     def __enter__(self) -> CheckpointManager:
         return self
