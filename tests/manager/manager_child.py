@@ -24,6 +24,7 @@ import time
 import torch
 
 import shardsafe
+from shardsafe.manager.lock import LOCK_NAME
 
 N_TENSORS = 4
 
@@ -117,7 +118,8 @@ def fsize(args: argparse.Namespace, progress: Progress) -> int:
         except shardsafe.CheckpointError as e:
             progress.write(f"failed {e}")
         assert mgr.all_steps() == [0], mgr.all_steps()
-        assert not [n for n in os.listdir(args.dir) if n != "step_00000000"], os.listdir(args.dir)
+        assert not [n for n in os.listdir(args.dir) if n not in ("step_00000000", LOCK_NAME)], \
+            os.listdir(args.dir)
         out = {"w": torch.zeros(1 << 16, dtype=torch.float64)}
         assert mgr.restore(out) == 0 and torch.equal(out["w"], small["w"])
         resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # "space was freed"

@@ -88,11 +88,14 @@ def test_should_save_by_time(tmp_path) -> None:
 
 def test_existing_and_older_steps_are_refused(tmp_path, async_save) -> None:
     with CheckpointManager(tmp_path, async_save=async_save) as mgr:
-        mgr.save(5, make_state(5))
+        assert mgr.save(5, make_state(5))
+        # not due, like should_save: no error, nothing written
+        assert mgr.save(5, make_state(5)) is False and mgr.save(4, make_state(4)) is False
+        assert not mgr.should_save(4) and not mgr.should_save(5)
         with pytest.raises(CheckpointError, match="step 5 already exists"):
-            mgr.save(5, make_state(5))
+            mgr.save(5, make_state(5), force=True)
         with pytest.raises(CheckpointError, match="refusing to save step 4.*newest step there is 5"):
-            mgr.save(4, make_state(4))
+            mgr.save(4, make_state(4), force=True)
         with pytest.raises(ValueError, match="non-negative int"):
             mgr.save(-1, make_state(0), force=True)
         mgr.wait_until_finished()

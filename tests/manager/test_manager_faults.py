@@ -19,6 +19,7 @@ import torch
 
 from shardsafe import CheckpointError, CheckpointManager
 from shardsafe.engine.commit import is_temporary
+from shardsafe.manager.lock import LOCK_NAME
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -59,11 +60,14 @@ def check_directory(directory: str, committed: int) -> bool:
 
     Returns whether the kill left debris (an unfinished save or delete) to clean up.
     """
-    before = os.listdir(directory) if os.path.isdir(directory) else []
+    # the killed manager's lock is stale (dead pid) and taken over, not debris of a save
+    before = [n for n in os.listdir(directory) if n != LOCK_NAME] if os.path.isdir(directory) else []
     debris = any(is_temporary(n) or not os.path.exists(os.path.join(directory, n, "index.json"))
                  for n in before)
     with CheckpointManager(directory, max_to_keep=2, keep_period=7) as mgr:
         names = os.listdir(directory)
+        assert LOCK_NAME in names  # held by this manager, whatever the killed one left
+        names.remove(LOCK_NAME)
         assert not [n for n in names if is_temporary(n)], names
         steps = mgr.all_steps()
         assert sorted(f"step_{s:08d}" for s in steps) == sorted(names), names  # nothing half-done
@@ -231,7 +235,7 @@ def test_full_disk(small_fs, async_save) -> None:
             with pytest.raises(CheckpointError, match="step 2.*No space left on device"):
                 mgr.save(2, big_state(2))
         assert mgr.all_steps() == [0, 1]
-        assert sorted(os.listdir(directory)) == ["step_00000000", "step_00000001"]  # no debris
+        assert sorted(os.listdir(directory)) == [LOCK_NAME, "step_00000000", "step_00000001"]  # no debris
         for s in (0, 1):
             out = big_state(-1)
             assert mgr.restore(out, step=s) == s and torch.equal(out["w"], big_state(s)["w"])

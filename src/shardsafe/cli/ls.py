@@ -9,6 +9,7 @@ from typing import Any
 from . import EXIT_OK
 from ._common import (Entry, add_storage_options, checkpoints_at, human_bytes, local_time,
                       modified, storage_options, table)
+from ..manager.steps import is_rolled_back
 from ..storage import storage_for
 
 
@@ -16,7 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ls", help="list checkpoints (steps) in a directory",
                        description="List the checkpoints under DIR (a manager directory of "
                                    "step_<N> checkpoints or any directory holding checkpoints) "
-                                   "with committed/partial state, size, time and metrics.")
+                                   "with committed/partial/corrupt/rolled-back state, size, time "
+                                   "and metrics.")
     p.add_argument("dir", metavar="DIR", help="directory or URL (s3://bucket/run)")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     add_storage_options(p)
@@ -29,7 +31,9 @@ def _metrics_text(metrics: dict[str, Any]) -> str:
 
 
 def _record(e: Entry, mtime: float | None) -> dict[str, Any]:
-    return {"name": e.name, "path": e.path, "state": e.state, "step": e.step, "bytes": e.size,
+    # a step moved aside by a manager rollback is intact but no longer listed as a step
+    state = "rolled-back" if e.state == "committed" and is_rolled_back(e.name) else e.state
+    return {"name": e.name, "path": e.path, "state": state, "step": e.step, "bytes": e.size,
             "time": e.index.created if e.index is not None else mtime, "metrics": e.metrics,
             "error": e.error}
 

@@ -1,9 +1,11 @@
 """The checkpoint manager: save schedules, retention, preemption and fallback restore.
 
-Modules: ``options`` (the validated configuration), ``policy`` (pure retention rules),
-``steps`` (step directories, listing via the commit rule, metadata), ``recovery``
-(restore with fallback), ``preemption`` (signal handlers), ``saving`` (the seam to the
-save engine), ``manager`` (the class).
+Modules: ``options`` (the validated configuration), ``save_policy`` (pure save
+decisions), ``policy`` (pure retention rules), ``steps`` (step directories, listing via
+the commit rule, metadata), ``records`` (what is known about each step, cached),
+``recovery`` (restore with fallback, rollback), ``lock`` (one writable manager per
+directory), ``preemption`` (signal handlers), ``saving`` (the seam to the save engine),
+``manager`` (the class). Rank coordination lives in ``comm.agreement``.
 """
 
 from __future__ import annotations

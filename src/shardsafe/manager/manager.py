@@ -1,28 +1,30 @@
 """``CheckpointManager``: the object a training loop uses (Orbax's verbs, shardsafe's commit).
 
-One writable manager owns a directory of ``step_<N>`` checkpoints. ``save`` decides whether
-a step is due, captures the state and returns (the write and commit continue on a
-background thread), then retention runs on that thread after the commit. ``restore``
-loads the newest step that verifies. Every decision about which steps exist goes through
-``steps.StepDirectory`` and therefore through ``engine.commit.is_committed``.
+One writable manager owns a directory of ``step_<N>`` checkpoints (``lock``: a second
+writable manager on it raises). ``save`` asks the save policy (``save_policy``) whether a
+step is due, captures the state and returns (with ``async_save`` the write, the commit
+and then retention continue on a background thread; without it all three are done when
+``save`` returns). ``restore`` loads the newest step that verifies, or an explicit step,
+optionally rolling the directory back to it. Every decision about which steps exist goes
+through ``steps.StepDirectory`` and therefore through ``engine.commit.is_committed``.
 
 Under torch.distributed every rank creates the manager and makes the same calls. Saves
-and restores are collective; the ranks agree (a tiny all-reduce on the caller's thread)
-on decisions that could differ between them: a time-based interval, a preemption signal
-that reached only some ranks, a step that fails verification on one rank only. Rank 0
-alone deletes (retention, ``delete``, leftovers, setting corrupt steps aside).
+and restores are collective; the ranks agree through ``comm.agreement`` (never by talking
+to the store themselves) on decisions that could differ between them: a time-based
+interval, a preemption signal that reached only some ranks, a step that fails
+verification on one rank only. Rank 0 alone locks and deletes (retention, ``delete``,
+leftovers, setting corrupt or rolled-back steps aside) and the others learn its outcome.
 
 Threads: the caller's thread runs ``save``/``restore``/...; one worker thread per manager
-waits for each save to commit and then applies retention. At most one save is in flight:
-a new save first waits for the previous one and raises its error, so no background error
-is lost (``wait_until_finished`` and ``close`` raise it too).
+waits for each asynchronous save to commit and then applies retention. At most one save
+is in flight: a new save first waits for the previous one and raises its error, so no
+background error is lost (``wait_until_finished`` and ``close`` raise it too).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import weakref
 from collections.abc import Mapping, MutableMapping
@@ -30,16 +32,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
-from ..comm import get_comm
-from ..comm.channel import announce, receive
-from ..knobs import timeout as default_timeout
+from ..comm import agreement
 from ..engine.checkpointer import Checkpointer
-from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+from ..errors import CheckpointError, CheckpointNotFoundError
 from ..storage import storage_for
 from . import recovery, saving
+from .lock import DirectoryLock
 from .options import ManagerOptions
-from .policy import StepRecord, best_step, policy_from_options, steps_to_delete
+from .policy import best_step, policy_from_options, steps_to_delete
 from .preemption import PreemptionWatcher
+from .records import StepRecords
+from .save_policy import SaveContext, save_policy_from_options, varies_between_ranks
 from .steps import StepDirectory, encode_metrics, manager_metadata, step_name
 
 log = logging.getLogger("shardsafe")
@@ -53,16 +56,13 @@ class _Inflight:
         self.step: int | None = None
 
 
-def _agree_worst(outcome: int) -> int:
-    """The worst restore outcome over all ranks (each rank verifies only what it reads)."""
-    return get_comm().allreduce_max([outcome])[0]
-
-
-def _report_uncollected(slot: _Inflight) -> None:
+def _report_uncollected(slot: _Inflight, lock: DirectoryLock | None) -> None:
     fut = slot.future
     if fut is not None and fut.done() and fut.exception() is not None:
         log.error("checkpoint save of step %s failed and nobody called wait_until_finished() "
                   "or close(): %s", slot.step, fut.exception())
+    if lock is not None:
+        lock.release_quietly()
 
 
 class CheckpointManager:
@@ -94,8 +94,8 @@ class CheckpointManager:
         storage, spath = storage_for(self._url, so)
         self._dir = StepDirectory(storage, spath)
         self._policy = policy_from_options(self._opts)
-        self._lock = threading.Lock()
-        self._records: dict[tuple[int, str], StepRecord] = {}
+        self._save_policy = save_policy_from_options(self._opts)
+        self._records = StepRecords(self._dir, self._url, read_only=self._opts.read_only)
         self._inflight = _Inflight()
         self._last_started: int | None = None
         self._saved_after_signal = False
@@ -104,21 +104,30 @@ class CheckpointManager:
         self._closed = False
         self._worker: ThreadPoolExecutor | None = None
         self._saver: Checkpointer | None = None
+        self._owner_lock: DirectoryLock | None = None
         self._watcher = PreemptionWatcher(self._opts.preemption_signals)  # main thread check first
         built = False
         try:
             if not self._opts.read_only:
                 storage.makedirs(spath)
-                if get_comm().rank == 0:  # the others would race it over the same files
-                    self._dir.remove_leftovers()
+                # rank 0 locks the directory and then cleans up (the others would race it over
+                # the same files); every rank raises if another manager owns the directory
+                agreement.leader_decides(self._take_directory, what=f"locking {self._url!r}")
                 self._worker = ThreadPoolExecutor(1, thread_name_prefix="shardsafe-manager")
                 self._saver = Checkpointer()  # keeps its staging buffers from one save to the next
             self._last_save_time = self._initial_save_time()
             built = True
         finally:
-            if not built:  # a constructor that raised must not leave handlers behind
+            if not built:  # a constructor that raised must not leave handlers or a lock behind
                 self._watcher.close()
-        self._finalizer = weakref.finalize(self, _report_uncollected, self._inflight)
+                if self._owner_lock is not None:
+                    self._owner_lock.release()
+        self._finalizer = weakref.finalize(self, _report_uncollected, self._inflight, self._owner_lock)
+
+    def _take_directory(self) -> None:
+        """Rank 0: takes the owner lock, then removes crash leftovers (now safely ours)."""
+        self._owner_lock = DirectoryLock.acquire(self._dir.storage, self._dir.path, self._url)
+        self._dir.remove_leftovers()
 
     @classmethod
     def from_options(cls, directory: str | os.PathLike[str], options: ManagerOptions) -> CheckpointManager:
@@ -155,63 +164,17 @@ class CheckpointManager:
         name = self._dir.committed().get(step)
         if name is None:
             raise CheckpointNotFoundError(f"step {step} is not a committed checkpoint in {self._url!r}")
-        m = self._record(step, name).metrics
+        m = self._records.get(step, name).metrics
         return dict(m) if m is not None else None
 
     def best_step(self) -> int | None:
         """The committed step with the best ``best_fn`` (the latest step without ``best_fn``)."""
         if self._opts.best_fn is None:
             return self.latest_step()
-        return best_step(self._records_of(self._dir.committed()), self._opts.best_fn,
+        return best_step(self._records.of(self._dir.committed()), self._opts.best_fn,
                          self._opts.best_mode)
 
-    def _record(self, step: int, name: str) -> StepRecord:
-        # a committed step never changes, so a writer caches what it read; a reader does not
-        # (the trainer may set a corrupt step aside and later commit the same number again)
-        with self._lock:
-            rec = self._records.get((step, name))
-        if rec is None:
-            rec = self._dir.record(step, name)
-            if not self._opts.read_only:
-                with self._lock:
-                    self._records[(step, name)] = rec
-        return rec
-
-    def _records_of(self, committed: Mapping[int, str]) -> list[StepRecord]:
-        """Records of listed steps, skipping steps deleted since the listing.
-
-        A step whose index is damaged gets a record without metrics (saved at time 0), so
-        one bad step cannot stop retention; ``restore`` reports the damage.
-        """
-        out = []
-        for step, name in committed.items():
-            try:
-                out.append(self._record(step, name))
-            except CheckpointNotFoundError:
-                continue
-            except CorruptCheckpointError as e:
-                log.warning("step %d in %s has a damaged index (%s); retention treats it as "
-                            "saved without metrics", step, self._url, e)
-                rec = StepRecord(step, 0.0, None)
-                if not self._opts.read_only:
-                    with self._lock:
-                        self._records[(step, name)] = rec
-                out.append(rec)
-        return out
-
-    def _forget(self, step: int) -> None:
-        with self._lock:
-            for key in [k for k in self._records if k[0] == step]:
-                del self._records[key]
-
     # ------------------------------------------------------------------ saving
-    def _scheduled(self, step: int) -> bool:
-        o = self._opts
-        return ((o.save_interval_steps is not None and step % o.save_interval_steps == 0)
-                or step in o.save_on_steps
-                or (o.save_interval_seconds is not None
-                    and time.time() - self._last_save_time >= o.save_interval_seconds))
-
     def _initial_save_time(self) -> float:
         """Reference of ``save_interval_seconds``: the newest checkpoint's time, or now."""
         now = time.time()
@@ -222,7 +185,7 @@ class CheckpointManager:
             return now
         step, name = next(reversed(committed.items()))
         try:
-            return min(now, self._record(step, name).time)
+            return min(now, self._records.get(step, name).time)
         except CheckpointError as e:
             log.warning("cannot read the save time of step %d in %s: %s", step, self._url, e)
             return now
@@ -231,21 +194,22 @@ class CheckpointManager:
         return self._watcher.received is not None or self._peer_preempted
 
     def _due(self, step: int) -> bool:
-        """Is ``step`` due? With several ranks, all of them agree on the answer.
+        """Is ``step`` due by the save policy? With several ranks, all of them agree.
 
-        Step-based triggers give every rank the same answer; a time interval and a
-        preemption signal may not, so then the ranks take the maximum of their flags
-        (one tiny all-reduce per call): if any rank is due, every rank saves.
+        Step-based rules give every rank the same answer; a time interval and a
+        preemption signal may not, so then the ranks OR their answers (one tiny
+        all-reduce per call): if any rank is due, every rank saves.
         """
-        scheduled = self._scheduled(step)
-        comm = get_comm()
-        if comm.world_size > 1 and (self._opts.save_interval_seconds is not None
-                                    or self._opts.preemption_signals):
-            flags = comm.allreduce_max([int(scheduled), int(self._preempted())])
-            scheduled = bool(flags[0])
-            if flags[1] and not self._preempted():
+        # the listing costs a request per call on object stores: read it only when needed
+        latest = self._latest_known() if self._opts.initial_save else None
+        ctx = SaveContext(step=step, now=time.time(), last_save_time=self._last_save_time,
+                          latest_step=latest, preempted=self._due_by_preemption())
+        due = self._save_policy.should_save(ctx)
+        if agreement.world_size() > 1 and varies_between_ranks(self._opts):
+            due, peer_signal = agreement.any_rank([due, self._preempted()])
+            if peer_signal and not self._preempted():
                 self._peer_preempted = True
-        return self._due_by_preemption() or scheduled
+        return due
 
     def _due_by_preemption(self) -> bool:
         """A signal arrived and no save has started since (one save answers one signal)."""
@@ -276,19 +240,25 @@ class CheckpointManager:
              metrics: Mapping[str, Any] | None = None, force: bool = False) -> bool:
         """Saves ``state`` as ``step`` if it is due (or ``force``); returns whether it saved.
 
-        Returns once ``state`` has been captured: with ``async_save`` the caller may change
-        its tensors at once while the write continues in the background. Retention runs after
-        the commit, off the calling thread.
+        With ``async_save`` this returns once ``state`` has been captured (the caller may
+        change its tensors at once) and the write, the commit and retention continue in
+        the background. With ``async_save=False`` the commit *and* retention are done when
+        it returns, so ``all_steps()`` lists exactly the retained steps.
+
+        A step at or below the newest saved step is not due: without ``force`` that
+        returns False, like ``should_save`` (to continue from an older step, restore it
+        with ``rollback=True`` first).
 
         Args:
-            step: The training step (a non-negative int, larger than every saved step).
+            step: The training step (a non-negative int).
             state: What to save (tensors, containers, plain values, Stateful objects).
             metrics: Numbers stored with the step (for ``best_fn`` and ``metrics(step)``).
             force: Save even if the step is not due.
 
         Raises:
-            CheckpointError: ``step`` exists or is older than the newest step, the manager is
-                read-only or closed, or the previous background save failed (its error).
+            CheckpointError: ``force`` and ``step`` exists or is older than the newest step,
+                the manager is read-only or closed, or the previous background save failed
+                (its error).
             TypeError: A value in ``state`` or ``metrics`` cannot be saved (names the key).
         """
         self._check_writable("save")
@@ -298,14 +268,8 @@ class CheckpointManager:
             return False
         encode_metrics(metrics)  # fail on bad metrics before waiting or writing anything
         self.wait_until_finished()
-        committed = self._dir.committed()
-        if step in committed:
-            raise CheckpointError(f"step {step} already exists in {self._url!r} "
-                                  f"({committed[step]}); delete it first to save it again")
-        latest = max(committed, default=None)
-        if latest is not None and step < latest:
-            raise CheckpointError(f"refusing to save step {step} in {self._url!r}: the newest "
-                                  f"step there is {latest} and steps must increase")
+        if not self._step_is_new(step, force):
+            return False
         now = time.time()
         url = self._dir.storage.join(self._url, step_name(step))
         assert self._worker is not None and self._saver is not None
@@ -318,51 +282,54 @@ class CheckpointManager:
             raise CheckpointError(f"saving step {step} to {url!r} failed: {e}") from e
         self._last_started, self._last_save_time = step, now
         self._saved_after_signal = self._preempted()
-        self._inflight.step = step
         self._saves_started += 1  # the same count on every rank: names the save's store keys
+        if not self._opts.async_save:  # synchronous means finished: commit and retention
+            self._after_save(step, url, job, self._saves_started)
+            return True
+        self._inflight.step = step
         self._inflight.future = self._worker.submit(self._after_save, step, url, job,
                                                     self._saves_started)
         return True
 
+    def _step_is_new(self, step: int, force: bool) -> bool:
+        """False (or, with ``force``, an error) for a step at or below the newest step."""
+        committed = self._dir.committed()
+        latest = max(committed, default=None)
+        if latest is None or step > latest:
+            return True
+        if not force:
+            log.info("not saving step %d in %s: the newest step there is %d", step, self._url, latest)
+            return False
+        if step in committed:
+            raise CheckpointError(f"step {step} already exists in {self._url!r} "
+                                  f"({committed[step]}); delete it first to save it again")
+        raise CheckpointError(f"refusing to save step {step} in {self._url!r}: the newest "
+                              f"step there is {latest} and steps must increase (restore an "
+                              f"older step with rollback=True to continue from it)")
+
     def _after_save(self, step: int, url: str, job: saving.SaveJob, seq: int) -> None:
-        """Worker thread: wait for the commit, then apply retention."""
+        """Wait for the commit, then apply retention (worker thread, or the caller's)."""
         try:
             job.result()
         except (OSError, CheckpointError) as e:
             raise CheckpointError(f"saving step {step} to {url!r} failed: {e}") from e
         log.info("committed step %d in %s", step, self._url)
-        comm = get_comm()
-        if comm.world_size == 1:
-            try:
-                self._apply_retention()
-            except (OSError, CheckpointError, ValueError) as e:
-                raise CheckpointError(f"step {step} was saved, but retention failed: {e}") from e
-            return
-        # several ranks: rank 0 applies retention and tells the others through the store
-        # (never the training process group: this is a background thread), so that every
+        # rank 0 applies retention; the others return once it has (through the store, never
+        # the training process group: this may be a background thread), so that every
         # rank's wait_until_finished() returns after retention, as it does on one rank
-        ch, timeout = comm.channel(f"manager/{self._url}/{seq}"), default_timeout()
-        if comm.rank != 0:
-            verdict = receive(ch, "retained", timeout)
-            if verdict != b"ok":
-                raise CheckpointError(f"step {step} was saved, but retention failed on rank 0: "
-                                      f"{verdict.decode('utf-8', 'replace')}")
-            return
         try:
-            self._apply_retention()
+            agreement.leader_acts_in_background(
+                f"manager/{self._url}/{seq}", self._apply_retention,
+                what=f"retention after step {step}", errors=(OSError, CheckpointError, ValueError))
         except (OSError, CheckpointError, ValueError) as e:
-            announce(ch, "retained", str(e).encode("utf-8", "replace"), range(1, comm.world_size),
-                     timeout)
             raise CheckpointError(f"step {step} was saved, but retention failed: {e}") from e
-        announce(ch, "retained", b"ok", range(1, comm.world_size), timeout)
 
     def _apply_retention(self) -> None:
-        if get_comm().rank != 0:  # every rank would delete the same steps at once
-            return
+        """Rank 0: deletes the steps the retention policy drops."""
         committed = self._dir.committed()
-        for s in steps_to_delete(self._records_of(committed), self._policy):
+        for s in steps_to_delete(self._records.of(committed), self._policy):
             self._dir.delete(s, committed[s])
-            self._forget(s)
+            self._records.forget(s)
             log.info("retention deleted step %d in %s", s, self._url)
 
     def wait_until_finished(self) -> None:
@@ -404,9 +371,9 @@ class CheckpointManager:
         name = self._dir.committed().get(step)
         if name is None and step_name(step) not in self._dir.leftovers():
             raise CheckpointNotFoundError(f"step {step} does not exist in {self._url!r}")
-        if get_comm().rank == 0:  # with several ranks, rank 0 deletes for all of them
+        if agreement.is_leader():  # with several ranks, rank 0 deletes for all of them
             self._dir.delete(step, name)
-        self._forget(step)
+        self._records.forget(step)
 
     def _check_writable(self, what: str) -> None:
         if self._closed:
@@ -415,7 +382,8 @@ class CheckpointManager:
             raise CheckpointError(f"cannot {what}: the CheckpointManager for {self._url!r} is read-only")
 
     # ------------------------------------------------------------------ restoring
-    def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int | None:
+    def restore(self, state: MutableMapping[str, Any], step: int | None = None, *,
+                rollback: bool = False) -> int | None:
         """Loads a checkpoint into ``state`` in place and returns its step.
 
         With ``step=None`` the newest committed step is loaded; if it fails verification
@@ -423,6 +391,12 @@ class CheckpointManager:
         and the next older step is tried, unless ``restore_fallback=False``. A writable
         manager then moves the corrupt newer steps aside (``step_N.corrupt``) so training
         can continue saving from the restored step.
+
+        With ``rollback=True`` (an explicit ``step``, a writable manager) training
+        continues from ``step`` (e.g. after a loss spike): once it has loaded, every
+        newer step is moved aside as ``step_N.rolled-back-<UTC time>``. Nothing is
+        deleted; moved steps are no longer listed by ``all_steps()``, ``shardsafe ls``
+        shows them, and renaming one back restores it.
 
         Returns:
             The restored step, or None when there is no committed step.
@@ -432,29 +406,40 @@ class CheckpointManager:
                 committed step verifies.
             CheckpointNotFoundError: An explicit ``step`` does not exist.
             StateMismatchError: ``state`` does not match the checkpoint's structure.
+            CheckpointError: ``rollback`` without ``step``, on a read-only manager, or on
+                storage that cannot rename (object stores).
         """
         if self._closed:
             raise CheckpointError(f"cannot restore: the CheckpointManager for {self._url!r} is closed")
+        if rollback:
+            self._check_writable("roll back")
+            recovery.check_rollback(self._dir, self._url, step)
         if not self._opts.read_only:
             self.wait_until_finished()
         if step is not None:
             name = self._dir.committed().get(step, step_name(step))
             recovery.load_step(self._dir, self._url, step, name, state, self._opts.storage_options,
-                               agree=_agree_worst)
+                               agree=agreement.worst)
+            if rollback:
+                agreement.leader_decides(lambda: recovery.roll_back_after(self._dir, self._url, step),
+                                         what=f"rolling back {self._url!r} to step {step}")
+                self._records.forget(step, and_newer=True)
+                if self._last_started is not None and self._last_started > step:
+                    self._last_started = step
             return step
         out = recovery.restore_newest(self._dir, self._url, state, fallback=self._opts.restore_fallback,
-                                      storage_options=self._opts.storage_options, agree=_agree_worst)
+                                      storage_options=self._opts.storage_options, agree=agreement.worst)
         if out.step is not None:
             self._set_aside(out.corrupt, out.step)
         return out.step
 
     def _set_aside(self, corrupt: Mapping[int, tuple[str, str]], restored: int) -> None:
-        if self._opts.read_only or get_comm().rank != 0:
+        if self._opts.read_only or not agreement.is_leader():
             return
         for s, (name, _) in sorted(corrupt.items()):
             if s > restored:
                 new = self._dir.set_aside(s, name)
-                self._forget(s)
+                self._records.forget(s)
                 where = f"moved aside to {new}" if new else "deleted"
                 log.warning("corrupt step %d in %s %s so that training can continue from step %d",
                             s, self._url, where, restored)
@@ -478,6 +463,8 @@ class CheckpointManager:
             if self._saver is not None:
                 self._saver.close()  # frees the staging buffers; its saves were collected above
             self._finalizer.detach()
+            if self._owner_lock is not None:
+                self._owner_lock.release_quietly()
 
     def __enter__(self) -> CheckpointManager:
         return self

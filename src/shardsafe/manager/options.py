@@ -12,7 +12,7 @@ import math
 import signal
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 BestFn = Callable[[Mapping[str, Any]], float]
 
@@ -56,48 +56,72 @@ def _signals(value: Iterable[int]) -> tuple[signal.Signals, ...]:
     return tuple(dict.fromkeys(out))
 
 
+BestMode = Literal["max", "min"]
+"""Which end of ``best_fn`` is best."""
+
+BEST_MODES: tuple[BestMode, ...] = get_args(BestMode)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ManagerOptions:
     """Options of a ``CheckpointManager`` (the same names as its keyword arguments).
 
-    Attributes:
-        save_interval_steps: Save when ``step % save_interval_steps == 0``; None disables
-            step-based saving (e.g. to save by time only).
-        save_on_steps: Steps that are always saved.
-        save_interval_seconds: Save when this many seconds have passed since the last save
-            (or since the newest checkpoint was written, for a fresh manager).
-        max_to_keep: Keep the newest this many checkpoints (the best this many, with
-            ``best_fn``); None keeps all.
-        keep_period: Additionally keep every step divisible by this.
-        keep_time_interval: Additionally keep one checkpoint per this many seconds
-            (a number or ``datetime.timedelta``).
-        best_fn: ``metrics -> float`` ranking checkpoints for retention and ``best_step()``.
-        best_mode: ``"max"`` or ``"min"``: which end of ``best_fn`` is best.
-        keep_checkpoints_without_metrics: With ``best_fn``, never delete checkpoints that
-            were saved without metrics.
-        async_save: Return from ``save`` once the state is staged in host memory and write
-            in the background; False writes synchronously.
-        preemption_signals: Signals that mean "save at the next step and exit".
-        read_only: Never write, delete or clean up (an evaluator next to a trainer).
-        restore_fallback: If the newest checkpoint fails verification, ``restore`` falls
-            back to the next older one; False raises instead.
-        storage_options: Passed to the storage backend (fsspec URLs).
+    Save decisions (``save_interval_steps``, ``save_on_steps``, ``save_interval_seconds``,
+    ``initial_save``, a preemption signal) combine as "any of" (``save_policy``);
+    retention (``max_to_keep``, ``keep_period``, ``keep_time_interval``, ``best_fn``)
+    keeps what any of its rules keeps (``policy``).
     """
 
     save_interval_steps: int | None = 1
+    """Save when ``step % save_interval_steps == 0``; None disables step-based saving
+    (e.g. to save by time only)."""
+
     save_on_steps: frozenset[int] = frozenset()
+    """Steps that are always saved (any iterable of non-negative ints)."""
+
     save_interval_seconds: float | None = None
+    """Save when this many seconds have passed since the last save (or since the newest
+    checkpoint was written, for a fresh manager); a number or ``datetime.timedelta``."""
+
+    initial_save: bool = False
+    """Save the first step asked about when the directory holds no checkpoint yet."""
+
     max_to_keep: int | None = None
+    """Keep the newest this many checkpoints (the best this many, with ``best_fn``);
+    None keeps all."""
+
     keep_period: int | None = None
+    """Additionally keep every step divisible by this."""
+
     keep_time_interval: float | None = None
+    """Additionally keep one checkpoint per this many seconds (a number or
+    ``datetime.timedelta``)."""
+
     best_fn: BestFn | None = None
-    best_mode: str = "max"
+    """``metrics -> float`` ranking checkpoints for retention and ``best_step()``."""
+
+    best_mode: BestMode = "max"
+    """``"max"`` or ``"min"``: which end of ``best_fn`` is best (needs ``best_fn``)."""
+
     keep_checkpoints_without_metrics: bool = True
+    """With ``best_fn``, never delete checkpoints that were saved without metrics."""
+
     async_save: bool = True
+    """Return from ``save`` once the state is staged in host memory and write in the
+    background; False returns only after the commit and retention are done."""
+
     preemption_signals: tuple[signal.Signals, ...] = ()
+    """Signals that mean "save at the next step and exit" (not SIGKILL or SIGSTOP)."""
+
     read_only: bool = False
+    """Never write, delete, lock or clean up (an evaluator next to a trainer)."""
+
     restore_fallback: bool = True
+    """If the newest checkpoint fails verification, ``restore`` falls back to the next
+    older one; False raises instead."""
+
     storage_options: Mapping[str, Any] | None = None
+    """Passed to the storage backend (fsspec URLs)."""
 
     def __post_init__(self) -> None:
         # frozen: normalised values are written with object.__setattr__
@@ -111,13 +135,14 @@ class ManagerOptions:
         set_(self, "preemption_signals", _signals(self.preemption_signals))
         if self.best_fn is not None and not callable(self.best_fn):
             raise ValueError(f"best_fn must be callable (metrics -> float), got {self.best_fn!r}")
-        if self.best_mode not in ("max", "min"):
+        if self.best_mode not in BEST_MODES:
             raise ValueError(f"best_mode must be 'max' or 'min', got {self.best_mode!r}")
         if self.best_fn is None and self.best_mode != "max":
             raise ValueError("best_mode is set but best_fn is None: give best_fn to rank checkpoints")
         if self.best_fn is None and not self.keep_checkpoints_without_metrics:
             raise ValueError("keep_checkpoints_without_metrics=False only has a meaning with best_fn")
-        for name in ("async_save", "read_only", "restore_fallback", "keep_checkpoints_without_metrics"):
+        for name in ("async_save", "read_only", "restore_fallback", "keep_checkpoints_without_metrics",
+                     "initial_save"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.read_only and self.preemption_signals:

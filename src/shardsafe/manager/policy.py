@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .options import BestFn, ManagerOptions
+from .options import BestFn, BestMode, ManagerOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +103,7 @@ class BestN:
     """
 
     best_fn: BestFn
-    mode: str = "max"
+    mode: BestMode = "max"
     n: int | None = None
     keep_without_metrics: bool = True
 
@@ -172,7 +172,7 @@ def steps_to_delete(records: Sequence[StepRecord], policy: PreservationPolicy) -
     return [r.step for r, k in zip(ordered[:-1], keep[:-1]) if not k]
 
 
-def best_step(records: Sequence[StepRecord], best_fn: BestFn, mode: str = "max") -> int | None:
+def best_step(records: Sequence[StepRecord], best_fn: BestFn, mode: BestMode = "max") -> int | None:
     """The step with the best ``best_fn(metrics)`` (newest on ties); None if none has metrics."""
     ranker = BestN(best_fn, mode)
     scored = [(ranker.score(r), r.step) for r in records if r.metrics is not None]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,3 +127,24 @@ def restore_newest(steps: StepDirectory, base_url: str, state: MutableMapping[st
         raise CorruptCheckpointError(f"no committed step in {base_url!r} could be restored "
                                      f"({reasons}); `state` may be partially overwritten")
     return out
+
+
+# ---------------------------------------------------------------------- rollback
+def check_rollback(steps: StepDirectory, base_url: str, step: int | None) -> None:
+    """Raises CheckpointError unless a rollback to ``step`` is possible here."""
+    if step is None:
+        raise CheckpointError("restore(rollback=True) needs the step to continue from")
+    if not steps.storage.atomic_rename:
+        raise CheckpointError(f"cannot roll back {base_url!r}: its storage cannot rename a step "
+                              f"atomically to move it aside; delete the newer steps with "
+                              f"delete(step) if you mean to")
+
+
+def roll_back_after(steps: StepDirectory, base_url: str, step: int) -> None:
+    """Moves every committed step newer than ``step`` aside (kept, no longer listed)."""
+    now = time.time()
+    for s, name in steps.committed().items():
+        if s > step:
+            new = steps.roll_back(s, name, now)
+            log.warning("rolled back to step %d in %s: step %d moved aside to %s",
+                        step, base_url, s, new)

@@ -16,6 +16,7 @@ import logging
 import math
 import numbers
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ log = logging.getLogger("shardsafe")
 
 MANAGER_KEY = "shardsafe.manager"
 QUARANTINE_SUFFIX = ".corrupt"
+ROLLBACK_MARKER = ".rolled-back-"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 # JSON has no non-finite numbers (the index is encoded with allow_nan=False): a NaN loss
 # must not make a save fail, so non-finite metric values are stored as these strings.
@@ -160,6 +162,15 @@ class StepDirectory:
         """Deletes a step crash-safely (index first: a half-deleted step is never committed)."""
         commit.delete_checkpoint(self.storage, self.step_path(step, name))
 
+    def _move(self, step: int, name: str | None, base: str) -> str:
+        """Renames a step to ``base`` (or ``base.1``, ``base.2``, ... if taken)."""
+        taken = set(self.storage.list(self.path))
+        dst_name, i = base, 1
+        while dst_name in taken:
+            dst_name, i = f"{base}.{i}", i + 1
+        self.storage.rename(self.step_path(step, name), self.storage.join(self.path, dst_name))
+        return dst_name
+
     def set_aside(self, step: int, name: str | None = None) -> str | None:
         """Takes a corrupt step out of the listing; returns its new name (None: deleted).
 
@@ -171,10 +182,19 @@ class StepDirectory:
         if not self.storage.atomic_rename:
             self.delete(step, name)
             return None
-        base = (name or step_name(step)) + QUARANTINE_SUFFIX
-        taken = set(self.storage.list(self.path))
-        dst_name, i = base, 1
-        while dst_name in taken:
-            dst_name, i = f"{base}.{i}", i + 1
-        self.storage.rename(self.step_path(step, name), self.storage.join(self.path, dst_name))
-        return dst_name
+        return self._move(step, name, (name or step_name(step)) + QUARANTINE_SUFFIX)
+
+    def roll_back(self, step: int, name: str | None, when: float) -> str:
+        """Moves a healthy step out of the listing for a rollback; returns its new name.
+
+        The new name is ``step_N.rolled-back-<UTC time>``: it keeps every byte (the step
+        can be renamed back by hand), does not parse as a step, and ``shardsafe ls``
+        shows it. Only for storage that renames atomically (the caller checks).
+        """
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
+        return self._move(step, name, f"{name or step_name(step)}{ROLLBACK_MARKER}{stamp}")
+
+
+def is_rolled_back(name: str) -> bool:
+    """True for a step moved aside by ``restore(..., rollback=True)``."""
+    return parse_step(name.split(ROLLBACK_MARKER, 1)[0]) is not None and ROLLBACK_MARKER in name

@@ -1,0 +1,154 @@
+"""One writable manager per directory: the owner lock.
+
+A writable ``CheckpointManager`` (rank 0 of a job) creates ``<directory>/.shardsafe-manager.lock``
+holding its host, pid, start time and a random token. A second writable manager finds the
+file and raises ``CheckpointError`` naming the owner, instead of removing the first one's
+in-flight save as a leftover or deleting its steps by retention. A lock whose owner is a
+dead process on this host is stale (the owner crashed or was killed) and is taken over.
+A lock of another host is trusted until an operator removes it (we cannot see that
+host's processes); the error says so.
+
+On a local filesystem the lock is created with ``O_CREAT | O_EXCL``, so of two managers
+starting at once exactly one wins. Object stores have no exclusive create: there the
+lock is written and read back, which catches a second manager started later but not two
+started within the same moment.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+import time
+from dataclasses import asdict, dataclass
+
+from ..errors import CheckpointError
+from ..storage import LocalStorage
+from ..storage.base import Storage
+
+log = logging.getLogger("shardsafe")
+
+LOCK_NAME = ".shardsafe-manager.lock"
+
+
+@dataclass(frozen=True, slots=True)
+class LockOwner:
+    """Who holds a directory's lock.
+
+    Attributes:
+        host: The owner's host name.
+        pid: The owner's process id on that host.
+        started: Unix time the owner took the lock.
+        token: A random value naming this lock (so a manager only removes its own).
+    """
+
+    host: str
+    pid: int
+    started: float
+    token: str
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
+        return f"pid {self.pid} on host {self.host!r}, since {when}"
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode("utf-8")
+
+
+def _decode(data: bytes) -> LockOwner | None:
+    """The owner recorded in a lock file; None if the file is not a lock we wrote."""
+    try:
+        raw = json.loads(data.decode("utf-8"))
+        return LockOwner(str(raw["host"]), int(raw["pid"]), float(raw["started"]), str(raw["token"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _create(storage: Storage, path: str, data: bytes) -> bool:
+    """Creates the lock file unless it exists; True if this call created it."""
+    if isinstance(storage, LocalStorage):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+    if storage.exists(path):
+        return False
+    storage.publish(path, data)
+    return storage.read(path) == data  # best effort: another writer may have raced us
+
+
+class DirectoryLock:
+    """The lock of one manager directory, held from ``acquire`` until ``release``."""
+
+    def __init__(self, storage: Storage, directory: str, owner: LockOwner) -> None:
+        self._storage = storage
+        self._path = storage.join(directory, LOCK_NAME)
+        self.owner = owner
+
+    @classmethod
+    def acquire(cls, storage: Storage, directory: str, url: str) -> DirectoryLock:
+        """Takes the lock of ``directory`` (``url`` names it in errors).
+
+        Raises:
+            CheckpointError: Another live manager holds it (the message names its host,
+                pid and start time).
+        """
+        me = LockOwner(socket.gethostname(), os.getpid(), time.time(), secrets.token_hex(8))
+        path = storage.join(directory, LOCK_NAME)
+        for _ in range(3):  # a stale lock removed, or a lock released meanwhile: try again
+            if _create(storage, path, me.encode()):
+                return cls(storage, directory, me)
+            try:
+                other = _decode(storage.read(path))
+            except FileNotFoundError:
+                continue  # released between our create and our read
+            if other is not None and not (other.host == me.host and not _alive(other.pid)):
+                hint = "" if other.host == me.host else (
+                    f"; if that job is gone, delete {path!r}")
+                raise CheckpointError(
+                    f"{url!r} already has a writable CheckpointManager: {other.describe()}; "
+                    f"use read_only=True for a second manager{hint}")
+            what = "damaged lock" if other is None else f"stale lock of {other.describe()} (dead)"
+            log.warning("taking over the %s in %s", what, url)
+            storage.delete(path)
+        raise CheckpointError(f"could not take the manager lock {path!r}: other managers keep "
+                              f"taking it")
+
+    def held(self) -> bool:
+        """True while the lock file still names this owner."""
+        try:
+            other = _decode(self._storage.read(self._path))
+        except FileNotFoundError:
+            return False
+        return other is not None and other.token == self.owner.token
+
+    def release(self) -> None:
+        """Removes the lock file if it is still ours (idempotent)."""
+        if self.held():
+            self._storage.delete(self._path)
+
+    def release_quietly(self) -> None:
+        """``release``, logging (not raising) an I/O error: for ``close`` and exit paths."""
+        try:
+            self.release()
+        except OSError as e:
+            log.warning("could not remove the manager lock %s: %s", self._path, e)

@@ -1,0 +1,124 @@
+"""Save decisions as pure policy: is this step due for a checkpoint?
+
+A policy looks at a ``SaveContext`` (the step, the clock, the last save, the newest saved
+step, whether a preemption signal waits for an answer) and answers one bool. Policies
+combine with ``AnySavePolicy`` (due if any policy says so). ``save_policy_from_options``
+builds the manager's policy from its options.
+
+Nothing here reads a clock, a signal or a file: the manager fills the context, applies
+the answer and, with several ranks, makes them agree (``comm.agreement.any_rank``). The
+rules are tested with tables (tests/manager/test_save_policy.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .options import ManagerOptions
+
+
+@dataclass(frozen=True, slots=True)
+class SaveContext:
+    """What a save decision may look at.
+
+    Attributes:
+        step: The step asked about.
+        now: The current Unix time.
+        last_save_time: Unix time of the last save this run started (or of the newest
+            checkpoint, before the first one).
+        latest_step: The newest committed (or in-flight) step, None when there is none
+            (the manager reads the listing only for ``InitialSave``).
+        preempted: A preemption signal arrived and no save has answered it yet.
+    """
+
+    step: int
+    now: float = 0.0
+    last_save_time: float = 0.0
+    latest_step: int | None = None
+    preempted: bool = False
+
+
+class SaveDecisionPolicy(Protocol):
+    """Decides whether ``context.step`` should be saved."""
+
+    def should_save(self, context: SaveContext) -> bool:
+        """True when the step is due."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class FixedIntervalSteps:
+    """Due every ``interval`` steps (``step % interval == 0``)."""
+
+    interval: int
+
+    def should_save(self, context: SaveContext) -> bool:
+        return context.step % self.interval == 0
+
+
+@dataclass(frozen=True, slots=True)
+class IntervalSeconds:
+    """Due once ``seconds`` have passed since the last save."""
+
+    seconds: float
+
+    def should_save(self, context: SaveContext) -> bool:
+        return context.now - context.last_save_time >= self.seconds
+
+
+@dataclass(frozen=True, slots=True)
+class SpecificSteps:
+    """Due at the listed steps."""
+
+    steps: frozenset[int]
+
+    def should_save(self, context: SaveContext) -> bool:
+        return context.step in self.steps
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionSave:
+    """Due when a preemption signal waits for its checkpoint."""
+
+    def should_save(self, context: SaveContext) -> bool:
+        return context.preempted
+
+
+@dataclass(frozen=True, slots=True)
+class InitialSave:
+    """Due when nothing has been saved yet (the first step of a fresh run)."""
+
+    def should_save(self, context: SaveContext) -> bool:
+        return context.latest_step is None
+
+
+@dataclass(frozen=True, slots=True)
+class AnySavePolicy:
+    """Due when any of ``policies`` says so (never, with none)."""
+
+    policies: Sequence[SaveDecisionPolicy]
+
+    def should_save(self, context: SaveContext) -> bool:
+        return any(p.should_save(context) for p in self.policies)
+
+
+def save_policy_from_options(opts: ManagerOptions) -> AnySavePolicy:
+    """The save policy ``opts`` describe (interval, steps, seconds, initial, preemption)."""
+    policies: list[SaveDecisionPolicy] = []
+    if opts.save_interval_steps is not None:
+        policies.append(FixedIntervalSteps(opts.save_interval_steps))
+    if opts.save_on_steps:
+        policies.append(SpecificSteps(opts.save_on_steps))
+    if opts.save_interval_seconds is not None:
+        policies.append(IntervalSeconds(opts.save_interval_seconds))
+    if opts.initial_save:
+        policies.append(InitialSave())
+    policies.append(PreemptionSave())  # without signals ``preempted`` is never True
+    return AnySavePolicy(tuple(policies))
+
+
+def varies_between_ranks(opts: ManagerOptions) -> bool:
+    """Whether ranks may answer differently (clocks and signals are per process)."""
+    return opts.save_interval_seconds is not None or bool(opts.preemption_signals)

@@ -1,0 +1,107 @@
+"""Synchronous saves finish retention; old steps are not due; rollback moves newer steps aside."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from shardsafe import CheckpointError, CheckpointManager, CheckpointNotFoundError
+from shardsafe.manager.steps import ROLLBACK_MARKER, step_name
+
+
+def state(step: int) -> dict:
+    return {"w": torch.full((4,), float(step)), "step": step}
+
+
+def test_synchronous_save_returns_after_retention(tmp_path) -> None:
+    with CheckpointManager(tmp_path, max_to_keep=2, async_save=False) as mgr:
+        for s in range(6):
+            assert mgr.save(s, state(s))
+            # nothing left for a background thread: the listing is already final
+            assert mgr._inflight.future is None
+            assert mgr.all_steps() == list(range(max(0, s - 1), s + 1))
+            names = sorted(n for n in os.listdir(tmp_path) if n.startswith("step_"))
+            assert names == [step_name(x) for x in mgr.all_steps()]
+
+
+def test_synchronous_retention_runs_on_the_callers_thread(tmp_path) -> None:
+    seen: list[str] = []
+
+    def best(metrics: dict) -> float:
+        seen.append(threading.current_thread().name)
+        return metrics["acc"]
+
+    with CheckpointManager(tmp_path, max_to_keep=1, best_fn=best, async_save=False) as mgr:
+        mgr.save(1, state(1), metrics={"acc": 1.0})
+        mgr.save(2, state(2), metrics={"acc": 2.0})
+        assert mgr.all_steps() == [2]
+    assert seen and set(seen) == {threading.current_thread().name}
+
+
+def test_synchronous_retention_error_raises_from_save(tmp_path) -> None:
+    with CheckpointManager(tmp_path, max_to_keep=1, best_fn=lambda m: m["acc"],
+                           async_save=False) as mgr:
+        mgr.save(1, state(1), metrics={"acc": 1.0})
+        with pytest.raises(CheckpointError, match="step 2 was saved, but retention failed"):
+            mgr.save(2, state(2), metrics={"loss": 1.0})
+        assert mgr.all_steps() == [1, 2]
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_rollback_moves_newer_steps_aside(tmp_path, async_save) -> None:
+    with CheckpointManager(tmp_path, async_save=async_save) as mgr:
+        for s in (100, 200, 300):
+            assert mgr.save(s, state(s), metrics={"loss": s / 100})
+        assert mgr.save(150, state(150)) is False  # older than the newest: not due
+        out = state(0)
+        assert mgr.restore(out, step=100, rollback=True) == 100
+        assert torch.equal(out["w"], state(100)["w"]) and out["step"] == 100
+        assert mgr.all_steps() == [100] and mgr.latest_step() == 100
+        moved = sorted(n for n in os.listdir(tmp_path) if ROLLBACK_MARKER in n)
+        assert [n.split(ROLLBACK_MARKER)[0] for n in moved] == [step_name(200), step_name(300)]
+        for n in moved:  # kept whole, not deleted
+            assert os.path.exists(tmp_path / n / "index.json")
+        # training continues from step 100: the next steps are due again
+        assert mgr.should_save(150) and mgr.save(150, state(150))
+        mgr.wait_until_finished()
+        assert mgr.all_steps() == [100, 150]
+        # roll back over a step already rolled back once: names do not collide
+        assert mgr.save(200, state(200))
+        assert mgr.restore(state(0), step=100, rollback=True) == 100
+    moved = [n for n in os.listdir(tmp_path) if n.startswith(step_name(200) + ROLLBACK_MARKER)]
+    assert len(moved) == 2
+    # shardsafe ls shows the moved-aside steps with their own state
+    out = subprocess.run([sys.executable, "-m", "shardsafe", "ls", "--json", str(tmp_path)],
+                         capture_output=True, text=True, check=True, env=os.environ)
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    assert {r["state"] for n, r in rows.items() if ROLLBACK_MARKER in n} == {"rolled-back"}
+    assert {r["step"] for n, r in rows.items() if ROLLBACK_MARKER in n} == {150, 200, 300}
+    assert rows[step_name(100)]["state"] == "committed"
+    table = subprocess.run([sys.executable, "-m", "shardsafe", "ls", str(tmp_path)],
+                           capture_output=True, text=True, check=True, env=os.environ).stdout
+    states = [line.split()[1] for line in table.splitlines()[1:]]
+    assert states.count("rolled-back") == 4 and states.count("committed") == 1  # 200 twice
+
+
+def test_rollback_failures_move_nothing(tmp_path) -> None:
+    with CheckpointManager(tmp_path, async_save=False) as mgr:
+        for s in (1, 2):
+            mgr.save(s, state(s))
+        with pytest.raises(CheckpointError, match="needs the step"):
+            mgr.restore(state(0), rollback=True)
+        with pytest.raises(CheckpointNotFoundError):
+            mgr.restore(state(0), step=7, rollback=True)
+        with pytest.raises(CheckpointError, match="step 1 already exists"):
+            mgr.save(1, state(1), force=True)
+        assert mgr.all_steps() == [1, 2]
+    with CheckpointManager(tmp_path, read_only=True) as ro:
+        with pytest.raises(CheckpointError, match="read-only"):
+            ro.restore(state(0), step=1, rollback=True)
+        assert ro.all_steps() == [1, 2]
+    assert not [n for n in os.listdir(tmp_path) if ROLLBACK_MARKER in n]
