@@ -63,6 +63,9 @@ def read_index_bytes(storage: Storage, path: str) -> tuple[bytes, Index]:
         try:
             size = storage.size(storage.join(path, f.name))
         except FileNotFoundError:
+            if not is_committed(storage, path):  # deleted (retention) while we read it
+                raise CheckpointNotFoundError(f"checkpoint at {path!r} was deleted while "
+                                              f"being read") from None
             raise CorruptCheckpointError("data file is missing", file=f.name,
                                          key=_first_key_beyond(index, f.name, 0)) from None
         if size != f.size:

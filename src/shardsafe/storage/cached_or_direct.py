@@ -21,6 +21,7 @@ import threading
 
 import numpy as np
 
+from .files import open_regular, reopen_direct
 from .memory import anonymous
 
 ALIGN = 4096
@@ -113,11 +114,11 @@ def read_range(path: str, offset: int, out: memoryview, *, direct: bool) -> None
         EOFError: the file is shorter than ``offset + len(out)``.
     """
     out = memoryview(out).cast("B")
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd, _ = open_regular(path)  # no symlink, FIFO or device (CorruptCheckpointError)
     try:
         if direct and _O_DIRECT and len(out) >= DIRECT_MIN and cached(fd, offset, len(out)) is False:
             try:
-                dfd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | _O_DIRECT)
+                dfd = reopen_direct(path, fd, _O_DIRECT)
             except OSError as e:
                 if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
                     raise

@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from .cached_or_direct import read_range
+from .files import check_regular, read_regular
 
 log = logging.getLogger("shardsafe")
 
@@ -29,6 +30,7 @@ SEGMENT = 64 << 20  # bytes one thread writes per call
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _RENAME_EXCHANGE = 2
 _IOV_MAX = 1024
+MAX_READ = 1 << 30  # ``read`` is for small files (indexes); anything larger is refused unread
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -238,8 +240,8 @@ class LocalStorage:
 
     # ------------------------------------------------------------------ reading
     def read(self, path: str) -> bytes:
-        with open(path, "rb") as f:
-            return f.read()
+        # never follows a symlink, never opens a FIFO or device (see storage.files)
+        return read_regular(path, MAX_READ)
 
     def read_into(self, path: str, offset: int, out: memoryview) -> None:
         # Cached pages come from the page cache, the rest with direct I/O (cold loads
@@ -247,9 +249,9 @@ class LocalStorage:
         read_range(path, offset, out, direct=self.direct_io)
 
     def size(self, path: str) -> int:
-        # lstat: a symlinked data file reports the link's size, so read_index refuses it
+        # a symlink, FIFO, device or directory is refused here (CorruptCheckpointError),
         # before anything is read through it (a checkpoint never reads outside itself)
-        return os.lstat(path).st_size
+        return check_regular(path)
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
