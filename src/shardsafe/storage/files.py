@@ -131,3 +131,13 @@ def reopen_direct(path: str, fd: int, direct_flag: int) -> int:
         os.close(dfd)
         raise CorruptCheckpointError("file was replaced while being read", file=os.path.basename(path))
     return dfd
+
+
+def with_path(e: OSError, path: str) -> OSError:
+    """``e`` naming ``path`` (``os.pwrite`` and ``fsync`` errors name no file: "[Errno 28] No
+    space left on device" alone does not say which disk filled up)."""
+    if e.filename is not None:
+        return e
+    out = type(e)(e.errno, e.strerror or str(e), path)
+    out.__cause__ = e
+    return out

@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from .cached_or_direct import read_range
-from .files import check_regular, read_regular
+from .files import check_regular, read_regular, with_path
 
 log = logging.getLogger("shardsafe")
 
@@ -232,9 +232,11 @@ class LocalStorage:
             finally:
                 os.close(fd)
             os.rename(tmp, path)
-        except BaseException:
+        except BaseException as e:
             if os.path.exists(tmp):
                 os.remove(tmp)
+            if isinstance(e, OSError):
+                raise with_path(e, path) from None
             raise
         self.sync_dir(os.path.dirname(path) or ".")
 
