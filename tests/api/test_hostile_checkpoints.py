@@ -206,3 +206,36 @@ def test_load_racing_deletion_says_not_found(tmp_path) -> None:
 def test_readers_during_overwrite_see_old_or_new(tmp_path) -> None:
     seen = _race(tmp_path, "overwrite")
     assert seen["ok"] > 10 and seen["not_found"] == 0, seen
+
+
+_SPARSE = textwrap.dedent("""
+    import json, os, resource, sys, torch, shardsafe
+    from shardsafe.format.checksum import crc32c
+    ckpt = sys.argv[1]
+    shardsafe.save({"w": torch.zeros(4, dtype=torch.uint8)}, ckpt)
+    with open(os.path.join(ckpt, "index.json"), "rb") as f:
+        raw = json.loads(f.read())
+    raw.pop("index_checksum")
+    n = 1 << 40  # a terabyte of tensor over a sparse data file: sizes all agree
+    f0 = raw["files"][0]
+    f0["size"] = f0["data_start"] + n
+    os.truncate(os.path.join(ckpt, f0["name"]), f0["size"])
+    raw["block_size"] = 1 << 40
+    t = raw["tensors"][0]
+    t["shape"] = [n]
+    t["chunks"][0].update(offset=f0["data_start"], nbytes=n, shape=[n], crc32c=["00000000"])
+    prefix = json.dumps(raw, separators=(",", ":"))[:-1].encode()
+    with open(os.path.join(ckpt, "index.json"), "wb") as f:
+        f.write(prefix + b',"index_checksum":"crc32c:%08x"}\\n' % crc32c(prefix))
+    resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
+    try:
+        shardsafe.load(ckpt)
+    except shardsafe.CheckpointError as e:
+        print("REFUSED", type(e).__name__, e)
+""")
+
+
+def test_sparse_terabyte_checkpoint_fails_with_checkpoint_error(tmp_path) -> None:
+    r = subprocess.run([sys.executable, "-c", _SPARSE, str(tmp_path / "ckpt")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.stdout.startswith("REFUSED CheckpointError cannot allocate"), (r.stdout, r.stderr[-2000:])

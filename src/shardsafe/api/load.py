@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,7 @@ from ..engine.collective import read_index_collective
 from ..engine.commit import is_committed, read_index
 from ..engine.mmap_load import load_mapped
 from ..engine.reader import Reader, ReadJob
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
+from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
 from ..format.index import Index
 from ..per_rank import loading
 from ..storage import LocalStorage, storage_for
@@ -111,6 +112,20 @@ def _identity(storage: Any, spath: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+@contextmanager
+def _allocating(index: Index, path: str) -> Iterator[None]:
+    """Turns a failed host allocation (a checkpoint larger than memory, e.g. a forged one
+    over sparse files) into a CheckpointError."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as e:
+        if not isinstance(e, MemoryError) and "alloc" not in str(e):
+            raise  # a torch RuntimeError that is not about memory
+        total = sum(t.nbytes for t in index.tensors)
+        raise CheckpointError(f"cannot allocate memory to load {path!r} ({total} bytes of tensors): "
+                              f"{e}") from e
+
+
 def _load_from(storage: Any, spath: str, index: Index, path: str, state: MutableMapping[str, Any] | None,
                strict: bool, mmap: bool) -> Any:
     if mmap:
@@ -119,7 +134,8 @@ def _load_from(storage: Any, spath: str, index: Index, path: str, state: Mutable
         return load_mapped(spath, index)
     reader = Reader(storage, spath, index)
     if state is None:
-        value, targets = build_new(index)
+        with _allocating(index, path):
+            value, targets = build_new(index)
         _read(reader, targets)
         return value
     with loading():  # PerRank values describe only this rank's entry
@@ -130,7 +146,8 @@ def _load_from(storage: Any, spath: str, index: Index, path: str, state: Mutable
     if problems:
         log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(problems),
                     "\n  ".join(problems))
-    _read(reader, m.reads)
+    with _allocating(index, path):  # temporaries for device / strided targets
+        _read(reader, m.reads)
     m.apply()
     return LoadResult(m.missing, m.unexpected, m.mismatched)
 
