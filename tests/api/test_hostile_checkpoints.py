@@ -83,8 +83,8 @@ def test_index_that_is_a_directory_is_corrupt_and_the_manager_falls_back(tmp_pat
         mgr.save(1, {"x": torch.ones(3)})
         mgr.save(2, {"x": torch.full((3,), 2.0)})
         mgr.wait_until_finished()
-        step2 = mgr.step_path(2) if hasattr(mgr, "step_path") else None
-    step2 = step2 or os.path.join(root, sorted(n for n in os.listdir(root) if "2" in n)[-1])
+    (name,) = [n for n in os.listdir(root) if n.endswith("2") and not n.startswith(".")]
+    step2 = os.path.join(root, name)
     index = os.path.join(step2, "index.json")
     os.remove(index)
     os.mkdir(index)
@@ -127,7 +127,7 @@ def test_fifo_is_refused_without_hanging(ckpt, victim) -> None:
             assert r.returncode != 0 and "FIFO" in r.stdout + r.stderr, (r.stdout, r.stderr)
 
 
-def test_socket_and_directory_in_place_of_a_data_file_are_refused(ckpt, tmp_path) -> None:
+def test_socket_and_directory_in_place_of_a_data_file_are_refused(ckpt) -> None:
     import socket
 
     data = os.path.join(ckpt, DATA)

@@ -8,7 +8,6 @@ round-1 code took 29 s, 93 s and 4.6 GB on these inputs.
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 import textwrap
