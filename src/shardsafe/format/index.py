@@ -31,7 +31,7 @@ MAX_TREE_DEPTH = 128  # nesting of the state tree (real states: tens)
 MAX_TREE_NODES = 1 << 23
 MAX_MEAN_DEPTH = 32  # validation walks each leaf's path: sum of depths <= 32 * nodes
 MAX_CHUNKS = 1 << 24  # chunk entries in all tensors
-SWEEP_BUDGET = 64  # overlap comparisons per chunk for chunk layouts that are not a grid
+SWEEP_BUDGET = 16  # overlap comparisons per chunk for chunk layouts that are not a grid
 MAX_NDIM = 64
 MAX_DIM = 1 << 62
 # Bound on prod(max(dim, 1)) * itemsize: a zero-size tensor must not smuggle in dimensions
