@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import MutableMapping
+import os
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import dtensor, tensors
 from ..comm import distributed_active, get_comm
 from ..engine.index_exchange import read_index_collective
-from ..engine.commit import read_index
+from ..engine.commit import is_committed, read_index
 from ..engine.mmap_load import load_mapped
 from ..engine.reader import Reader, ReadJob
-from ..errors import StateMismatchError
+from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
 from ..format.index import Index
 from ..per_rank import loading
 from ..storage import LocalStorage, storage_for
@@ -84,15 +86,59 @@ def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bo
     storage, spath = storage_for(path, storage_options)
     if collective is not False and distributed_active(process_group):
         index = read_index_collective(storage, spath, get_comm(process_group))
-    else:
-        index = read_index(storage, spath)
+        return _load_from(storage, spath, index, path, state, strict, mmap)
+    for attempt in range(_ATTEMPTS):
+        before = _identity(storage, spath)
+        try:
+            return _load_from(storage, spath, read_index(storage, spath), path, state, strict, mmap)
+        except (CorruptCheckpointError, CheckpointNotFoundError) as e:
+            if not is_committed(storage, spath):  # deleted (e.g. by retention) while we read it
+                raise CheckpointNotFoundError(f"no committed checkpoint at {path!r} (deleted while "
+                                              f"being loaded)") from e
+            if before is None or _identity(storage, spath) == before or attempt == _ATTEMPTS - 1:
+                raise
+            log.info("%s was replaced (overwrite) while being loaded; loading the new one", path)
+    raise AssertionError("unreachable")
+
+
+_ATTEMPTS = 3  # an overwrite swaps the directory mid-load: read the new checkpoint instead
+
+
+def _identity(storage: Any, spath: str) -> tuple[int, int] | None:
+    """Which directory ``spath`` is now (an overwrite swaps in another one); None off POSIX."""
+    if not isinstance(storage, LocalStorage):
+        return None
+    try:
+        st = os.stat(spath)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+@contextmanager
+def _allocating(index: Index, path: str) -> Iterator[None]:
+    """Turns a failed host allocation (a checkpoint larger than memory, e.g. a forged one
+    over sparse files) into a CheckpointError."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as e:
+        if not isinstance(e, MemoryError) and "alloc" not in str(e):
+            raise  # a torch RuntimeError that is not about memory
+        total = sum(t.nbytes for t in index.tensors)
+        raise CheckpointError(f"cannot allocate memory to load {path!r} ({total} bytes of tensors): "
+                              f"{e}") from e
+
+
+def _load_from(storage: Any, spath: str, index: Index, path: str, state: MutableMapping[str, Any] | None,
+               strict: bool, mmap: bool) -> Any:
     if mmap:
         if state is not None or not isinstance(storage, LocalStorage):
             raise ValueError("mmap=True applies to load(path) of a local checkpoint, without a state")
         return load_mapped(spath, index)
     reader = Reader(storage, spath, index)
     if state is None:
-        value, targets = build_new(index)
+        with _allocating(index, path):
+            value, targets = build_new(index)
         _read(reader, targets)
         return value
     with loading():  # PerRank values describe only this rank's entry
@@ -103,7 +149,8 @@ def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bo
     if problems:
         log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(problems),
                     "\n  ".join(problems))
-    _read(reader, m.reads)
+    with _allocating(index, path):  # temporaries for device / strided targets
+        _read(reader, m.reads)
     m.apply()
     return LoadResult(m.missing, m.unexpected, m.mismatched)
 

@@ -13,6 +13,7 @@ prefix and the index object is written last.
 
 from __future__ import annotations
 
+import errno
 import posixpath
 import uuid
 from dataclasses import dataclass
@@ -63,6 +64,9 @@ def read_index_bytes(storage: Storage, path: str) -> tuple[bytes, Index]:
         try:
             size = storage.size(storage.join(path, f.name))
         except FileNotFoundError:
+            if not is_committed(storage, path):  # deleted (retention) while we read it
+                raise CheckpointNotFoundError(f"checkpoint at {path!r} was deleted while "
+                                              f"being read") from None
             raise CorruptCheckpointError("data file is missing", file=f.name,
                                          key=_first_key_beyond(index, f.name, 0)) from None
         if size != f.size:
@@ -143,7 +147,15 @@ def finish(txn: Transaction, index_bytes: bytes) -> None:
         # rename(2) replaces an empty directory the user created, and fails (ENOTDIR,
         # ENOTEMPTY) on a file or on anything that appeared since plan_transaction:
         # never delete what is at the final path.
-        s.rename(txn.workdir, txn.final)
+        try:
+            s.rename(txn.workdir, txn.final)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise
+            what = ("another save committed a checkpoint there first" if is_committed(s, txn.final)
+                    else "something else appeared there")
+            raise CheckpointError(f"cannot commit the save to {txn.final!r}: {what} "
+                                  f"(two writers on one path?)") from None
 
 
 def abort(txn: Transaction) -> None:

@@ -25,15 +25,21 @@ from ..format.checksum import blocks
 from ..format.dtypes import lookup
 from ..format.index import Index
 from ..format.tree import KeyPath, Node, build, render_path
+from ..storage.files import open_regular
 from .io_pool import io_pool, wait_all
 from .reader import verify
 
 
 def _map(path: str, name: str, size: int) -> mmap.mmap:
-    with open(os.path.join(path, name), "rb") as f:
+    fd, actual = open_regular(os.path.join(path, name))  # no symlink, FIFO or device
+    try:
         if size == 0:
             raise CorruptCheckpointError("empty data file cannot hold a safetensors header", file=name)
-        return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+        if actual != size:  # mapping past the end would fault (SIGBUS) on access
+            raise CorruptCheckpointError(f"data file has {actual} bytes, index says {size}", file=name)
+        return mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+    finally:
+        os.close(fd)
 
 
 def _verify_all(index: Index, maps: dict[str, mmap.mmap]) -> None:

@@ -98,6 +98,8 @@ class Reader:
             self.storage.read_into(self._file(chunk.file), offset, out)
         except EOFError:
             raise CorruptCheckpointError("data file is truncated", file=chunk.file, key=key) from None
+        except FileNotFoundError:  # api.load tells a deleted checkpoint from a damaged one
+            raise CorruptCheckpointError("data file is missing", file=chunk.file, key=key) from None
 
     # ------------------------------------------------------------------ task kinds
     def _read_block(self, chunk: ChunkEntry, j: int, dest: np.ndarray, key: str) -> None:

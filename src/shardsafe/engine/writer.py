@@ -9,9 +9,11 @@ Two sources of bytes:
 - *staged*: a HostBuffer holding the file image (async saves): units are written
   straight from it; blocks are checksummed from it.
 - *streamed* (sync saves): nothing is staged in full. Each write job copies its unit
-  into one of a few bounce buffers (aligned, for direct I/O) or, when the file is not
-  written with direct I/O, gathers the source slices straight into ``pwritev``;
-  checksums read the source tensors, which do not change during a sync save.
+  into one of a few bounce buffers (aligned, for direct I/O) and checksums the pieces of
+  blocks in that copy before writing it: the checksums describe the bytes that reach the
+  file even if another thread changes the state meanwhile (pieces of a block that spans
+  units are joined with ``crc32c_combine``). Without bounce buffers, source slices are
+  gathered straight into ``pwritev`` and checksummed from the sources.
 
 Storages without ranged writes (object stores: ``Storage.open_writer`` returns None)
 get the whole staged file in one ``Storage.write`` at the end.
@@ -19,6 +21,7 @@ get the whole staged file in one ``Storage.write`` at the end.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 from collections.abc import Sequence
@@ -26,7 +29,9 @@ from concurrent.futures import Future
 import numpy as np
 
 from ..format.checksum import crc32c
+from ..format.crc_combine import crc32c_combine
 from ..storage.base import RangeWriter, Storage
+from ..storage.files import with_path
 from .io_pool import io_pool, wait_all
 from .buffers import BouncePool, HostBuffer, round_up
 from .staging import copy_unit
@@ -65,12 +70,25 @@ class FileWrite:
         self._started = False
         self._all_ready = threading.Event()
         self._failed: BaseException | None = None
+        # streamed with bounce buffers: block pieces checksummed from the bytes written
+        self._from_copies = sources is not None and bounce is not None
+        self._pieces: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+        self._item_blocks: list[list[Block]] = [[] for _ in units.nblocks]
+        for blocks in units.blocks_by_unit:
+            for b in blocks:
+                self._item_blocks[b.item].append(b)
+        for blocks in self._item_blocks:
+            blocks.sort(key=lambda b: b.index)
+        self._item_starts = [[b.start for b in blocks] for blocks in self._item_blocks]
 
     # ------------------------------------------------------------------ dispatch
     def start(self) -> None:
         """Opens the file; jobs for units already ready are submitted now, later ones on arrival."""
         if self._writer is None:
-            self._writer = self.storage.open_writer(self.path, self.units.size)
+            try:
+                self._writer = self.storage.open_writer(self.path, self.units.size)
+            except OSError as e:  # e.g. EFBIG from the preallocation: say which file
+                raise with_path(e, self.path) from None
         if self._writer is None and self.staged is None:
             raise ValueError(f"{type(self.storage).__name__} has no ranged writes; stage the file")
         with self._lock:
@@ -109,8 +127,8 @@ class FileWrite:
         kind, k = job
         if kind == "write" and self._writer is None:
             return  # no ranged writes: the whole image is written in finish()
-        if kind == "sums" and not self.units.blocks_by_unit[k]:
-            return
+        if kind == "sums" and (not self.units.blocks_by_unit[k] or self._from_copies):
+            return  # (streamed: checksummed in the write job, from the bounce copy)
         fn = self._write_unit if kind == "write" else self._checksum_unit
         fut = io_pool().submit(fn, k)
         with self._lock:
@@ -135,15 +153,51 @@ class FileWrite:
             # the writer truncates the padding away on close.
             end = round_up(stop) if k == self.units.nunits - 1 else stop
             w.write_at(start, self.staged.view(start, end))
-        elif w.direct and self.bounce is not None:
+        elif self._from_copies:
             buf = self.bounce.acquire()
             try:
                 copy_unit(self.units, k, self.sources, buf.array, base=start)
+                self._sum_copy(k, start, buf.view(0, stop - start))
                 w.write_at(start, buf.view(0, round_up(stop - start)))
             finally:
                 self.bounce.release(buf)
         else:
             self._gather_write(k)
+
+    def _sum_copy(self, k: int, start: int, data: memoryview) -> None:
+        """Checksums the pieces of blocks that unit ``k`` (copied into ``data``) holds."""
+        found = []
+        for p in self.units.parts(k):
+            if p.item == HEADER:
+                continue
+            lo, hi = p.dst, p.dst + p.length
+            blocks = self._item_blocks[p.item]
+            j = max(0, bisect.bisect_right(self._item_starts[p.item], lo) - 1)
+            for b in blocks[j:]:
+                if b.start >= hi:
+                    break
+                s, e = max(b.start, lo), min(b.stop, hi)
+                if e > s:
+                    found.append(((b.item, b.index), (s, crc32c(data[s - start : e - start]), e - s)))
+        with self._lock:
+            for key, piece in found:
+                self._pieces.setdefault(key, []).append(piece)
+
+    def _join_pieces(self) -> None:
+        """Per block, joins the checksums of its pieces (in file order) into the block's."""
+        for blocks in self._item_blocks:
+            for b in blocks:
+                pieces = sorted(self._pieces.get((b.item, b.index), []))
+                crc, pos = crc32c(b""), b.start
+                for s, c, n in pieces:
+                    if s != pos:
+                        raise RuntimeError(f"{self.path}: block {b.index} of item {b.item} was not "
+                                           f"fully written (gap at byte {pos})")
+                    crc = c if pos == b.start else crc32c_combine(crc, c, n)
+                    pos += n
+                if pos != b.stop:
+                    raise RuntimeError(f"{self.path}: block {b.index} of item {b.item} ends at {pos}")
+                self.sums[b.item][b.index] = crc
 
     def _gather_write(self, k: int) -> None:
         """Writes unit ``k`` straight from the source slices (buffered files: no bounce copy)."""
@@ -169,10 +223,16 @@ class FileWrite:
             with self._lock:
                 futures = list(self._futures)
             wait_all(futures)
+            if self._from_copies:
+                self._join_pieces()
             if self._writer is None:
                 self.storage.write(self.path, [self.staged.view(0, self.units.size)])
             else:
                 self._writer.close(sync=True)
+        except OSError as e:  # e.g. disk full: say which file
+            if self._writer is not None:
+                self._writer.abort()
+            raise with_path(e, self.path) from None
         except BaseException:
             if self._writer is not None:
                 self._writer.abort()

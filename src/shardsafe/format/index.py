@@ -9,6 +9,7 @@ shape and checksum is checked before any data file is opened or any buffer alloc
 from __future__ import annotations
 
 import json
+import heapq
 import math
 import re
 from collections.abc import Sequence
@@ -22,6 +23,16 @@ from .checksum import ALGORITHM, crc32c
 from .dtypes import lookup
 
 MAX_INDEX_BYTES = 1 << 30
+# Limits that keep decoding linear in the index size (docs/FORMAT.md section 9). JSON
+# objects and arrays: at most one per 6 bytes of index (nothing the encoder writes is
+# denser; ``[[],[],...]`` would cost ~20 bytes of memory per byte) and 2**24 in all.
+MAX_CONTAINERS = 1 << 24
+CONTAINER_BYTES = 6
+MAX_TREE_DEPTH = 128  # nesting of the state tree (real states: tens)
+MAX_TREE_NODES = 1 << 23
+MAX_MEAN_DEPTH = 32  # validation walks each leaf's path: sum of depths <= 32 * nodes
+MAX_CHUNKS = 1 << 24  # chunk entries in all tensors
+SWEEP_BUDGET = 16  # overlap comparisons per chunk for chunk layouts that are not a grid
 MAX_NDIM = 64
 MAX_DIM = 1 << 62
 # Bound on prod(max(dim, 1)) * itemsize: a zero-size tensor must not smuggle in dimensions
@@ -227,7 +238,7 @@ def _decode_tensor(t: Any, block_size: int) -> TensorEntry:
         total += math.prod(c.shape)
     if total != math.prod(shape):
         raise _bad(f"tensor {name}: chunks hold {total} elements, shape needs {math.prod(shape)}")
-    _check_disjoint(name, decoded)
+    _check_disjoint(name, decoded, shape)
     return TensorEntry(key, t["kind"], dt.name, shape, decoded)
 
 
@@ -236,26 +247,53 @@ def _boxes_overlap(a: ChunkEntry, b: ChunkEntry) -> bool:
                for ao, as_, bo, bs in zip(a.offsets, a.shape, b.offsets, b.shape))
 
 
-def _check_disjoint(name: str, chunks: Sequence[ChunkEntry]) -> None:
+def _is_grid(boxes: Sequence[ChunkEntry], shape: tuple[int, ...]) -> bool:
+    """True when the boxes are exactly the cells of a grid: per dimension, their distinct
+    intervals partition ``[0, shape[d])``, and every cell appears once. Sharded saves
+    (DTensor placements on any mesh, row splits) always produce such grids. O(n log n)."""
+    total = 1
+    for d, g in enumerate(shape):
+        intervals = sorted({(c.offsets[d], c.shape[d]) for c in boxes})
+        pos = 0
+        for o, n in intervals:
+            if o != pos:
+                return False
+            pos = o + n
+        if pos != g:
+            return False
+        total *= len(intervals)
+    return total == len(boxes) and len({c.offsets for c in boxes}) == len(boxes)
+
+
+def _check_disjoint(name: str, chunks: Sequence[ChunkEntry], shape: tuple[int, ...]) -> None:
     """Rejects chunks whose element regions overlap.
 
     All chunks lie inside the shape and their element counts add up to it, so they are
     disjoint exactly when they cover the tensor; without this a forged index could leave
-    part of a freshly allocated tensor unwritten. Sweep along the dimension with the most
-    distinct chunk starts, which keeps grid-sharded tensors near O(n log n).
+    part of a freshly allocated tensor unwritten. A grid (what writers produce) is checked
+    in O(n log n). Anything else is swept along the dimension with the most distinct
+    chunk starts, comparing each chunk with the chunks still open there; that sweep may
+    spend ``SWEEP_BUDGET`` comparisons per chunk, and a layout that needs more is refused
+    (such layouts are forged: no writer produces them), which keeps the work linear.
     """
     boxes = [c for c in chunks if math.prod(c.shape) > 0]
-    if len(boxes) < 2:
+    if len(boxes) < 2 or _is_grid(boxes, shape):
         return
     ndim = len(boxes[0].shape)
     d = max(range(ndim), key=lambda i: len({c.offsets[i] for c in boxes}))
-    active: list[ChunkEntry] = []
-    for c in sorted(boxes, key=lambda c: c.offsets[d]):
-        active = [a for a in active if a.offsets[d] + a.shape[d] > c.offsets[d]]
-        for a in active:
+    budget = SWEEP_BUDGET * len(boxes) + 4096  # small tensors: always checked exactly
+    open_: list[tuple[int, int, ChunkEntry]] = []  # heap of (end along d, tie, chunk)
+    for n, c in enumerate(sorted(boxes, key=lambda c: c.offsets[d])):
+        while open_ and open_[0][0] <= c.offsets[d]:
+            heapq.heappop(open_)
+        budget -= len(open_)
+        if budget < 0:
+            raise _bad(f"tensor {name}: {len(boxes)} chunks that are not a grid are too irregular to "
+                       f"check for overlaps (over {SWEEP_BUDGET} comparisons per chunk)")
+        for _, _, a in open_:
             if _boxes_overlap(a, c):
                 raise _bad(f"tensor {name}: chunks at {list(a.offsets)} and {list(c.offsets)} overlap")
-        active.append(c)
+        heapq.heappush(open_, (c.offsets[d] + c.shape[d], n, c))
 
 
 def _check_byte_ranges(files: Sequence[FileEntry], tensors: Sequence[TensorEntry]) -> None:
@@ -284,12 +322,26 @@ def _finite_float(text: str) -> float:
     return v
 
 
-def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # parsers disagree on which duplicate wins (first or last): refuse the ambiguity
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise ValueError("duplicate member name in a JSON object")
-    return out
+class _TooLarge(ValueError):
+    """Raised from inside the JSON parser to stop it once a limit is passed."""
+
+
+def _members_hook(budget: int):  # noqa: ANN202 - json's object_pairs_hook
+    """An ``object_pairs_hook`` that refuses duplicate names and stops the parse (bounded
+    memory) once more than ``budget`` objects were built."""
+    left = [budget]
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        left[0] -= 1
+        if left[0] < 0:
+            raise _TooLarge("objects")
+        # parsers disagree on which duplicate wins (first or last): refuse the ambiguity
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            raise ValueError("duplicate member name in a JSON object")
+        return out
+
+    return hook
 
 
 def _reject_constant(name: str) -> Any:
@@ -308,9 +360,19 @@ def _parse(data: bytes) -> dict[str, Any]:
     bad = tree.find_lone_surrogate(data)
     if bad >= 0:  # the writer cannot write such a string: nothing that loads fails to save
         raise _bad(f"a string holds a lone UTF-16 surrogate (escape at byte {bad})")
+    # Memory: Python objects cost 10-20x their JSON text. Arrays are counted before the
+    # parse (an upper bound: '[' in strings counts too), objects while parsing.
+    limit = min(MAX_CONTAINERS, len(data) // CONTAINER_BYTES + 1024)
+    arrays = data.count(b"[")
+    too_many = _bad(f"more JSON objects and arrays than the limit ({limit}: one per {CONTAINER_BYTES} "
+                    f"bytes, at most {MAX_CONTAINERS})")
+    if arrays > limit:
+        raise too_many
     try:
         raw = json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float,
-                         object_pairs_hook=_unique_members)
+                         object_pairs_hook=_members_hook(limit - arrays))
+    except _TooLarge:
+        raise too_many from None
     except (ValueError, RecursionError) as e:
         raise _bad(f"not valid JSON: {e}") from None
     if not isinstance(raw, dict):
@@ -325,10 +387,34 @@ def _parse(data: bytes) -> dict[str, Any]:
     return raw
 
 
+def _check_tree_size(root: dict[str, Any]) -> None:
+    """Depth, node count and total path length within limits (iterative: no recursion).
+
+    Validation walks every leaf's key path, so its work is the sum of the node depths;
+    a tree of millions of leaves hundreds of levels deep is refused here, in O(nodes).
+    """
+    stack: list[tuple[Any, int]] = [(root, 0)]
+    nodes = total_depth = 0
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        total_depth += depth
+        if depth > MAX_TREE_DEPTH:
+            raise _bad(f"tree is deeper than {MAX_TREE_DEPTH} levels")
+        if nodes > MAX_TREE_NODES:
+            raise _bad(f"tree has more than {MAX_TREE_NODES} nodes")
+        if total_depth > MAX_MEAN_DEPTH * nodes + (1 << 16):
+            raise _bad(f"tree leaves lie more than {MAX_MEAN_DEPTH} levels deep on average")
+        v = node.get("v") if isinstance(node, dict) else None
+        if isinstance(v, list):
+            stack.extend((c, depth + 1) for c in v if isinstance(c, dict))
+
+
 def _check_tree(node: Any, tensors: Sequence[TensorEntry]) -> None:
     """The tree is well formed and places every tensor entry exactly once, at its key."""
     if not isinstance(node, dict) or node.get("t") != "dict":
         raise _bad("tree root must be a dict node (a state is a mapping)")
+    _check_tree_size(node)
     try:
         leaves = list(tree.walk(node))
     except (tree.TreeError, RecursionError) as e:
@@ -351,6 +437,9 @@ def decode_index(data: bytes) -> Index:
     raw_tensors = raw.get("tensors")
     if not isinstance(raw_tensors, list):
         raise _bad("tensors must be a list")
+    chunks = sum(len(t["chunks"]) for t in raw_tensors if isinstance(t, dict) and isinstance(t.get("chunks"), list))
+    if chunks > MAX_CHUNKS:
+        raise _bad(f"{chunks} chunks, more than the {MAX_CHUNKS} allowed")
     tensors = tuple(_decode_tensor(t, block_size) for t in raw_tensors)
     _check_byte_ranges(files, tensors)
     _check_tree(raw.get("tree"), tensors)

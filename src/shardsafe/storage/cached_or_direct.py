@@ -23,6 +23,7 @@ import numpy as np
 
 from .._numbers import ceil_div
 from ..format.datafile import ALIGN
+from .files import open_regular, reopen_direct
 from .memory import anonymous
 
 BOUNCE = 16 << 20  # one checksum block per direct read; kept per I/O thread (4 x 16 MiB)
@@ -114,11 +115,11 @@ def read_range(path: str, offset: int, out: memoryview, *, direct: bool) -> None
         EOFError: the file is shorter than ``offset + len(out)``.
     """
     out = memoryview(out).cast("B")
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd, _ = open_regular(path)  # no symlink, FIFO or device (CorruptCheckpointError)
     try:
         if direct and _O_DIRECT and len(out) >= DIRECT_MIN and cached(fd, offset, len(out)) is False:
             try:
-                dfd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | _O_DIRECT)
+                dfd = reopen_direct(path, fd, _O_DIRECT)
             except OSError as e:
                 if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
                     raise

@@ -23,6 +23,7 @@ import numpy as np
 from .. import knobs
 from ..format.datafile import ALIGN
 from .cached_or_direct import read_range
+from .files import check_regular, read_regular, with_path
 
 log = logging.getLogger("shardsafe")
 
@@ -30,6 +31,7 @@ SEGMENT = 64 << 20  # bytes ``write`` hands to one pwrite call
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _RENAME_EXCHANGE = 2
 _IOV_MAX = 1024
+MAX_READ = 1 << 30  # ``read`` is for small files (indexes); anything larger is refused unread
 
 def _address(buf: memoryview) -> int:
     return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) if len(buf) else 0
@@ -195,16 +197,18 @@ class LocalStorage:
             finally:
                 os.close(fd)
             os.rename(tmp, path)
-        except BaseException:
+        except BaseException as e:
             if os.path.exists(tmp):
                 os.remove(tmp)
+            if isinstance(e, OSError):
+                raise with_path(e, path) from None
             raise
         self.sync_dir(os.path.dirname(path) or ".")
 
     # ------------------------------------------------------------------ reading
     def read(self, path: str) -> bytes:
-        with open(path, "rb") as f:
-            return f.read()
+        # never follows a symlink, never opens a FIFO or device (see storage.files)
+        return read_regular(path, MAX_READ)
 
     def read_into(self, path: str, offset: int, out: memoryview) -> None:
         # Cached pages come from the page cache, the rest with direct I/O (cold loads
@@ -212,9 +216,9 @@ class LocalStorage:
         read_range(path, offset, out, direct=self.direct_io)
 
     def size(self, path: str) -> int:
-        # lstat: a symlinked data file reports the link's size, so read_index refuses it
+        # a symlink, FIFO, device or directory is refused here (CorruptCheckpointError),
         # before anything is read through it (a checkpoint never reads outside itself)
-        return os.lstat(path).st_size
+        return check_regular(path)
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)

@@ -1,0 +1,153 @@
+"""Decoding cost stays linear in the index (issue 10 item 2): forged indexes with correct
+checksums, built at the sizes of the attacks, are decoded or refused quickly.
+
+Wall-clock bounds are generous (10x the measured time on a loaded 2-core machine); the
+round-1 code took 29 s, 93 s and 4.6 GB on these inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from shardsafe.errors import CorruptCheckpointError
+from shardsafe.format import index as fmt
+from shardsafe.format.checksum import crc32c
+
+
+def _seal(body: dict) -> bytes:
+    prefix = json.dumps(body, separators=(",", ":"))[:-1].encode()
+    return prefix + b',"index_checksum":"crc32c:%08x"}\n' % crc32c(prefix)
+
+
+def _body(tensors: list, tree: dict, file_size: int = 1 << 40) -> dict:
+    return {"format_version": 1, "library": "forged", "created": 0.0, "world_size": 1, "checksum": "crc32c",
+            "block_size": 1 << 30, "metadata": {},
+            "files": [{"name": "d", "size": file_size, "data_start": 8, "rank": 0}],
+            "tensors": tensors, "tree": tree}
+
+
+def _chunk(offset: int, offsets: list, shape: list) -> dict:
+    n = 1
+    for s in shape:
+        n *= s
+    return {"file": "d", "offset": offset, "nbytes": n, "offsets": offsets, "shape": shape, "crc32c": ["00000000"]}
+
+
+def _one_tensor(chunks: list, shape: list) -> bytes:
+    tree = {"t": "dict", "k": ["w"], "v": [{"t": "tensor", "id": 0}]}
+    return _seal(_body([{"key": ["w"], "kind": "numpy", "dtype": "uint8", "shape": shape, "chunks": chunks}], tree))
+
+
+def _strips_and_cells(n: int) -> bytes:
+    """A valid tiling that is no grid: n-1 full-height column strips, the last column as
+    n single cells. The round-1 sweep compared every cell with every strip (quadratic)."""
+    chunks, off = [], 8
+    for i in range(n - 1):
+        chunks.append(_chunk(off, [0, i], [n, 1]))
+        off += n
+    for j in range(n):
+        chunks.append(_chunk(off, [j, n - 1], [1, 1]))
+        off += 1
+    return _one_tensor(chunks, [n, n])
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def test_grid_of_16000_chunks_decodes_fast() -> None:
+    n = 126  # 126 x 126 = 15,876 chunks, about 2 MB of index
+    chunks = [_chunk(8 + (i * n + j) * 4, [i * 2, j * 2], [2, 2]) for i in range(n) for j in range(n)]
+    data = _one_tensor(chunks, [2 * n, 2 * n])
+    assert len(data) > 1_400_000
+    assert _timed(lambda: fmt.decode_index(data)) < 10
+
+
+def test_overlapping_grid_cells_are_still_refused() -> None:
+    chunks = [_chunk(8, [0, 0], [2, 2]), _chunk(12, [0, 0], [2, 2]), _chunk(16, [2, 0], [2, 2]),
+              _chunk(20, [2, 2], [2, 2])]  # (0,0) twice, (0,2) never: counts add up, no grid
+    with pytest.raises(CorruptCheckpointError, match="overlap"):
+        fmt.decode_index(_one_tensor(chunks, [4, 4]))
+
+
+def test_irregular_tiling_of_16000_chunks_is_refused_fast() -> None:
+    data = _strips_and_cells(8000)
+    assert len(data) > 1_500_000
+    t = time.perf_counter()
+    with pytest.raises(CorruptCheckpointError, match="too irregular"):
+        fmt.decode_index(data)
+    assert time.perf_counter() - t < 10
+
+
+def test_small_irregular_tiling_is_accepted() -> None:
+    fmt.decode_index(_strips_and_cells(40))  # within the sweep budget: checked exactly
+
+
+_MEASURE = textwrap.dedent("""
+    import json, resource, sys, time
+    from shardsafe.format import index as fmt
+    from shardsafe.errors import CorruptCheckpointError
+    data = open(sys.argv[1], "rb").read()
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t = time.perf_counter()
+    try:
+        fmt.decode_index(data)
+        outcome = "decoded"
+    except CorruptCheckpointError as e:
+        outcome = str(e)
+    dt = time.perf_counter() - t
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+    print(json.dumps({"seconds": dt, "extra_mb": peak / 1024, "index_mb": len(data) / 1e6, "outcome": outcome}))
+""")
+
+
+def _measure(tmp_path, data: bytes) -> dict:
+    p = tmp_path / "index.json"
+    p.write_bytes(data)
+    r = subprocess.run([sys.executable, "-c", _MEASURE, str(p)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    print(out)
+    return out
+
+
+def _deep(depth: int, leaves: int) -> bytes:
+    inner: dict = {"t": "list", "v": [{"t": "int", "v": 0}] * leaves}
+    for _ in range(depth):
+        inner = {"t": "dict", "k": ["a"], "v": [inner]}
+    tree = {"t": "dict", "k": ["a"], "v": [inner]}
+    return _seal(_body([], tree, 8))
+
+
+@pytest.mark.slow
+def test_deep_wide_tree_is_refused_in_bounded_time_and_memory(tmp_path) -> None:
+    data = _deep(195, 1_400_000)  # ~26 MB: round 1 took 93 s and 4.2 GB
+    out = _measure(tmp_path, data)
+    assert "deeper than" in out["outcome"]
+    assert out["seconds"] < 0.5 * out["index_mb"] and out["extra_mb"] < 25 * out["index_mb"], out
+    data = _deep(60, 1_400_000)  # within the depth limit, but every leaf 60 deep
+    out = _measure(tmp_path, data)
+    assert "deep on average" in out["outcome"], out
+    assert out["seconds"] < 0.5 * out["index_mb"] and out["extra_mb"] < 25 * out["index_mb"], out
+
+
+@pytest.mark.slow
+def test_flat_130mb_list_is_refused_in_bounded_memory(tmp_path) -> None:
+    # 65 million empty arrays: 2 bytes of JSON each, ~64 bytes of memory each once parsed
+    tree = {"t": "dict", "k": ["a"], "v": [{"t": "str", "v": "x"}]}
+    body = _body([], tree, 8)
+    body["metadata"] = {"junk": []}
+    data = _seal(body).replace(b'"junk":[]', b'"junk":[' + b"[]," * 43_000_000 + b"[]]")
+    data = data[: data.rindex(b',"index_checksum"')]
+    data += b',"index_checksum":"crc32c:%08x"}\n' % crc32c(data)
+    out = _measure(tmp_path, data)
+    assert "more JSON objects and arrays than the limit" in out["outcome"], out
+    assert out["seconds"] < 0.5 * out["index_mb"] and out["extra_mb"] < 3 * out["index_mb"], out
