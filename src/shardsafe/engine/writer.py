@@ -85,10 +85,7 @@ class FileWrite:
     def start(self) -> None:
         """Opens the file; jobs for units already ready are submitted now, later ones on arrival."""
         if self._writer is None:
-            try:
-                self._writer = self.storage.open_writer(self.path, self.units.size)
-            except OSError as e:  # e.g. EFBIG from the preallocation: say which file
-                raise with_path(e, self.path) from None
+            self._writer = self.storage.open_writer(self.path, self.units.size)
         if self._writer is None and self.staged is None:
             raise ValueError(f"{type(self.storage).__name__} has no ranged writes; stage the file")
         with self._lock:

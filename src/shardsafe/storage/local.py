@@ -169,7 +169,10 @@ class LocalStorage:
         The caller writes disjoint ranges (from any threads) and then calls ``close()``,
         which makes the file durable, or ``abort()``.
         """
-        return LocalFileWriter(path, size, direct_io=self.direct_io)
+        try:
+            return LocalFileWriter(path, size, direct_io=self.direct_io)
+        except OSError as e:  # e.g. EFBIG from the preallocation: say which file
+            raise with_path(e, path) from None
 
     def write(self, path: str, buffers: Sequence[memoryview]) -> None:
         jobs, offset = [], 0
