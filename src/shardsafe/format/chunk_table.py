@@ -195,12 +195,13 @@ class ChunkTable:
 
 def _rows_of(tensor_start: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Row numbers of the chunks of the tensors selected by ``mask`` (ascending)."""
+    if mask.all():
+        return np.arange(int(tensor_start[-1]), dtype=I64)
     counts = np.diff(tensor_start)[mask]
-    starts = tensor_start[:-1][mask]
     total = int(counts.sum())
     if total == 0:
         return np.zeros(0, dtype=I64)
-    firsts = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
+    firsts = np.repeat(tensor_start[:-1][mask] - (np.cumsum(counts) - counts), counts)
     return firsts + np.arange(total, dtype=I64)
 
 
@@ -217,26 +218,37 @@ def split_boxes(shape: Sequence[int], split: Split, count: int) -> tuple[np.ndar
 def _fill_split_columns(shapes: Sequence[tuple[int, ...]], itemsizes: Sequence[int],
                         splits: Sequence[Split | None], tensor_start: np.ndarray,
                         file: np.ndarray, nbytes: np.ndarray) -> None:
-    """File ids and byte lengths of every split tensor's chunks, vectorised over all of them."""
+    """File ids and byte lengths of every split tensor's chunks, vectorised over all of them.
+
+    Every part holds ``step`` slices of the cut dimension except the last of each tensor,
+    so the columns are one repeat per tensor plus one fix per tensor.
+    """
     ts = [t for t, s in enumerate(splits) if s is not None]
     if not ts:
         return
     sel = np.asarray(ts, dtype=I64)
+    mask = np.zeros(len(splits), dtype=bool)
+    mask[sel] = True
     counts = np.diff(tensor_start)[sel]
-    rows = _rows_of(tensor_start, np.isin(np.arange(len(splits)), sel))
-    local = rows - np.repeat(tensor_start[sel], counts)  # part number within its tensor
-
-    def per(values: list[int]) -> np.ndarray:
-        return np.repeat(np.asarray(values, dtype=I64), counts)
-
-    sp = [splits[t] for t in ts]
-    size = per([shapes[t][s.dim] for t, s in zip(ts, sp)])  # type: ignore[union-attr]
-    # bytes of one step along the cut dimension: product of the other dims times itemsize
-    inner = per([math.prod(shapes[t]) // max(shapes[t][s.dim], 1) * int(itemsizes[t])  # type: ignore[union-attr]
-                 for t, s in zip(ts, sp)])
-    step = per([s.step for s in sp])  # type: ignore[union-attr]
-    file[rows] = per([s.file0 for s in sp]) + local * per([s.file_stride for s in sp])  # type: ignore[union-attr]
-    nbytes[rows] = np.minimum(step, size - local * step) * inner
+    rows = _rows_of(tensor_start, mask)
+    sp: list[Split] = [splits[t] for t in ts]  # type: ignore[misc]
+    # bytes of one slice of the cut dimension: product of the other dims times itemsize
+    inner = np.array([math.prod(shapes[t]) // max(shapes[t][s.dim], 1) * int(itemsizes[t])
+                      for t, s in zip(ts, sp)], dtype=I64)
+    step = np.array([s.step for s in sp], dtype=I64)
+    size = np.array([shapes[t][s.dim] for t, s in zip(ts, sp)], dtype=I64)
+    file0 = np.array([s.file0 for s in sp], dtype=I64)
+    stride = np.array([s.file_stride for s in sp], dtype=I64)
+    local = np.arange(len(rows), dtype=I64)
+    local -= np.repeat(np.cumsum(counts) - counts, counts)  # part number within its tensor
+    if (stride == 1).all() and (file0 == 0).all():
+        file[rows] = local
+    else:
+        file[rows] = np.repeat(file0, counts) + local * np.repeat(stride, counts)
+    nbytes[rows] = np.repeat(step * inner, counts)
+    last = np.cumsum(counts)[counts > 0] - 1  # the last part may be shorter
+    has = counts > 0
+    nbytes[rows[last]] = (size[has] - (counts[has] - 1) * step[has]) * inner[has]
 
 
 def check_tensor_rows(shapes: Sequence[Sequence[int]], splits: Sequence[Split | None],
@@ -338,19 +350,29 @@ def _check_byte_ranges(table: ChunkTable, sizes: np.ndarray, starts: np.ndarray,
     if len(bad):
         raise _bad(f"tensor {tensor_of(int(bad[0]))}: chunk names file id {int(file[bad[0]])} "
                    f"or offset {int(off[bad[0]])} (there are {len(sizes)} files)")
-    used = np.flatnonzero(nb > 0)  # an empty chunk reads nothing: its offset constrains nothing
-    f, o, n = file[used], off[used], nb[used]
-    outside = (o < starts[f]) | (n > sizes[f] - o)
+    nonempty = nb > 0  # an empty chunk reads nothing: its offset constrains nothing
+    if nonempty.all():
+        used, f, o, n = np.arange(len(nb), dtype=I64), file, off, nb
+    else:
+        used = np.flatnonzero(nonempty)
+        f, o, n = file[used], off[used], nb[used]
+    first = starts[f] if len(starts) and (starts != starts[0]).any() else (starts[0] if len(starts) else 0)
+    outside = (o < first) | (n > sizes[f] - o)
     if outside.any():
         i = int(np.argmax(outside))
         raise _bad(f"byte range of {tensor_of(int(used[i]))} [{int(o[i])}, +{int(n[i])}) lies outside "
                    f"the data section of file {int(f[i])}")
-    # offsets are below the file size (<= 2^62 each), so file * span + offset fits when small
+    # Disjoint intervals, sorted by start, are also sorted by end; conversely if the k-th
+    # smallest start is >= the (k-1)-th smallest end for every k, no two intervals overlap
+    # (each has positive length). Keys put each file in its own range: file * span + byte.
     span = int(sizes.max()) + 1
     if span * len(sizes) < (1 << 62):
-        order = np.argsort(f * span + o, kind="stable")
-    else:
-        order = np.lexsort((o, f))
+        key = f * span
+        starts_sorted = np.sort(key + o)
+        ends_sorted = np.sort(key + o + n)
+        if bool((starts_sorted[1:] >= ends_sorted[:-1]).all()):
+            return
+    order = np.lexsort((o, f))  # an overlap (or huge keys): find the pair to name it
     f, o, n = f[order], o[order], n[order]
     clash = np.flatnonzero((f[1:] == f[:-1]) & (o[1:] < o[:-1] + n[:-1]))
     if len(clash):
