@@ -367,11 +367,14 @@ def _check_byte_ranges(table: ChunkTable, sizes: np.ndarray, starts: np.ndarray,
     # (each has positive length). Keys put each file in its own range: file * span + byte.
     span = int(sizes.max()) + 1
     if span * len(sizes) < (1 << 62):
-        key = f * span
-        starts_sorted = np.sort(key + o)
-        ends_sorted = np.sort(key + o + n)
-        if bool((starts_sorted[1:] >= ends_sorted[:-1]).all()):
+        begin = f * span
+        begin += o
+        end = begin + n
+        begin.sort()  # in place: both are temporaries
+        end.sort()
+        if bool((begin[1:] >= end[:-1]).all()):
             return
+        del begin, end
     order = np.lexsort((o, f))  # an overlap (or huge keys): find the pair to name it
     f, o, n = f[order], o[order], n[order]
     clash = np.flatnonzero((f[1:] == f[:-1]) & (o[1:] < o[:-1] + n[:-1]))
