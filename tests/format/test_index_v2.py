@@ -242,3 +242,22 @@ def test_duplicate_json_members_are_rejected() -> None:
     with pytest.raises(CorruptCheckpointError, match="duplicate"):
         decode_index(out + crc32c(out).to_bytes(4, "little"))
     assert rest  # the section followed the JSON part
+
+
+def test_two_chunks_of_a_scalar_are_rejected() -> None:
+    js, cols = split_v2(_golden())
+    js["tensors"][2]["chunks"] = 2
+    cols["offset"] = np.append(cols["offset"], 4112)
+    cols["file"] = np.append(cols["file"], 0)
+    cols["crc32c"] = np.append(cols["crc32c"], 5).astype(np.uint32)
+    with pytest.raises(CorruptCheckpointError, match="scalar overlap"):
+        decode_index(seal_v2(js, cols))
+
+
+def test_empty_tensors_and_empty_chunks() -> None:
+    empty = dataclasses.replace(INDEX, tensors=INDEX.tensors + (
+        TensorEntry(("e",), "torch", "float32", (0, 3), (ChunkEntry(F0, 0, 0, (0, 0), (0, 3), (0,)),)),
+        TensorEntry(("z",), "torch", "float32", (0,), ())),
+        tree={"t": "dict", "k": ["w", "g", "s", "step", "e", "z"], "v": INDEX.tree["v"] + [
+            {"t": "tensor", "id": 3}, {"t": "tensor", "id": 4}]})
+    assert dataclasses.replace(decode_index(encode_index(empty, version=2)), format_version=1) == empty

@@ -313,6 +313,8 @@ def _check_disjoint(t: int, c: TensorChunks, vol: np.ndarray, shape: Sequence[in
     if int(keep.sum()) < 2:
         return
     pos, ext = c.pos[keep], c.extent[keep]
+    if pos.shape[1] == 0:  # a scalar's chunks are all the same single element
+        raise _bad(f"tensor {name(t)}: {len(pos)} chunks of a scalar overlap")
     full = ((pos == 0) & (ext == np.asarray(shape, dtype=I64))).all(axis=0)
     cut = np.flatnonzero(~full)
     if len(cut) <= 1:

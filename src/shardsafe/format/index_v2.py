@@ -320,7 +320,7 @@ def _files(raw: Any) -> tuple[FileInfo, ...]:
     return tuple(out)
 
 
-def _tensor(t: Any, num_files: int) -> tuple[TensorInfo, int, int, Split | None]:
+def _tensor(t: Any) -> tuple[TensorInfo, int, int, Split | None]:
     """One tensor row: (info, itemsize, chunk count, split)."""
     if not isinstance(t, dict) or not isinstance(t.get("key"), list):
         raise _bad("tensor entry needs a key list")
@@ -402,7 +402,7 @@ def decode(data: bytes) -> ColumnarIndex:
     files = _files(raw.get("files"))
     if not isinstance(raw.get("tensors"), list):
         raise _bad("tensors must be a list")
-    rows = [_tensor(t, len(files)) for t in raw["tensors"]]
+    rows = [_tensor(t) for t in raw["tensors"]]
     infos = tuple(r[0] for r in rows)
     counts = [r[2] for r in rows]
     splits = [r[3] for r in rows]
