@@ -8,16 +8,17 @@ index with the real encoder, decodes and validates it with the real decoder, and
 one rank's load (``plan.table_reads``). It prints a table and, last, one JSON line.
 
 ``--v1`` also times the v1 JSON index and the v1 load planner (``pieces_for`` over
-``ChunkEntry`` objects) for the same layout; ``--dcp`` pickles DCP's ``Metadata`` for the
-layout (our own objects, for their size only) for comparison.
+``ChunkEntry`` objects) for the same layout; ``--dcp`` sizes the ``.metadata`` file DCP writes for the
+layout through DCP's own writer, for comparison.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import pickle
+import os
 import resource
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -174,27 +175,33 @@ def _v1_figures(index: ColumnarIndex, ranks: int) -> dict[str, Any]:
 
 
 def dcp_metadata_bytes(index: ColumnarIndex) -> int:
-    """Size of DCP's pickled ``.metadata`` for the same chunks (we pickle, we never unpickle)."""
+    """Size of the ``.metadata`` file DCP's own ``FileSystemWriter.finish`` writes for these chunks."""
     import torch
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex,
                                                        TensorProperties, TensorStorageMetadata)
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.storage import WriteResult
 
     sd: dict[str, Any] = {}
-    storage: dict[Any, Any] = {}
+    results: list[WriteResult] = []
     ct = index.chunks
     for t, info in enumerate(index.tensors):
         fqn = ".".join(map(str, info.key))
         c = ct.tensor_chunks(t)
-        dtype = getattr(torch, info.dtype)
         chunks = []
         for i in range(len(c.file)):
             off, size = torch.Size(c.pos[i].tolist()), torch.Size(c.extent[i].tolist())
             chunks.append(ChunkStorageMetadata(offsets=off, sizes=size))
-            storage[MetadataIndex(fqn, off, i)] = _StorageInfo(
-                f"__{int(c.file[i])}_0.distcp", int(c.offset[i]), int(c.nbytes[i]))
-        sd[fqn] = TensorStorageMetadata(TensorProperties(dtype=dtype), torch.Size(info.shape), chunks)
-    return len(pickle.dumps(Metadata(state_dict_metadata=sd, storage_data=storage)))
+            results.append(WriteResult(MetadataIndex(fqn, off), int(c.nbytes[i]), _StorageInfo(
+                f"__{int(c.file[i])}_0.distcp", int(c.offset[i]), int(c.nbytes[i]))))
+        sd[fqn] = TensorStorageMetadata(TensorProperties(dtype=getattr(torch, info.dtype)),
+                                        torch.Size(info.shape), chunks)
+    with tempfile.TemporaryDirectory() as d:
+        writer = FileSystemWriter(d, sync_files=False)
+        writer.set_up_storage_writer(True)
+        writer.finish(Metadata(state_dict_metadata=sd), [results])
+        return os.path.getsize(os.path.join(d, ".metadata"))
 
 
 def main(argv: list[str] | None = None) -> int:
