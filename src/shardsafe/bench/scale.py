@@ -8,8 +8,8 @@ index with the real encoder, decodes and validates it with the real decoder, and
 one rank's load (``plan.table_reads``). It prints a table and, last, one JSON line.
 
 ``--v1`` also times the v1 JSON index and the v1 load planner (``pieces_for`` over
-``ChunkEntry`` objects) for the same layout; ``--dcp`` sizes the ``.metadata`` file DCP writes for the
-layout through DCP's own writer, for comparison.
+``ChunkEntry`` objects) for the same layout; ``--dcp`` sizes the ``.metadata`` file that
+DCP's own writer writes for the layout, for comparison.
 """
 
 from __future__ import annotations
