@@ -152,11 +152,18 @@ class ChunkTable:
         ``file_sizes``/``data_starts`` describe the data files (by id); ``name(t)`` names
         tensor ``t`` in errors.
 
+        Checks: column lengths agree with the counts; general chunks lie inside their
+        tensor, do not overlap and tile it; every chunk names a listed file and its bytes
+        lie inside that file's data section without overlapping another chunk's; there is
+        one checksum per block.
+
         Raises:
-            CorruptCheckpointError: the columns are inconsistent (see ``validate``).
+            CorruptCheckpointError: naming the first inconsistency found.
         """
         shapes_t = tuple(tuple(int(d) for d in s) for s in shapes)
         nt = len(shapes_t)
+        if sum(int(c) for c in counts) != len(offset):  # Python ints: a forged count cannot wrap
+            raise _bad(f"{len(offset)} byte offsets for {sum(int(c) for c in counts)} chunks")
         counts_a = np.asarray(counts, dtype=I64).reshape(nt)
         tensor_start = np.zeros(nt + 1, dtype=I64)
         np.cumsum(counts_a, out=tensor_start[1:])
