@@ -38,7 +38,7 @@ from .dtypes import lookup
 MAGIC = b"SSAFEIDX"
 VERSION = 2
 HEADER = struct.Struct("<8sIIQQ")
-MAX_INDEX_BYTES = 1 << 31
+MAX_INDEX_BYTES = 1 << 30  # as version 1 (engine.commit reads at most this much)
 MAX_NDIM = 64
 MAX_DIM = 1 << 62
 MAX_EXTENT_BYTES = 1 << 62
