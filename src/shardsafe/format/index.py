@@ -18,7 +18,7 @@ from typing import Any
 
 from .._numbers import ceil_div
 from ..errors import CorruptCheckpointError
-from . import FORMAT_VERSION, INDEX_NAME, tree
+from . import FORMAT_VERSION, INDEX_NAME, index_v2, tree
 from .checksum import ALGORITHM, crc32c
 from .dtypes import lookup
 
@@ -131,10 +131,16 @@ def _chunk_json(c: ChunkEntry) -> dict[str, Any]:
             "shape": list(c.shape), "crc32c": [f"{x:08x}" for x in c.checksums]}
 
 
-def encode_index(index: Index) -> bytes:
-    """Serialises ``index`` to the bytes of ``index.json`` (with its trailing checksum)."""
+def encode_index(index: Index, version: int | None = None) -> bytes:
+    """Serialises ``index`` to the bytes of ``index.json`` (with its trailing checksum).
+
+    ``version`` 2 writes the columnar format (format.index_v2); the default is the
+    index's own ``format_version`` (1 for indexes the writers build).
+    """
+    if (version or index.format_version) == 2:
+        return index_v2.encode(index_v2.from_index(index))
     body = {
-        "format_version": index.format_version,
+        "format_version": version or index.format_version,
         "library": index.library,
         "created": index.created,
         "world_size": index.world_size,
@@ -430,7 +436,9 @@ def _check_tree(node: Any, tensors: Sequence[TensorEntry]) -> None:
 
 
 def decode_index(data: bytes) -> Index:
-    """Parses and validates index bytes; raises CorruptCheckpointError naming the problem."""
+    """Parses and validates index bytes (v1 or v2); raises CorruptCheckpointError naming the problem."""
+    if index_v2.is_v2(data):
+        return _from_v2(index_v2.decode(data))
     raw = _parse(data)
     block_size = _int(raw.get("block_size"), "block_size", 4096, 1 << 40)
     files = _decode_files(raw.get("files"))
@@ -454,3 +462,14 @@ def decode_index(data: bytes) -> Index:
                  world_size=_int(raw.get("world_size", 1), "world_size", 1, 1 << 31),
                  created=float(created), metadata=metadata, library=str(raw.get("library", "")),
                  format_version=raw["format_version"])
+
+
+def _from_v2(ci: index_v2.ColumnarIndex) -> Index:
+    """The v1 objects of a decoded v2 index (per-chunk Python objects: not for planning at scale)."""
+    tensors = tuple(TensorEntry(i.key, i.kind, i.dtype, i.shape,
+                                tuple(ChunkEntry(*row) for row in index_v2.chunk_rows(ci, t)))
+                    for t, i in enumerate(ci.tensors))
+    files = tuple(FileEntry(f.name, f.size, f.data_start, f.rank) for f in ci.files)
+    return Index(tree=ci.tree, tensors=tensors, files=files, block_size=ci.block_size,
+                 world_size=ci.world_size, created=ci.created, metadata=ci.metadata,
+                 library=ci.library, format_version=2)

@@ -1,0 +1,222 @@
+"""Index and planning at scale, simulated without processes.
+
+``python -m shardsafe.bench.scale --ranks 1024 --tensors 1000`` builds the checkpoint an
+FSDP job of R ranks would write (each of T tensors split evenly along dimension 0 over
+the ranks, one data file per rank), runs the real save planner (rank reports through
+their wire format, ``plan_writers``, the plan's wire format), builds and encodes the v2
+index with the real encoder, decodes and validates it with the real decoder, and plans
+one rank's load (``plan.table_reads``). It prints a table and, last, one JSON line.
+
+``--v1`` also times the v1 JSON index and the v1 load planner (``pieces_for`` over
+``ChunkEntry`` objects) for the same layout; ``--dcp`` sizes the ``.metadata`` file that
+DCP's own writer writes for the layout, for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from ..format.chunk_table import ChunkTable, Split, num_blocks
+from ..format.index_v2 import ColumnarIndex, FileInfo, TensorInfo, decode, encode
+from ..plan.distribute import RankReport, decode_plan, decode_report, encode_plan, encode_report, \
+    plan_writers, table_digest
+from ..plan.layout import data_file_name
+from ..plan.table_reads import even_shard_reads, row_split_tensors
+
+T = TypeVar("T")
+BLOCK = 16 << 20
+DATA_START = 4096
+
+
+def _timed(fn: Callable[[], T]) -> tuple[T, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def _timed_cpu(fn: Callable[[], T]) -> tuple[T, float, float]:
+    """Wall and CPU seconds (on a shared machine the CPU time shows the work, not the wait)."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+def job_shapes(ranks: int, tensors: int) -> list[tuple[tuple[int, ...], str]]:
+    """(global shape, dtype) of each tensor: 2-D weights and 1-D norms, some rows uneven."""
+    out = []
+    for t in range(tensors):
+        rows = ranks * (1 + t % 3) - (3 if t % 10 == 7 else 0)
+        dtype = "bfloat16" if t % 4 == 1 else "float32"
+        out.append(((rows,), dtype) if t % 5 == 4 else ((rows, 256 + 64 * (t % 4)), dtype))
+    return out
+
+
+def build_index(ranks: int, tensors: int, seed: int = 0) -> ColumnarIndex:
+    """The v2 index of the simulated job (rank r writes part r of every tensor to file r)."""
+    shapes = job_shapes(ranks, tensors)
+    item = np.array([2 if d == "bfloat16" else 4 for _, d in shapes], dtype=np.int64)
+    rows = np.array([s[0] for s, _ in shapes], dtype=np.int64)
+    inner = np.array([int(np.prod(s[1:])) for s, _ in shapes], dtype=np.int64) * item
+    step = -(-rows // ranks)
+    parts = -(-rows // step)
+    # bytes of part r of tensor t: [tensors, ranks] (0 where the uneven split left rank r nothing)
+    r = np.arange(ranks, dtype=np.int64)
+    nb = np.clip(rows[:, None] - r[None, :] * step[:, None], 0, step[:, None]) * inner[:, None]
+    order = np.argsort(-item, kind="stable")  # the data-file layout: larger elements first
+    off = np.empty_like(nb)
+    off[order] = DATA_START + np.cumsum(nb[order], axis=0) - nb[order]
+    sizes = DATA_START + nb.sum(axis=0)
+    keep = r[None, :] < parts[:, None]  # tensor-major rows: part i of tensor t is row start_t + i
+    offsets = off[keep]
+    del off
+    nbytes = nb[keep]
+    del nb, keep
+    rng = np.random.default_rng(seed)
+    sums = rng.integers(0, 1 << 32, int(num_blocks(nbytes, BLOCK).sum()), dtype=np.uint32)
+    files = tuple(FileInfo(data_file_name(i), int(sizes[i]), DATA_START, i) for i in range(ranks))
+    infos = tuple(TensorInfo(("model", "layers", t // 10, f"w{t % 10}"), "torch", d, s)
+                  for t, (s, d) in enumerate(shapes))
+    table = ChunkTable.build(
+        [s for s, _ in shapes], item.tolist(), [Split(0, int(st), 0, 1) for st in step],
+        parts.tolist(), offsets, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
+        sums, BLOCK, sizes, np.full(ranks, DATA_START, dtype=np.int64))
+    layers: dict[int, list[tuple[str, int]]] = {}
+    for t, info in enumerate(infos):
+        layers.setdefault(int(info.key[2]), []).append((str(info.key[3]), t))
+    tree = {"t": "dict", "k": ["model"], "v": [{"t": "dict", "k": ["layers"], "v": [
+        {"t": "dict", "k": list(layers), "v": [
+            {"t": "dict", "k": [k for k, _ in ws], "v": [{"t": "tensor", "id": t} for _, t in ws]}
+            for ws in layers.values()]}]}]}
+    return ColumnarIndex(tree=tree, tensors=infos, files=files, chunks=table, world_size=ranks,
+                         created=1767225600.0, library="shardsafe bench.scale")
+
+
+def save_plan(index: ColumnarIndex) -> tuple[int, float]:
+    """Runs the real save planner as the job would: every rank's report through its wire
+    format, ``plan_writers`` on rank 0, the plan through its wire format. Returns bytes exchanged."""
+    rows = [[list(i.key), i.kind, i.dtype, list(i.shape), True] for i in index.tensors]
+    digest = table_digest(rows)
+    ct = index.chunks
+    own = np.bincount(ct.file, weights=ct.nbytes, minlength=len(index.files))
+    wire = [encode_report(RankReport(r, digest, int(own[r]))) for r in range(len(index.files))]
+    plan = plan_writers(len(wire), [decode_report(b) for b in wire])
+    sent = encode_plan(plan)
+    decode_plan(sent)
+    return sum(map(len, wire)) + len(sent) * len(wire), plan.imbalance()
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run(ranks: int, tensors: int, v1: bool = False, dcp: bool = False) -> dict[str, Any]:
+    """Measures one configuration; returns the figures of the JSON line."""
+    index, build_s = _timed(lambda: build_index(ranks, tensors))
+    (exchanged, imbalance), save_plan_s = _timed(lambda: save_plan(index))
+    data, encode_s, encode_cpu = _timed_cpu(lambda: encode(index))
+    decoded, decode_s, decode_cpu = _timed_cpu(lambda: decode(data))
+    if decoded != index:
+        raise AssertionError("decode(encode(index)) differs from the index")
+    ts = row_split_tensors(decoded.chunks)
+    reads, load_plan_s = _timed(lambda: even_shard_reads(decoded.chunks, ts, ranks // 2, ranks))
+    n = decoded.chunks.num_chunks
+    out: dict[str, Any] = {
+        "ranks": ranks, "tensors": tensors, "chunks": n, "index_bytes": len(data),
+        "bytes_per_chunk": round(len(data) / n, 2), "build_s": round(build_s, 3),
+        "encode_s": round(encode_s, 3), "decode_s": round(decode_s, 3),
+        "encode_cpu_s": round(encode_cpu, 3), "decode_cpu_s": round(decode_cpu, 3),
+        "save_plan_s": round(save_plan_s, 3), "load_plan_s": round(load_plan_s, 4),
+        "plan_s": round(save_plan_s + load_plan_s, 3), "plan_bytes_exchanged": exchanged,
+        "write_imbalance": round(imbalance, 4), "reads_one_rank": len(reads)}
+    del data, decoded
+    if v1:
+        out.update(_v1_figures(index, ranks))
+    if dcp:
+        out["dcp_metadata_bytes"] = dcp_metadata_bytes(index)
+        out["dcp_bytes_per_chunk"] = round(out["dcp_metadata_bytes"] / n, 2)
+    out["peak_rss_mib"] = round(_peak_mib(), 1)
+    return out
+
+
+def _v1_figures(index: ColumnarIndex, ranks: int) -> dict[str, Any]:
+    """The v1 JSON index and the v1 load planner on the same layout."""
+    from ..format.index import decode_index, encode_index  # bench only: v1 goes through Index objects
+    from ..plan.load_plan import pieces_for
+
+    data = encode(index)
+    old, convert_s = _timed(lambda: decode_index(data))
+    raw, enc_s = _timed(lambda: encode_index(old, version=1))
+    back, dec_s = _timed(lambda: decode_index(raw))
+    q_of = [-(-t.shape[0] // ranks) for t in back.tensors]
+    m = ranks // 2
+
+    def plan() -> int:
+        count = 0
+        for t, q in zip(back.tensors, q_of):
+            lo = min(m * q, t.shape[0])
+            hi = min(lo + q, t.shape[0])
+            count += len(pieces_for(t.chunks, (lo,) + (0,) * (len(t.shape) - 1),
+                                    (hi - lo,) + t.shape[1:]))
+        return count
+
+    _, plan_s = _timed(plan)
+    return {"v1_index_bytes": len(raw), "v1_bytes_per_chunk": round(len(raw) / index.chunks.num_chunks, 2),
+            "v1_encode_s": round(enc_s, 3), "v1_decode_s": round(dec_s, 3),
+            "v1_load_plan_s": round(plan_s, 3), "v2_to_v1_objects_s": round(convert_s, 3)}
+
+
+def dcp_metadata_bytes(index: ColumnarIndex) -> int:
+    """Size of the ``.metadata`` file DCP's own ``FileSystemWriter.finish`` writes for these chunks."""
+    import torch
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex,
+                                                       TensorProperties, TensorStorageMetadata)
+    from torch.distributed.checkpoint.storage import WriteResult
+
+    sd: dict[str, Any] = {}
+    results: list[WriteResult] = []
+    ct = index.chunks
+    for t, info in enumerate(index.tensors):
+        fqn = ".".join(map(str, info.key))
+        c = ct.tensor_chunks(t)
+        chunks = []
+        for i in range(len(c.file)):
+            off, size = torch.Size(c.pos[i].tolist()), torch.Size(c.extent[i].tolist())
+            chunks.append(ChunkStorageMetadata(offsets=off, sizes=size))
+            results.append(WriteResult(MetadataIndex(fqn, off), int(c.nbytes[i]), _StorageInfo(
+                f"__{int(c.file[i])}_0.distcp", int(c.offset[i]), int(c.nbytes[i]))))
+        sd[fqn] = TensorStorageMetadata(TensorProperties(dtype=getattr(torch, info.dtype)),
+                                        torch.Size(info.shape), chunks)
+    with tempfile.TemporaryDirectory() as d:
+        writer = FileSystemWriter(d, sync_files=False)
+        writer.set_up_storage_writer(True)
+        writer.finish(Metadata(state_dict_metadata=sd), [results])
+        return os.path.getsize(os.path.join(d, ".metadata"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m shardsafe.bench.scale", description=__doc__.split("\n")[0])
+    p.add_argument("--ranks", type=int, default=1024)
+    p.add_argument("--tensors", type=int, default=1000)
+    p.add_argument("--v1", action="store_true", help="also time the v1 JSON index and planner")
+    p.add_argument("--dcp", action="store_true", help="also size DCP's pickled metadata")
+    args = p.parse_args(argv)
+    out = run(args.ranks, args.tensors, v1=args.v1, dcp=args.dcp)
+    for k, v in out.items():
+        print(f"{k:24} {v}")
+    print(json.dumps(out, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
