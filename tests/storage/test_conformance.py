@@ -6,6 +6,7 @@ A new backend joins by adding a case to the ``backend`` fixture.
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -56,9 +57,23 @@ def _write(b: Backend, name: str, *chunks: bytes) -> str:
     return p
 
 
-def test_is_a_storage(backend: Backend) -> None:
-    assert isinstance(backend.storage, Storage)
-    assert isinstance(backend.storage.atomic_rename, bool)
+def _protocol_methods() -> dict[str, inspect.Signature]:
+    return {name: inspect.signature(member) for name, member in vars(Storage).items()
+            if not name.startswith("_") and callable(member)}
+
+
+def test_implements_every_protocol_method_with_its_signature(backend: Backend) -> None:
+    """isinstance() on a Protocol only checks names; the engine calls these with keywords
+    (``exchange=``, ``sync=``), so every parameter must be there under the same name."""
+    methods = _protocol_methods()
+    assert {"open_writer", "write", "publish", "read_into", "rename", "sync_dir"} <= set(methods)
+    for name, want in methods.items():
+        got = inspect.signature(getattr(backend.storage, name))  # bound: no self
+        want_params = [(p.name, p.kind) for p in want.parameters.values() if p.name != "self"]
+        assert [(p.name, p.kind) for p in got.parameters.values()] == want_params, (name, got)
+    assert type(backend.storage.atomic_rename) is bool
+    # only a file system renames atomically; object stores must say they cannot
+    assert backend.storage.atomic_rename == (backend.name == "local")
 
 
 def test_open_writer_writes_disjoint_ranges_from_several_threads(backend: Backend) -> None:
