@@ -83,12 +83,19 @@ def check_directory(directory: str, committed: int) -> bool:
     return debris
 
 
-def kill_cycles(tmp: str, cycles: int, python: str, env: dict, seed: int) -> int:
-    """Runs ``cycles`` kill/check rounds in one directory; returns how many left debris."""
+def kill_cycles(tmp: str, cycles: int, python: str, env: dict, seed: int,
+                min_debris: int = 0, max_cycles: int | None = None) -> int:
+    """Runs kill/check rounds in one directory; returns how many left debris.
+
+    Runs ``cycles`` rounds, then more (up to ``max_cycles``) until at least ``min_debris``
+    kills have landed inside an unfinished save or delete.
+    """
     debris = 0
     rng = random.Random(seed)
     directory, progress = os.path.join(tmp, "ckpt"), os.path.join(tmp, "progress")
-    for cycle in range(cycles):
+    for cycle in range(max(cycles, max_cycles or 0)):
+        if cycle >= cycles and debris >= min_debris:
+            break
         if os.path.exists(progress):
             os.remove(progress)
         async_save = cycle % 3 != 2  # mostly async, sometimes synchronous saves
@@ -108,7 +115,10 @@ def kill_cycles(tmp: str, cycles: int, python: str, env: dict, seed: int) -> int
 
 
 def test_sigkill_during_saves(tmp_path, python, subprocess_env) -> None:
-    kill_cycles(str(tmp_path), 3, python, subprocess_env, seed=1234)
+    debris = kill_cycles(str(tmp_path), 3, python, subprocess_env, seed=1234, min_debris=2,
+                         max_cycles=10)
+    # the kills really hit unfinished saves/deletes (not only idle moments) and were recovered
+    assert debris >= 2, debris
 
 
 @pytest.mark.stress
