@@ -25,10 +25,11 @@ from . import cuda
 log = logging.getLogger("shardsafe")
 
 PAGE = mmap.PAGESIZE
-# buffers are padded to ALIGN so last ranges go direct too
 
 
 def round_up(n: int, to: int = ALIGN) -> int:
+    """``n`` rounded up to a multiple of ``to`` (buffers are padded to ALIGN so that the
+    last range of a file goes through direct I/O too)."""
     return ceil_div(n, to) * to
 
 

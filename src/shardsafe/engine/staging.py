@@ -27,18 +27,13 @@ _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 
 
-def copy_threads() -> int:
-    """Threads that copy during staging (``SHARDSAFE_COPY_THREADS``, default: CPUs, at most 4)."""
-    return knobs.copy_threads()
-
-
 def copy_pool() -> ThreadPoolExecutor:
     """The process-wide pool of staging helpers (separate from the I/O pool: staging
     tasks must never queue behind, or wait for, writes)."""
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max(1, copy_threads() - 1), thread_name_prefix="shardsafe-copy")
+            _pool = ThreadPoolExecutor(max(1, knobs.copy_threads() - 1), thread_name_prefix="shardsafe-copy")
         return _pool
 
 
@@ -120,7 +115,7 @@ def stage_files(tasks: Sequence[StageTask], *, threads: int | None = None) -> No
             if report and t.on_unit is not None:
                 t.on_unit(k)
 
-    n = min(threads or copy_threads(), len(work))
+    n = min(threads or knobs.copy_threads(), len(work))
     helpers = [copy_pool().submit(run) for _ in range(n - 1)]
     try:
         run()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .._numbers import ceil_div
 from ..plan.layout import FilePlan
-from .buffers import ALIGN
+from ..format.datafile import ALIGN
 
 HEADER = -1  # the ``item`` of a Part that copies the safetensors header
 

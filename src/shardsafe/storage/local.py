@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import knobs
 from ..format.datafile import ALIGN
+from ..format.index import MAX_INDEX_BYTES
 from .cached_or_direct import read_range
 from .files import check_regular, read_regular, with_path
 
@@ -31,7 +32,7 @@ SEGMENT = 64 << 20  # bytes ``write`` hands to one pwrite call
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _RENAME_EXCHANGE = 2
 _IOV_MAX = 1024
-MAX_READ = 1 << 30  # ``read`` is for small files (indexes); anything larger is refused unread
+MAX_READ = MAX_INDEX_BYTES  # ``read`` is for indexes; anything larger is refused unread
 
 def _address(buf: memoryview) -> int:
     return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) if len(buf) else 0
