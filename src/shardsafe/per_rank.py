@@ -24,7 +24,7 @@ import contextlib
 import contextvars
 import json
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 from . import tensors
 from .comm import get_comm
@@ -32,7 +32,10 @@ from .errors import StateMismatchError
 from .format.tree import Node, build
 from .plan.flatten import flatten, is_stateful
 
-MISSING_POLICIES = ("raise", "keep")
+MissingPolicy = Literal["raise", "keep"]
+"""What a rank the checkpoint has no entry for does on load."""
+
+MISSING_POLICIES: tuple[MissingPolicy, ...] = get_args(MissingPolicy)
 
 _LOADING: contextvars.ContextVar[bool] = contextvars.ContextVar("shardsafe_loading", default=False)
 
@@ -81,7 +84,7 @@ class PerRank:
             (StateMismatchError) or ``"keep"`` (keeps its current value).
     """
 
-    def __init__(self, value: Any, *, process_group: Any = None, missing: str = "raise") -> None:
+    def __init__(self, value: Any, *, process_group: Any = None, missing: MissingPolicy = "raise") -> None:
         if missing not in MISSING_POLICIES:
             raise ValueError(f"missing must be one of {MISSING_POLICIES}, got {missing!r}")
         if not is_stateful(value) and not isinstance(value, Mapping):
