@@ -16,6 +16,7 @@ from typing import Any, TypeAlias
 
 from .._version import __version__
 from ..comm import Channel, Comm
+from ..format import FORMAT_VERSION
 from ..format import index as fmt
 from ..format.tree import Node
 from ..plan.flatten import TensorItem
@@ -100,7 +101,7 @@ def build_index(prep: PreparedSave, parts: Sequence[Entries]) -> bytes:
     index = fmt.Index(tree=prep.tree, tensors=tensors, files=tuple(files), block_size=BLOCK_SIZE,
                       world_size=prep.comm.world_size, created=time.time(), metadata=prep.metadata,
                       library=f"shardsafe {__version__}")
-    return fmt.encode_index(index)
+    return fmt.encode_index(index, version=FORMAT_VERSION)
 
 
 def _ordered(cs: list[fmt.ChunkEntry]) -> tuple[fmt.ChunkEntry, ...]:
