@@ -15,6 +15,7 @@ from typing import Any, overload
 
 import numpy as np
 
+from .chunk_table import Split
 from .index_common import ChunkEntry
 from .index_v2 import ColumnarIndex, chunk_rows
 
@@ -69,6 +70,9 @@ class LazyChunks(Sequence[ChunkEntry]):
     def overlapping(self, offsets: Sequence[int], shape: Sequence[int]) -> list[ChunkEntry]:
         """The chunks that share at least one element with the region (in table order)."""
         ct = self._index.chunks
+        split = ct.splits[self._t]
+        if split is not None and self._all is None:
+            return self._split_overlapping(split, offsets, shape)
         c = ct.tensor_chunks(self._t)
         lo = np.maximum(c.pos, np.asarray(offsets, dtype=np.int64))
         hi = np.minimum(c.pos + c.extent, np.asarray(offsets, dtype=np.int64) + np.asarray(shape, dtype=np.int64))
@@ -76,6 +80,24 @@ class LazyChunks(Sequence[ChunkEntry]):
         if self._all is not None:
             return [self._all[i] for i in keep.tolist()]
         return [self._entry(c.start + i, c.pos[i], c.extent[i]) for i in keep.tolist()]
+
+    def _split_overlapping(self, split: Split, offsets: Sequence[int],
+                           shape: Sequence[int]) -> list[ChunkEntry]:
+        """``overlapping`` from the split rule: the parts that meet ``[lo, hi)`` along the cut."""
+        if any(s <= 0 for s in shape):
+            return []
+        full = self._index.chunks.shapes[self._t]
+        d, step = split.dim, split.step
+        first = max(0, offsets[d] // step)
+        last = min(len(self) - 1, (offsets[d] + shape[d] - 1) // step)
+        start = int(self._index.chunks.tensor_start[self._t])
+        out = []
+        for i in range(first, last + 1):
+            pos = [0] * len(full)
+            ext = list(full)
+            pos[d], ext[d] = i * step, min(step, full[d] - i * step)
+            out.append(self._entry(start + i, np.asarray(pos), np.asarray(ext)))
+        return out
 
     def _entry(self, row: int, pos: Any, extent: Any) -> ChunkEntry:
         ct = self._index.chunks
