@@ -20,7 +20,7 @@ from .._numbers import ceil_div
 from ..errors import CorruptCheckpointError
 from . import INDEX_NAME, index_v2, tree
 from .checksum import ALGORITHM, crc32c
-from .index_common import (MAX_DIM, MAX_INDEX_BYTES, MAX_NDIM, FileEntry, bad, check_int,
+from .index_common import (IndexHeader, MAX_DIM, MAX_INDEX_BYTES, MAX_NDIM, FileEntry, bad, check_int,
                            check_tree, decode_files, finite_float, header_fields, reject_constant,
                            tensor_header, unique_members)
 from .chunk_table import ChunkTable
@@ -72,7 +72,7 @@ class TensorEntry:
 
 
 @dataclass(frozen=True, slots=True)
-class Index:
+class Index(IndexHeader):
     """A decoded, validated checkpoint index.
 
     Decoded from v2, ``table`` holds every chunk as columns and each tensor's ``chunks``
@@ -84,10 +84,6 @@ class Index:
     tensors: tuple[TensorEntry, ...]
     files: tuple[FileEntry, ...]
     block_size: int
-    world_size: int = 1
-    created: float = 0.0
-    metadata: dict[str, Any] = field(default_factory=dict)
-    library: str = ""
     format_version: int = V1
     table: ChunkTable | None = field(default=None, compare=False, repr=False)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CorruptCheckpointError
@@ -67,6 +67,23 @@ class ChunkEntry:
     offsets: tuple[int, ...]
     shape: tuple[int, ...]
     checksums: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IndexHeader:
+    """What every index version records about the save besides its tensors (keyword-only).
+
+    Attributes:
+        world_size: Ranks that saved.
+        created: Time of the save (seconds since the epoch).
+        metadata: User metadata (JSON).
+        library: Name and version of the writer.
+    """
+
+    world_size: int = 1
+    created: float = 0.0
+    metadata: dict[str, Any] = field(default_factory=dict)
+    library: str = ""
 
 
 def bad(msg: str) -> CorruptCheckpointError:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -31,7 +31,7 @@ from . import INDEX_NAME, tree
 from .checksum import ALGORITHM, crc32c
 from .chunk_table import ChunkTable, Split, check_tensor_rows, detect_split
 from .dtypes import lookup
-from .index_common import (MAX_DIM, MAX_INDEX_BYTES, FileEntry, bad, check_int, check_tree,
+from .index_common import (IndexHeader, MAX_DIM, MAX_INDEX_BYTES, FileEntry, bad, check_int, check_tree,
                            decode_files, finite_float, header_fields, reject_constant,
                            tensor_header, unique_members)
 
@@ -56,17 +56,13 @@ FileInfo = FileEntry  # a data file of a v2 index: the same members as v1's ``fi
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class ColumnarIndex:
+class ColumnarIndex(IndexHeader):
     """A decoded, validated v2 index; ``chunks`` holds every chunk as columns."""
 
     tree: tree.Node
     tensors: tuple[TensorInfo, ...]
     files: tuple[FileInfo, ...]
     chunks: ChunkTable
-    world_size: int = 1
-    created: float = 0.0
-    metadata: dict[str, Any] = field(default_factory=dict)
-    library: str = ""
 
     @property
     def block_size(self) -> int:
