@@ -65,7 +65,7 @@ def test_part_order_changes_file_ids_not_chunks() -> None:
 
 def test_missing_chunks_are_refused_naming_the_tensor() -> None:
     items, parts = _parts(2)
-    with pytest.raises(CheckpointError, match="chunks of 'w' hold 12 elements, its global shape \[6, 4\] needs 24"):
+    with pytest.raises(CheckpointError, match=r"chunks of 'w' hold 12 elements, its global shape \[6, 4\] needs 24"):
         columnar_index(items, parts[:1], 4096, tree=TREE, world_size=2)
 
 
