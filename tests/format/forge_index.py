@@ -8,12 +8,19 @@ import os
 from typing import Any
 
 from shardsafe.format.checksum import crc32c
+from shardsafe.format.index import decode_index, encode_index
+
+
+def v1_bytes(data: bytes) -> bytes:
+    """Index bytes in the v1 JSON form (saves write v2; these tests forge v1 JSON). A v1
+    index (perhaps one a test forged already) is returned as it is."""
+    return data if data[:1] == b"{" else encode_index(decode_index(data), version=1)
 
 
 def read_raw(ckpt: str) -> dict[str, Any]:
-    """The parsed JSON of ``ckpt/index.json`` without its checksum member."""
+    """The parsed v1 JSON of ``ckpt/index.json`` without its checksum member."""
     with open(os.path.join(ckpt, "index.json"), "rb") as f:
-        raw = json.loads(f.read())
+        raw = json.loads(v1_bytes(f.read()))
     raw.pop("index_checksum")
     return raw
 

@@ -33,7 +33,8 @@ TRAILER = b',"index_checksum":"crc32c:%08x"}\n'
 
 @functools.lru_cache(maxsize=None)
 def saved_index() -> bytes:
-    """The index.json of a real checkpoint with many value kinds (saved once per session)."""
+    """The index.json of a real checkpoint with many value kinds (saved once per session),
+    in the v1 JSON form that these tests mutate (saves write v2: test_index_v2_property)."""
     state = {
         "w": np.arange(12, dtype=np.float32).reshape(3, 4),
         "empty": np.zeros((0, 5), dtype=np.int8),
@@ -44,7 +45,7 @@ def saved_index() -> bytes:
     with tempfile.TemporaryDirectory() as d:
         shardsafe.save(state, os.path.join(d, "ckpt"))
         with open(os.path.join(d, "ckpt", "index.json"), "rb") as f:
-            return f.read()
+            return encode_index(decode_index(f.read()), version=1)
 
 
 @functools.lru_cache(maxsize=None)

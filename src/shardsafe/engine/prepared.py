@@ -12,23 +12,22 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any
 
 from .._version import __version__
 from ..comm import Channel, Comm
 from ..format import index as fmt
+from ..format import index_v2
 from ..format.tree import Node
 from ..plan.flatten import TensorItem
-from ..plan.layout import FilePlan, chunk_entries
+from ..plan.layout import FilePlan
 from ..storage import Storage
 from . import commit
+from .entries import Entries, columnar_index, from_plans
 
 BLOCK_SIZE = 16 << 20  # checksum block: partial (resharded) reads verify whole blocks
 UNIT_SIZE = 16 << 20  # write/staging unit: big enough for full-speed direct I/O, small
 #                       enough that writes start while later units are still staged
-
-#: One rank's part of the index: its chunk entries by item id, and its data files.
-Entries: TypeAlias = tuple[dict[int, list[fmt.ChunkEntry]], list[fmt.FileEntry]]
 
 
 @dataclass(slots=True)
@@ -76,33 +75,17 @@ def check_metadata(metadata: Mapping[str, Any]) -> None:
 
 
 def local_entries(prep: PreparedSave, sums: Sequence[list[list[int]]]) -> Entries:
-    """This rank's chunk and file entries, given the block checksums of its files."""
-    by_item: dict[int, list[fmt.ChunkEntry]] = {}
-    for plan, s in zip(prep.plans, sums):
-        for item_id, c in chunk_entries(plan, s):
-            by_item.setdefault(item_id, []).append(c)
-    files = [fmt.FileEntry(p.name, p.layout.size, p.layout.data_start, prep.comm.rank)
-             for p in prep.plans]
-    return by_item, files
+    """This rank's chunk and file entries (columns), given the block checksums of its files."""
+    return from_plans(prep.plans, sums, prep.comm.rank)
 
 
 def build_index(prep: PreparedSave, parts: Sequence[Entries]) -> bytes:
-    """The index bytes from every rank's ``(chunks by item id, files)``."""
-    chunks: dict[int, list[fmt.ChunkEntry]] = {}
-    files: list[fmt.FileEntry] = []
-    for by_item, fs in parts:
-        for i, cs in by_item.items():
-            chunks.setdefault(i, []).extend(cs)
-        files.extend(fs)
-    tensors = tuple(fmt.TensorEntry(key=it.path, kind=it.kind, dtype=it.dtype, shape=it.shape,
-                                    chunks=_ordered(chunks.get(it.id, [])))
-                    for it in prep.items)
-    index = fmt.Index(tree=prep.tree, tensors=tensors, files=tuple(files), block_size=BLOCK_SIZE,
-                      world_size=prep.comm.world_size, created=time.time(), metadata=prep.metadata,
-                      library=f"shardsafe {__version__}")
-    return fmt.encode_index(index)
+    """The index bytes (format v2) from every rank's entries, built as columns throughout.
 
-
-def _ordered(cs: list[fmt.ChunkEntry]) -> tuple[fmt.ChunkEntry, ...]:
-    """Chunks in global-offset order (most tensors have one: skip the sort)."""
-    return tuple(cs) if len(cs) < 2 else tuple(sorted(cs, key=lambda c: c.offsets))
+    Raises:
+        CheckpointError: the ranks' chunks do not hold exactly each tensor's elements.
+    """
+    index = columnar_index(prep.items, parts, BLOCK_SIZE, tree=prep.tree,
+                           world_size=prep.comm.world_size, created=time.time(),
+                           metadata=prep.metadata, library=f"shardsafe {__version__}")
+    return index_v2.encode(index)

@@ -135,13 +135,18 @@ class Reader:
         dst[_slices(p.dst)] = src[_slices(p.src)]
 
     # ------------------------------------------------------------------ planning
-    def _tasks(self, jobs: Sequence[ReadJob]) -> list[tuple[Callable[..., None], tuple]]:
+    def tasks(self, jobs: Sequence[ReadJob]) -> list[tuple[Callable[..., None], tuple]]:
+        """The I/O-pool tasks that fill ``jobs`` (planning only: no byte is read here).
+
+        Per job, only the saved chunks that overlap its region become Python objects
+        (``TensorEntry.overlapping``): a v2 index keeps the rest as columns.
+        """
         tasks: list[tuple[Callable[..., None], tuple]] = []
         small: list[_Small] = []
         for job in jobs:
             key = render_path(job.entry.key)
             try:
-                pieces = pieces_for(job.entry.chunks, job.offsets, job.shape)
+                pieces = pieces_for(job.entry.overlapping(job.offsets, job.shape), job.offsets, job.shape)
             except CoverageError as e:
                 raise CorruptCheckpointError(str(e), key=key) from None
             full = tuple((0, s) for s in job.shape)
@@ -159,7 +164,7 @@ class Reader:
 
     def run(self, jobs: Sequence[ReadJob]) -> None:
         """Executes all jobs in parallel; re-raises the first error after all reads stopped."""
-        tasks = self._tasks(jobs)
+        tasks = self.tasks(jobs)
         if len(tasks) == 1:
             fn, args = tasks[0]
             fn(*args)

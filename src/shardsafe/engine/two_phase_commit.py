@@ -5,7 +5,7 @@ save's background thread while training collectives go on):
 
 * **begin**: rank 0 creates the working directory and says so; the others wait
   (bounded) before writing their data files into it.
-* **commit**: each rank sends its chunk entries (JSON) to rank 0, which checks that
+* **commit**: each rank sends its chunk entries (binary columns) to rank 0, which checks that
   together they cover every tensor exactly, publishes the index only if every rank
   succeeded within ``timeout``, and tells the others.
 * **abort**: a rank that failed tells the others, so nothing commits and nobody
@@ -17,19 +17,16 @@ Store keys live under ``shardsafe/<group>/<token>/``; the token is unique per sa
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 from collections.abc import Sequence
 
 from ..comm import Channel
 from ..comm.channel import announce, gather, get, missing_ranks, receive, timeout_error
 from ..errors import CheckpointError
-from ..format import index as fmt
-from ..format.tree import render_path
-from ..plan.flatten import TensorItem
 from . import commit
-from .prepared import Entries, PreparedSave, build_index
+from .entries import decode as decode_entries
+from .entries import encode as encode_entries
+from .prepared import PreparedSave, build_index
 
 log = logging.getLogger("shardsafe")
 
@@ -47,43 +44,13 @@ def begin(prep: PreparedSave) -> None:
                               f"{prep.txn.final!r}")
 
 
-def encode_entries(by_item: dict[int, list[fmt.ChunkEntry]], files: list[fmt.FileEntry]) -> bytes:
-    """JSON bytes of one rank's chunk and file entries (what it sends to rank 0)."""
-    body = {"files": [[f.name, f.size, f.data_start, f.rank] for f in files],
-            "chunks": [[i, c.file, c.offset, c.nbytes, list(c.offsets), list(c.shape),
-                        list(c.checksums)] for i, cs in by_item.items() for c in cs]}
-    return json.dumps(body, separators=(",", ":")).encode("utf-8")
-
-
-def decode_entries(data: bytes) -> Entries:
-    """Inverse of ``encode_entries``."""
-    body = json.loads(data.decode("utf-8"))
-    by_item: dict[int, list[fmt.ChunkEntry]] = {}
-    for i, name, off, nbytes, offsets, shape, sums in body["chunks"]:
-        by_item.setdefault(i, []).append(
-            fmt.ChunkEntry(name, off, nbytes, tuple(offsets), tuple(shape), tuple(sums)))
-    return by_item, [fmt.FileEntry(*f) for f in body["files"]]
-
-
-def check_coverage(items: Sequence[TensorItem], parts: Sequence[Entries]) -> None:
-    """Raises CheckpointError unless every tensor's chunks hold exactly its elements."""
-    count: dict[int, int] = {}
-    for by_item, _ in parts:
-        for i, cs in by_item.items():
-            count[i] = count.get(i, 0) + sum(math.prod(c.shape) for c in cs)
-    for it in items:
-        if count.get(it.id, 0) != math.prod(it.shape):
-            raise CheckpointError(f"the ranks' chunks of {render_path(it.path)!r} hold "
-                                  f"{count.get(it.id, 0)} elements, its global shape "
-                                  f"{list(it.shape)} needs {math.prod(it.shape)}")
-
-
 def commit_save(prep: PreparedSave, local: Entries) -> None:
     """The two-phase commit; every rank calls it once its files are durable.
 
-    ``local`` is this rank's part of the index (``prepared.local_entries``); rank 0
-    checks that the parts of all ranks cover every tensor exactly (``check_coverage``)
-    before it publishes the index (``prepared.build_index``).
+    ``local`` is this rank's part of the index (``prepared.local_entries``), sent to
+    rank 0 as binary columns (``entries.encode``); rank 0 builds the index from all
+    parts (``prepared.build_index``, which refuses parts that do not cover every tensor
+    exactly) before it publishes it.
 
     Rank 0 publishes the index only if every rank sent its entries within the timeout,
     then waits (bounded) until the others have read its verdict: it usually hosts the
@@ -95,7 +62,7 @@ def commit_save(prep: PreparedSave, local: Entries) -> None:
     """
     ch = prep.channel
     assert ch is not None
-    entries = encode_entries(*local)
+    entries = encode_entries(local)
     if prep.comm.rank != 0:
         prep.reported = True
         gather(ch, "chunks", b"R" + entries, prep.timeout, dst=0)
@@ -121,7 +88,6 @@ def commit_save(prep: PreparedSave, local: Entries) -> None:
         if failed:
             raise CheckpointError(f"rank {failed[0][0]} failed: {failed[0][1]}")
         parts = [decode_entries(m[1:]) for m in msgs]
-        check_coverage(prep.items, parts)
         commit.finish(prep.txn, build_index(prep, parts))
     except BaseException as e:
         _announce_failure(prep, e, readers)

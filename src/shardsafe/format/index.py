@@ -18,69 +18,25 @@ from typing import Any
 
 from .._numbers import ceil_div
 from ..errors import CorruptCheckpointError
-from . import FORMAT_VERSION, INDEX_NAME, index_v2, tree
+from . import INDEX_NAME, index_v2, tree
 from .checksum import ALGORITHM, crc32c
-from .dtypes import lookup
+from .index_common import (IndexHeader, MAX_DIM, MAX_INDEX_BYTES, MAX_NDIM, FileEntry, bad, check_int,
+                           check_tree, decode_files, finite_float, header_fields, reject_constant,
+                           tensor_header, unique_members)
+from .chunk_table import ChunkTable
+from .index_common import ChunkEntry
+from .lazy_chunks import LazyChunks
 
-MAX_INDEX_BYTES = 1 << 30
+V1 = 1  # the version of the JSON format this module encodes and decodes
 # Limits that keep decoding linear in the index size (docs/FORMAT.md section 9). JSON
 # objects and arrays: at most one per 6 bytes of index (nothing the encoder writes is
 # denser; ``[[],[],...]`` would cost ~20 bytes of memory per byte) and 2**24 in all.
 MAX_CONTAINERS = 1 << 24
 CONTAINER_BYTES = 6
-MAX_TREE_DEPTH = 128  # nesting of the state tree (real states: tens)
-MAX_TREE_NODES = 1 << 23
-MAX_MEAN_DEPTH = 32  # validation walks each leaf's path: sum of depths <= 32 * nodes
 MAX_CHUNKS = 1 << 24  # chunk entries in all tensors
 SWEEP_BUDGET = 16  # overlap comparisons per chunk for chunk layouts that are not a grid
-MAX_NDIM = 64
-MAX_DIM = 1 << 62
-# Bound on prod(max(dim, 1)) * itemsize: a zero-size tensor must not smuggle in dimensions
-# that overflow numpy's size arithmetic or look absurd to any reader.
-MAX_EXTENT_BYTES = 1 << 62
-TENSOR_KINDS = ("torch", "numpy")
-# fullmatch, not match + "$": "$" also matches before a trailing newline
-_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _CRC_HEX = re.compile(r"[0-9a-f]{8}")
 _TRAILER = re.compile(rb',\s*"index_checksum"\s*:\s*"crc32c:([0-9a-f]{8})"\s*}\s*$')
-
-
-@dataclass(frozen=True, slots=True)
-class FileEntry:
-    """A data file of the checkpoint.
-
-    Attributes:
-        name: File name relative to the checkpoint directory (no separators).
-        size: Exact size in bytes.
-        data_start: Offset of the first data byte (end of the safetensors header).
-        rank: The rank that wrote it.
-    """
-
-    name: str
-    size: int
-    data_start: int
-    rank: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkEntry:
-    """A contiguous, row-major block of a tensor stored in one data file.
-
-    Attributes:
-        file: Name of the data file holding the bytes.
-        offset: Absolute byte offset of the chunk in that file.
-        nbytes: Number of bytes (``prod(shape) * itemsize``).
-        offsets: Position of the chunk in the global tensor, one entry per dimension.
-        shape: Shape of the chunk.
-        checksums: CRC32C of each ``block_size`` slice of the chunk's bytes.
-    """
-
-    file: str
-    offset: int
-    nbytes: int
-    offsets: tuple[int, ...]
-    shape: tuple[int, ...]
-    checksums: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,22 +59,33 @@ class TensorEntry:
 
     @property
     def nbytes(self) -> int:
+        if isinstance(self.chunks, LazyChunks):
+            return self.chunks.nbytes
         return sum(c.nbytes for c in self.chunks)
+
+    def overlapping(self, offsets: Sequence[int], shape: Sequence[int]) -> Sequence[ChunkEntry]:
+        """The chunks that may overlap the region ``offsets``/``shape`` (all of them for v1;
+        for v2, selected with numpy so that only those become Python objects)."""
+        if isinstance(self.chunks, LazyChunks):
+            return self.chunks.overlapping(offsets, shape)
+        return self.chunks
 
 
 @dataclass(frozen=True, slots=True)
-class Index:
-    """A decoded, validated checkpoint index."""
+class Index(IndexHeader):
+    """A decoded, validated checkpoint index.
+
+    Decoded from v2, ``table`` holds every chunk as columns and each tensor's ``chunks``
+    is a ``LazyChunks`` that builds ``ChunkEntry`` objects only when asked
+    (``TensorEntry.overlapping`` builds just the ones a region needs).
+    """
 
     tree: tree.Node
     tensors: tuple[TensorEntry, ...]
     files: tuple[FileEntry, ...]
     block_size: int
-    world_size: int = 1
-    created: float = 0.0
-    metadata: dict[str, Any] = field(default_factory=dict)
-    library: str = ""
-    format_version: int = FORMAT_VERSION
+    format_version: int = V1
+    table: ChunkTable | None = field(default=None, compare=False, repr=False)
 
 
 def num_blocks(nbytes: int, block_size: int) -> int:
@@ -161,91 +128,55 @@ def encode_index(index: Index, version: int | None = None) -> bytes:
 # ----------------------------------------------------------------------------- decoding
 
 
-def _bad(msg: str) -> CorruptCheckpointError:
-    return CorruptCheckpointError(f"malformed index: {msg}", file=INDEX_NAME)
-
-
-def _int(v: Any, what: str, lo: int = 0, hi: int = MAX_DIM) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-        raise _bad(f"{what} must be an integer in [{lo}, {hi}], got {v!r}")
-    return v
-
-
 def _ints(v: Any, what: str, n: int | None = None) -> tuple[int, ...]:
     if not isinstance(v, list) or len(v) > MAX_NDIM or (n is not None and len(v) != n):
-        raise _bad(f"{what} must be a list of at most {MAX_NDIM} integers")
-    return tuple(_int(x, what) for x in v)
-
-
-def _decode_files(raw: Any) -> tuple[FileEntry, ...]:
-    if not isinstance(raw, list):
-        raise _bad("files must be a list")
-    out, names = [], set()
-    for f in raw:
-        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not _FILE_NAME.fullmatch(f["name"]):
-            raise _bad(f"bad data file entry {f!r}: names are plain file names, no paths")
-        if f["name"] in names or f["name"] == INDEX_NAME:
-            raise _bad(f"duplicate or reserved data file name {f['name']!r}")
-        names.add(f["name"])
-        size = _int(f.get("size"), "file size")
-        start = _int(f.get("data_start"), "file data_start", 8, size)
-        out.append(FileEntry(f["name"], size, start, _int(f.get("rank", 0), "file rank", 0, 1 << 31)))
-    return tuple(out)
+        raise bad(f"{what} must be a list of at most {MAX_NDIM} integers")
+    return tuple(check_int(x, what) for x in v)
 
 
 def _decode_chunk(c: Any, ndim: int, itemsize: int, block_size: int, key: str) -> ChunkEntry:
     if not isinstance(c, dict):
-        raise _bad(f"chunk of {key} is not an object")
+        raise bad(f"chunk of {key} is not an object")
     shape = _ints(c.get("shape"), f"chunk shape of {key}", ndim)
     offsets = _ints(c.get("offsets"), f"chunk offsets of {key}", ndim)
-    nbytes = _int(c.get("nbytes"), f"chunk nbytes of {key}")
+    nbytes = check_int(c.get("nbytes"), f"chunk nbytes of {key}")
     if nbytes != math.prod(shape) * itemsize:
-        raise _bad(f"chunk of {key}: nbytes {nbytes} != prod(shape) * itemsize")
+        raise bad(f"chunk of {key}: nbytes {nbytes} != prod(shape) * itemsize")
     sums = c.get("crc32c")
     if not isinstance(sums, list) or len(sums) != num_blocks(nbytes, block_size):
-        raise _bad(f"chunk of {key}: expected {num_blocks(nbytes, block_size)} checksums")
+        raise bad(f"chunk of {key}: expected {num_blocks(nbytes, block_size)} checksums")
     # int(s, 16) alone would also take "0x1234", " -12345" or "1_234567"
     if not all(isinstance(s, str) and _CRC_HEX.fullmatch(s) for s in sums):
-        raise _bad(f"chunk of {key}: checksums must be 8 lowercase hex digits")
+        raise bad(f"chunk of {key}: checksums must be 8 lowercase hex digits")
     checksums = tuple(int(s, 16) for s in sums)
     if not isinstance(c.get("file"), str):
-        raise _bad(f"chunk of {key}: file must be a string")
-    return ChunkEntry(c["file"], _int(c.get("offset"), f"chunk offset of {key}"), nbytes,
+        raise bad(f"chunk of {key}: file must be a string")
+    return ChunkEntry(c["file"], check_int(c.get("offset"), f"chunk offset of {key}"), nbytes,
                       offsets, shape, checksums)
 
 
 def _decode_tensor(t: Any, block_size: int) -> TensorEntry:
     if not isinstance(t, dict) or not isinstance(t.get("key"), list):
-        raise _bad("tensor entry needs a key list")
+        raise bad("tensor entry needs a key list")
     try:
         key = tree.decode_key_path(t["key"])
     except (tree.TreeError, RecursionError) as e:
-        raise _bad(f"tensor key {t['key']!r}: {e}") from None
+        raise bad(f"tensor key {t['key']!r}: {e}") from None
     name = tree.render_path(key)
-    if t.get("kind") not in TENSOR_KINDS:
-        raise _bad(f"tensor {name}: unknown kind {t.get('kind')!r}")
-    try:
-        dt = lookup(t.get("dtype"))  # type: ignore[arg-type]
-    except (ValueError, TypeError):
-        raise _bad(f"tensor {name}: unknown dtype {t.get('dtype')!r}") from None
-    if t["kind"] == "numpy" and dt.numpy is None:
-        raise _bad(f"tensor {name}: numpy cannot hold dtype {dt.name}")
-    shape = _ints(t.get("shape"), f"shape of {name}")
-    if math.prod(max(s, 1) for s in shape) * dt.itemsize > MAX_EXTENT_BYTES:
-        raise _bad(f"tensor {name}: absurd shape {list(shape)}")
+    kind, dt, shape = tensor_header(t, name)
     chunks = t.get("chunks")
     if not isinstance(chunks, list):
-        raise _bad(f"tensor {name}: chunks must be a list")
+        raise bad(f"tensor {name}: chunks must be a list")
     decoded = tuple(_decode_chunk(c, len(shape), dt.itemsize, block_size, name) for c in chunks)
     total = 0
     for c in decoded:
         if any(o + s > g for o, s, g in zip(c.offsets, c.shape, shape)):
-            raise _bad(f"tensor {name}: chunk at {list(c.offsets)} lies outside shape {list(shape)}")
+            raise bad(f"tensor {name}: chunk at {list(c.offsets)} lies outside shape {list(shape)}")
         total += math.prod(c.shape)
     if total != math.prod(shape):
-        raise _bad(f"tensor {name}: chunks hold {total} elements, shape needs {math.prod(shape)}")
+        raise bad(f"tensor {name}: chunks hold {total} elements, shape needs {math.prod(shape)}")
     _check_disjoint(name, decoded, shape)
-    return TensorEntry(key, t["kind"], dt.name, shape, decoded)
+    return TensorEntry(key, kind, dt.name, shape, decoded)
 
 
 def _boxes_overlap(a: ChunkEntry, b: ChunkEntry) -> bool:
@@ -294,11 +225,11 @@ def _check_disjoint(name: str, chunks: Sequence[ChunkEntry], shape: tuple[int, .
             heapq.heappop(open_)
         budget -= len(open_)
         if budget < 0:
-            raise _bad(f"tensor {name}: {len(boxes)} chunks that are not a grid are too irregular to "
+            raise bad(f"tensor {name}: {len(boxes)} chunks that are not a grid are too irregular to "
                        f"check for overlaps (over {SWEEP_BUDGET} comparisons per chunk)")
         for _, _, a in open_:
             if _boxes_overlap(a, c):
-                raise _bad(f"tensor {name}: chunks at {list(a.offsets)} and {list(c.offsets)} overlap")
+                raise bad(f"tensor {name}: chunks at {list(a.offsets)} and {list(c.offsets)} overlap")
         heapq.heappush(open_, (c.offsets[d] + c.shape[d], n, c))
 
 
@@ -308,24 +239,17 @@ def _check_byte_ranges(files: Sequence[FileEntry], tensors: Sequence[TensorEntry
         for c in t.chunks:
             ranges = by_file.get(c.file)
             if ranges is None:
-                raise _bad(f"tensor {tree.render_path(t.key)} names unknown file {c.file!r}")
+                raise bad(f"tensor {tree.render_path(t.key)} names unknown file {c.file!r}")
             if c.nbytes:  # an empty chunk reads nothing: its offset constrains nothing (FORMAT.md 9.6)
                 ranges.append((c.offset, c.offset + c.nbytes, tree.render_path(t.key)))
     for f in files:
         prev_end, prev_key = f.data_start, "<header>"
         for start, end, key in sorted(by_file[f.name]):
             if start < prev_end:
-                raise _bad(f"byte range of {key} in {f.name} overlaps {prev_key}")
+                raise bad(f"byte range of {key} in {f.name} overlaps {prev_key}")
             if end > f.size:
-                raise _bad(f"byte range of {key} ends at {end}, past the end of {f.name} ({f.size})")
+                raise bad(f"byte range of {key} ends at {end}, past the end of {f.name} ({f.size})")
             prev_end, prev_key = end, key
-
-
-def _finite_float(text: str) -> float:
-    v = float(text)
-    if not math.isfinite(v):  # "1e400" would otherwise become inf, which the encoder never writes
-        raise ValueError(f"number {text} is out of range")
-    return v
 
 
 class _TooLarge(ValueError):
@@ -341,98 +265,48 @@ def _members_hook(budget: int):  # noqa: ANN202 - json's object_pairs_hook
         left[0] -= 1
         if left[0] < 0:
             raise _TooLarge("objects")
-        # parsers disagree on which duplicate wins (first or last): refuse the ambiguity
-        out = dict(pairs)
-        if len(out) != len(pairs):
-            raise ValueError("duplicate member name in a JSON object")
-        return out
+        return unique_members(pairs)
 
     return hook
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON (the encoder never writes it)")
 
 
 def _parse(data: bytes) -> dict[str, Any]:
     """Checks size, trailer checksum, JSON syntax and format version; returns the object."""
     if len(data) > MAX_INDEX_BYTES:
-        raise _bad(f"index is {len(data)} bytes, more than the {MAX_INDEX_BYTES} allowed")
+        raise bad(f"index is {len(data)} bytes, more than the {MAX_INDEX_BYTES} allowed")
     m = _TRAILER.search(data)
     if m is None:
-        raise _bad("missing index_checksum trailer (truncated?)")
+        raise bad("missing index_checksum trailer (truncated?)")
     if crc32c(data[: m.start()]) != int(m.group(1), 16):
         raise CorruptCheckpointError("index checksum mismatch", file=INDEX_NAME)
-    bad = tree.find_lone_surrogate(data)
-    if bad >= 0:  # the writer cannot write such a string: nothing that loads fails to save
-        raise _bad(f"a string holds a lone UTF-16 surrogate (escape at byte {bad})")
+    at = tree.find_lone_surrogate(data)
+    if at >= 0:  # the writer cannot write such a string: nothing that loads fails to save
+        raise bad(f"a string holds a lone UTF-16 surrogate (escape at byte {at})")
     # Memory: Python objects cost 10-20x their JSON text. Arrays are counted before the
     # parse (an upper bound: '[' in strings counts too), objects while parsing.
     limit = min(MAX_CONTAINERS, len(data) // CONTAINER_BYTES + 1024)
     arrays = data.count(b"[")
-    too_many = _bad(f"more JSON objects and arrays than the limit ({limit}: one per {CONTAINER_BYTES} "
+    too_many = bad(f"more JSON objects and arrays than the limit ({limit}: one per {CONTAINER_BYTES} "
                     f"bytes, at most {MAX_CONTAINERS})")
     if arrays > limit:
         raise too_many
     try:
-        raw = json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_finite_float,
+        raw = json.loads(data.decode("utf-8"), parse_constant=reject_constant, parse_float=finite_float,
                          object_pairs_hook=_members_hook(limit - arrays))
     except _TooLarge:
         raise too_many from None
     except (ValueError, RecursionError) as e:
-        raise _bad(f"not valid JSON: {e}") from None
+        raise bad(f"not valid JSON: {e}") from None
     if not isinstance(raw, dict):
-        raise _bad("top level must be an object")
+        raise bad("top level must be an object")
     version = raw.get("format_version")
-    if not isinstance(version, int) or isinstance(version, bool) or version != FORMAT_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or version != V1:
         raise CorruptCheckpointError(
-            f"unsupported format_version {version!r} (this shardsafe reads {FORMAT_VERSION})",
+            f"unsupported format_version {version!r} (this shardsafe reads {V1} and 2)",
             file=INDEX_NAME)
     if raw.get("checksum") != ALGORITHM:
-        raise _bad(f"unknown checksum algorithm {raw.get('checksum')!r}")
+        raise bad(f"unknown checksum algorithm {raw.get('checksum')!r}")
     return raw
-
-
-def _check_tree_size(root: dict[str, Any]) -> None:
-    """Depth, node count and total path length within limits (iterative: no recursion).
-
-    Validation walks every leaf's key path, so its work is the sum of the node depths;
-    a tree of millions of leaves hundreds of levels deep is refused here, in O(nodes).
-    """
-    stack: list[tuple[Any, int]] = [(root, 0)]
-    nodes = total_depth = 0
-    while stack:
-        node, depth = stack.pop()
-        nodes += 1
-        total_depth += depth
-        if depth > MAX_TREE_DEPTH:
-            raise _bad(f"tree is deeper than {MAX_TREE_DEPTH} levels")
-        if nodes > MAX_TREE_NODES:
-            raise _bad(f"tree has more than {MAX_TREE_NODES} nodes")
-        if total_depth > MAX_MEAN_DEPTH * nodes + (1 << 16):
-            raise _bad(f"tree leaves lie more than {MAX_MEAN_DEPTH} levels deep on average")
-        v = node.get("v") if isinstance(node, dict) else None
-        if isinstance(v, list):
-            stack.extend((c, depth + 1) for c in v if isinstance(c, dict))
-
-
-def _check_tree(node: Any, tensors: Sequence[TensorEntry]) -> None:
-    """The tree is well formed and places every tensor entry exactly once, at its key."""
-    if not isinstance(node, dict) or node.get("t") != "dict":
-        raise _bad("tree root must be a dict node (a state is a mapping)")
-    _check_tree_size(node)
-    try:
-        leaves = list(tree.walk(node))
-    except (tree.TreeError, RecursionError) as e:
-        raise _bad(f"tree: {e}") from None
-    ids = [n["id"] for _, n in leaves if n["t"] == "tensor"]
-    if sorted(ids) != list(range(len(tensors))):
-        raise _bad("tree must reference every tensor entry exactly once")
-    if any(not 0 <= n["id"] < len(tensors) for _, n in leaves if n["t"] == "alias"):
-        raise _bad("an alias node references no tensor entry")
-    for path, n in leaves:
-        if n["t"] == "tensor" and tensors[n["id"]].key != path:
-            raise _bad(f"tensor {n['id']} is keyed {tensors[n['id']].key!r} but sits at {path!r}")
 
 
 def decode_index(data: bytes) -> Index:
@@ -440,36 +314,25 @@ def decode_index(data: bytes) -> Index:
     if index_v2.is_v2(data):
         return _from_v2(index_v2.decode(data))
     raw = _parse(data)
-    block_size = _int(raw.get("block_size"), "block_size", 4096, 1 << 40)
-    files = _decode_files(raw.get("files"))
+    block_size = check_int(raw.get("block_size"), "block_size", 4096, 1 << 40)
+    files = decode_files(raw.get("files"))
     raw_tensors = raw.get("tensors")
     if not isinstance(raw_tensors, list):
-        raise _bad("tensors must be a list")
+        raise bad("tensors must be a list")
     chunks = sum(len(t["chunks"]) for t in raw_tensors if isinstance(t, dict) and isinstance(t.get("chunks"), list))
     if chunks > MAX_CHUNKS:
-        raise _bad(f"{chunks} chunks, more than the {MAX_CHUNKS} allowed")
+        raise bad(f"{chunks} chunks, more than the {MAX_CHUNKS} allowed")
     tensors = tuple(_decode_tensor(t, block_size) for t in raw_tensors)
     _check_byte_ranges(files, tensors)
-    _check_tree(raw.get("tree"), tensors)
-    metadata = raw.get("metadata", {})
-    if not isinstance(metadata, dict):
-        raise _bad("metadata must be an object")
-    created = raw.get("created", 0.0)
-    # compared, not converted: float(10**400) would raise OverflowError
-    if not isinstance(created, (int, float)) or isinstance(created, bool) or not -1e300 < created < 1e300:
-        raise _bad("created must be a finite number")
+    check_tree(raw.get("tree"), [t.key for t in tensors])
     return Index(tree=raw["tree"], tensors=tensors, files=files, block_size=block_size,
-                 world_size=_int(raw.get("world_size", 1), "world_size", 1, 1 << 31),
-                 created=float(created), metadata=metadata, library=str(raw.get("library", "")),
-                 format_version=raw["format_version"])
+                 format_version=raw["format_version"], **header_fields(raw))
 
 
 def _from_v2(ci: index_v2.ColumnarIndex) -> Index:
-    """The v1 objects of a decoded v2 index (per-chunk Python objects: not for planning at scale)."""
-    tensors = tuple(TensorEntry(i.key, i.kind, i.dtype, i.shape,
-                                tuple(ChunkEntry(*row) for row in index_v2.chunk_rows(ci, t)))
+    """The ``Index`` of a decoded v2 index: per-tensor objects; chunks stay columns until asked for."""
+    tensors = tuple(TensorEntry(i.key, i.kind, i.dtype, i.shape, LazyChunks(ci, t))
                     for t, i in enumerate(ci.tensors))
-    files = tuple(FileEntry(f.name, f.size, f.data_start, f.rank) for f in ci.files)
-    return Index(tree=ci.tree, tensors=tensors, files=files, block_size=ci.block_size,
+    return Index(tree=ci.tree, tensors=tensors, files=ci.files, block_size=ci.block_size,
                  world_size=ci.world_size, created=ci.created, metadata=ci.metadata,
-                 library=ci.library, format_version=2)
+                 library=ci.library, format_version=2, table=ci.chunks)

@@ -1,0 +1,211 @@
+"""What index formats 1 and 2 share: limits, strict JSON, file rows, tensor headers, tree checks.
+
+Both decoders (``format.index`` for v1, ``format.index_v2`` for v2) treat their input as
+untrusted and apply the same rules (docs/FORMAT.md section 9) through this module, so a
+rule changed here changes for both versions. Imports only leaf modules of ``format``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import CorruptCheckpointError
+from . import INDEX_NAME, tree
+from .dtypes import DType, lookup
+
+MAX_INDEX_BYTES = 1 << 30  # engine.commit reads at most this much
+MAX_TREE_DEPTH = 128  # nesting of the state tree (real states: tens)
+MAX_TREE_NODES = 1 << 23
+MAX_MEAN_DEPTH = 32  # validation walks each leaf's path: sum of depths <= 32 * nodes
+MAX_NDIM = 64
+MAX_DIM = 1 << 62
+# Bound on prod(max(dim, 1)) * itemsize: a zero-size tensor must not smuggle in dimensions
+# that overflow numpy's size arithmetic or look absurd to any reader.
+MAX_EXTENT_BYTES = 1 << 62
+TENSOR_KINDS = ("torch", "numpy")
+# fullmatch, not match + "$": "$" also matches before a trailing newline
+FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """A data file of the checkpoint (v1 and v2 list the same members).
+
+    Attributes:
+        name: File name relative to the checkpoint directory (no separators).
+        size: Exact size in bytes.
+        data_start: Offset of the first data byte (end of the safetensors header).
+        rank: The rank that wrote it.
+    """
+
+    name: str
+    size: int
+    data_start: int
+    rank: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkEntry:
+    """A contiguous, row-major block of a tensor stored in one data file.
+
+    Attributes:
+        file: Name of the data file holding the bytes.
+        offset: Absolute byte offset of the chunk in that file.
+        nbytes: Number of bytes (``prod(shape) * itemsize``).
+        offsets: Position of the chunk in the global tensor, one entry per dimension.
+        shape: Shape of the chunk.
+        checksums: CRC32C of each ``block_size`` slice of the chunk's bytes.
+    """
+
+    file: str
+    offset: int
+    nbytes: int
+    offsets: tuple[int, ...]
+    shape: tuple[int, ...]
+    checksums: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IndexHeader:
+    """What every index version records about the save besides its tensors (keyword-only).
+
+    Attributes:
+        world_size: Ranks that saved.
+        created: Time of the save (seconds since the epoch).
+        metadata: User metadata (JSON).
+        library: Name and version of the writer.
+    """
+
+    world_size: int = 1
+    created: float = 0.0
+    metadata: dict[str, Any] = field(default_factory=dict)
+    library: str = ""
+
+
+def bad(msg: str) -> CorruptCheckpointError:
+    """The error for a malformed index (names the index file)."""
+    return CorruptCheckpointError(f"malformed index: {msg}", file=INDEX_NAME)
+
+
+def check_int(v: Any, what: str, lo: int = 0, hi: int = MAX_DIM) -> int:
+    """``v`` if it is an integer (not a bool) in ``[lo, hi]``, else a malformed-index error."""
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise bad(f"{what} must be an integer in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` that refuses duplicate member names (parsers disagree on which wins)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("duplicate member name in a JSON object")
+    return out
+
+
+def reject_constant(name: str) -> Any:
+    """``parse_constant`` hook: NaN and Infinity are not JSON."""
+    raise ValueError(f"{name} is not JSON (the encoder never writes it)")
+
+
+def finite_float(text: str) -> float:
+    """``parse_float`` hook: "1e400" would otherwise become inf, which no encoder writes."""
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"number {text} is out of range")
+    return v
+
+
+def decode_files(raw: Any) -> tuple[FileEntry, ...]:
+    """The ``files`` rows: plain, unique, unreserved names; sizes and data starts in range."""
+    if not isinstance(raw, list):
+        raise bad("files must be a list")
+    out, names = [], set()
+    for f in raw:
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not FILE_NAME.fullmatch(f["name"]):
+            raise bad(f"bad data file entry {f!r}: names are plain file names, no paths")
+        if f["name"] in names or f["name"] == INDEX_NAME:
+            raise bad(f"duplicate or reserved data file name {f['name']!r}")
+        names.add(f["name"])
+        size = check_int(f.get("size"), "file size")
+        start = check_int(f.get("data_start"), "file data_start", 8, size)
+        out.append(FileEntry(f["name"], size, start, check_int(f.get("rank", 0), "file rank", 0, 1 << 31)))
+    return tuple(out)
+
+
+def tensor_header(t: dict[str, Any], name: str) -> tuple[str, DType, tuple[int, ...]]:
+    """Kind, dtype and global shape of a tensor row (both versions), checked."""
+    if t.get("kind") not in TENSOR_KINDS:
+        raise bad(f"tensor {name}: unknown kind {t.get('kind')!r}")
+    try:
+        dt = lookup(t.get("dtype"))  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        raise bad(f"tensor {name}: unknown dtype {t.get('dtype')!r}") from None
+    if t["kind"] == "numpy" and dt.numpy is None:
+        raise bad(f"tensor {name}: numpy cannot hold dtype {dt.name}")
+    shape = t.get("shape")
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM:
+        raise bad(f"shape of {name} must be a list of at most {MAX_NDIM} integers")
+    shape_t = tuple(check_int(s, f"shape of {name}") for s in shape)
+    if math.prod(max(s, 1) for s in shape_t) * dt.itemsize > MAX_EXTENT_BYTES:
+        raise bad(f"tensor {name}: absurd shape {list(shape_t)}")
+    return t["kind"], dt, shape_t
+
+
+def header_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """``metadata``, ``created``, ``world_size`` and ``library`` of an index, checked."""
+    metadata = raw.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise bad("metadata must be an object")
+    created = raw.get("created", 0.0)
+    # compared, not converted: float(10**400) would raise OverflowError
+    if not isinstance(created, (int, float)) or isinstance(created, bool) or not -1e300 < created < 1e300:
+        raise bad("created must be a finite number")
+    return {"metadata": metadata, "created": float(created),
+            "world_size": check_int(raw.get("world_size", 1), "world_size", 1, 1 << 31),
+            "library": str(raw.get("library", ""))}
+
+
+def _check_tree_size(root: dict[str, Any]) -> None:
+    """Depth, node count and total path length within limits (iterative: no recursion).
+
+    Validation walks every leaf's key path, so its work is the sum of the node depths;
+    a tree of millions of leaves hundreds of levels deep is refused here, in O(nodes).
+    """
+    stack: list[tuple[Any, int]] = [(root, 0)]
+    nodes = total_depth = 0
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        total_depth += depth
+        if depth > MAX_TREE_DEPTH:
+            raise bad(f"tree is deeper than {MAX_TREE_DEPTH} levels")
+        if nodes > MAX_TREE_NODES:
+            raise bad(f"tree has more than {MAX_TREE_NODES} nodes")
+        if total_depth > MAX_MEAN_DEPTH * nodes + (1 << 16):
+            raise bad(f"tree leaves lie more than {MAX_MEAN_DEPTH} levels deep on average")
+        v = node.get("v") if isinstance(node, dict) else None
+        if isinstance(v, list):
+            stack.extend((c, depth + 1) for c in v if isinstance(c, dict))
+
+
+def check_tree(node: Any, keys: Sequence[tree.KeyPath]) -> None:
+    """The tree is well formed and places tensor ``i`` (key path ``keys[i]``) exactly once, at its key."""
+    if not isinstance(node, dict) or node.get("t") != "dict":
+        raise bad("tree root must be a dict node (a state is a mapping)")
+    _check_tree_size(node)
+    try:
+        leaves = list(tree.walk(node))
+    except (tree.TreeError, RecursionError) as e:
+        raise bad(f"tree: {e}") from None
+    ids = [n["id"] for _, n in leaves if n["t"] == "tensor"]
+    if sorted(ids) != list(range(len(keys))):
+        raise bad("tree must reference every tensor entry exactly once")
+    if any(not 0 <= n["id"] < len(keys) for _, n in leaves if n["t"] == "alias"):
+        raise bad("an alias node references no tensor entry")
+    for path, n in leaves:
+        if n["t"] == "tensor" and keys[n["id"]] != path:
+            raise bad(f"tensor {n['id']} is keyed {keys[n['id']]!r} but sits at {path!r}")
