@@ -128,6 +128,7 @@ class TorchComm(JsonCollectives):
         self._store = store
         pg = process_group or c10d._get_default_group()
         self._prefix = f"shardsafe/{pg.group_name}/"
+        self.scope = self._prefix  # names this group in per-process collective counters
 
     # ------------------------------------------------------------------ collectives
     def barrier(self) -> None:
