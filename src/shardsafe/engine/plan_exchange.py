@@ -29,7 +29,7 @@ from ..comm.channel import Channel
 from ..comm.rounds import join, leader_round, leave
 from ..errors import CheckpointError
 from ..format.tree import Node, decode_key_path
-from ..plan.distribute import PlanError, decode_plan, encode_plan, plan_writers
+from ..plan.distribute import PlanError, WriterPlan, decode_plan, encode_plan, plan_writers
 from ..plan.flatten import TensorItem, flatten
 from ..plan.sharding import localize
 from ..plan.union import merge_all, path_key, remap, rows_of, union
@@ -321,15 +321,22 @@ def _planned(decision: dict[str, Any], scope: str, local: _Local, storage: Stora
             kept = _CACHE[scope]
     for it, g in zip(local.items, kept.gids):
         it.id = g
-    chosen = decode_plan(kept.plan).items_written_by(comm.rank)
-    mine = [it for it, h in zip(local.items, local.holders)
-            if (h is not None and tuple(h) == (comm.rank,)) or it.id in chosen
-            or (h is None and it.id in kept.solo)]
+    mine = my_share(decode_plan(kept.plan), comm.rank, local.items, local.holders, kept.solo)
     tree, items = local.tree, local.items
     if kept.leader is not None:  # rank 0 builds the index: the union of every rank's state
         tree, items = kept.leader.merged, _union_items(kept.leader, local.items)
     txn = commit.Transaction(storage, spath, decision["workdir"], bool(decision["replace"]))
     return Planned(tree, items, mine, txn, decision["token"])
+
+
+def my_share(plan: WriterPlan, rank: int, items: Sequence[TensorItem], holders: Sequence[Any],
+             solo: set[int]) -> list[TensorItem]:
+    """The items this rank writes (global ids): its own boxes, what ``plan`` gives it, and
+    the plain tensors only it holds (``solo``)."""
+    chosen = plan.items_written_by(rank)
+    return [it for it, h in zip(items, holders)
+            if (h is not None and tuple(h) == (rank,)) or it.id in chosen
+            or (h is None and it.id in solo)]
 
 
 def _union_items(lead: _Leader, local: Sequence[TensorItem]) -> list[TensorItem]:
