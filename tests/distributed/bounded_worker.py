@@ -5,7 +5,8 @@ Usage: ``bounded_worker.py OUT_DIR`` with RANK, WORLD_SIZE, MASTER_ADDR and MAST
 Part 1: rank 0 saves and loads collectively while rank 1 makes no call; rank 0 must
 raise CheckpointTimeoutError naming rank 1 within the timeout. Part 2 (a fresh group,
 whose collectives are counted from one): both ranks save three times (same layout
-twice, then a changed one) and record the planning bytes of each save.
+twice, then a changed one, then a changed
+plain value) and record the planning bytes of each save.
 """
 
 from __future__ import annotations
@@ -51,14 +52,15 @@ def part2(out: str, rank: int) -> list[dict]:
     torch.manual_seed(0)
     state = {"w": torch.randn(64, 64), "rank_only": shardsafe.PerRank({"r": rank})}
     rows = []
-    for i, extra in enumerate([False, False, True, True]):
+    for i, (extra, step) in enumerate([(False, 1), (False, 1), (True, 1), (True, 2)]):
         if extra:
             state["b"] = torch.ones(3)
+        state["step"] = step  # the last save changes a plain value only: trees, not the plan
         state["w"].add_(1.0)
         shardsafe.save(state, os.path.join(out, f"s{i}"), process_group=group, timeout=30)
         rows.append({"bytes": plan_exchange.STATS.last, "full": plan_exchange.STATS.full})
         got = shardsafe.load(os.path.join(out, f"s{i}"), collective=False)
-        assert torch.equal(got["w"], state["w"]), i
+        assert torch.equal(got["w"], state["w"]) and got["step"] == step, i
     return rows
 
 
