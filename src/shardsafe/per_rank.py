@@ -26,8 +26,10 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal, get_args
 
-from . import tensors
-from .comm import get_comm
+from . import knobs, tensors
+from .comm import get_comm, next_namespace
+from .comm.channel import gather, missing_ranks, timeout_error
+from .comm.rounds import broadcast_from_leader, join, leave
 from .errors import StateMismatchError
 from .format.tree import Node, build
 from .plan.flatten import flatten, is_stateful
@@ -73,6 +75,29 @@ def _decode(data: bytes) -> Any:
     return build(body["tree"], leaf)
 
 
+def _exchange(comm: Any, mine: bytes) -> bytes:
+    """Every rank's bytes on every rank, through the store (bounded by SHARDSAFE_TIMEOUT).
+
+    Raises:
+        CheckpointTimeoutError: a rank did not take part in time (named on rank 0).
+    """
+    wait = knobs.timeout()
+    ch = comm.channel(next_namespace(comm, "per-rank"))
+    join(ch)
+    try:
+        gathered = gather(ch, "state", mine, wait)
+        blob = None
+        if gathered is not None:
+            missing = missing_ranks(gathered)
+            if missing:
+                raise timeout_error("gathering PerRank states", wait, missing, comm.world_size)
+            lengths = json.dumps([len(b or b"") for b in gathered]).encode("utf-8")
+            blob = lengths + b"\n" + b"".join(b or b"" for b in gathered)
+        return broadcast_from_leader(ch, blob, wait, what="gathering PerRank states")
+    finally:
+        leave(ch)
+
+
 class PerRank:
     """Stateful wrapper whose value is saved once per rank and restored per rank.
 
@@ -107,12 +132,7 @@ class PerRank:
             return {str(comm.rank): self._local()} if self.missing == "raise" else {}
         if comm.world_size == 1:
             return {"0": self._local()}
-        gathered = comm.gather_bytes(_encode(self._local()), dst=0)
-        if comm.rank == 0:
-            assert gathered is not None
-            lengths = json.dumps([len(b) for b in gathered]).encode("utf-8")
-            blob = lengths + b"\n" + b"".join(gathered)
-        everyone = comm.broadcast_bytes(blob if comm.rank == 0 else None, src=0)
+        everyone = _exchange(comm, _encode(self._local()))
         head, _, rest = everyone.partition(b"\n")
         out, pos = {}, 0
         for r, n in enumerate(json.loads(head.decode("utf-8"))):

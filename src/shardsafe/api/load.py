@@ -57,7 +57,7 @@ def _read(reader: Reader, targets: list[TensorTarget]) -> None:
 
 def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bool = True,
          storage_options: dict | None = None, mmap: bool = False, process_group: Any = None,
-         collective: bool | None = None) -> Any:
+         collective: bool | None = None, timeout: float | None = None) -> Any:
     """Loads the checkpoint at ``path``.
 
     With ``state``: restores in place. Tensors are copied into the existing tensors (same
@@ -73,7 +73,9 @@ def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bo
     Rank 0 reads and validates the index once and broadcasts it; then each rank reads
     only the byte ranges its own tensors need (a DTensor target: its local shard), so
     a checkpoint saved by N ranks loads onto any other number and sharding. Pass
-    ``collective=False`` to load on one rank alone.
+    ``collective=False`` to load on one rank alone. ``timeout`` (default
+    ``SHARDSAFE_TIMEOUT``) bounds the wait for the other ranks: a rank that never calls
+    ``load`` turns into ``CheckpointTimeoutError`` naming it.
 
     Raises:
         CheckpointNotFoundError: No committed checkpoint at ``path``.
@@ -85,7 +87,7 @@ def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bo
                         f"wrap it: load(path, {{'model': model}})")
     storage, spath = storage_for(path, storage_options)
     if collective is not False and distributed_active(process_group):
-        index = read_index_collective(storage, spath, get_comm(process_group))
+        index = read_index_collective(storage, spath, get_comm(process_group), timeout)
         return _load_from(storage, spath, index, path, state, strict, mmap)
     for attempt in range(_ATTEMPTS):
         before = _identity(storage, spath)

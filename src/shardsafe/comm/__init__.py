@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from .base import Comm, SingleProcessComm
+from .base import Comm, SingleProcessComm, next_namespace
 from .channel import Channel, LocalChannel
 
 
@@ -42,4 +42,4 @@ def free_loopback_port() -> int:
 
 
 __all__ = ["Channel", "Comm", "LocalChannel", "SingleProcessComm", "distributed_active",
-           "free_loopback_port", "get_comm"]
+           "free_loopback_port", "get_comm", "next_namespace"]

@@ -16,6 +16,7 @@ Two kinds of exchange exist, on purpose:
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -128,3 +129,22 @@ class SingleProcessComm:
 
     def group_rank(self, global_rank: int) -> int:
         return 0 if global_rank == 0 else -1
+
+
+_SEQ_LOCK = threading.Lock()
+_SEQUENCES: dict[tuple[str, str], int] = {}
+
+
+def next_namespace(comm: Comm, kind: str) -> str:
+    """A store namespace for the next collective of ``kind`` on ``comm``'s group.
+
+    Every rank counts its own calls, so the n-th save (or load) of a group uses the same
+    namespace on every rank without any communication. A rank that skips a collective
+    (it timed out on the others) leaves the group out of step: restart the job then, as
+    after any collective timeout.
+    """
+    key = (str(getattr(comm, "scope", "")), kind)
+    with _SEQ_LOCK:
+        n = _SEQUENCES.get(key, 0) + 1
+        _SEQUENCES[key] = n
+    return f"{kind}/{n}"

@@ -97,13 +97,21 @@ def announce(channel: Channel, key: str, value: bytes, readers: Sequence[int],
     Frees the keys afterwards. Returns False if not every reader acknowledged in time
     (the keys are then left in place for late readers).
     """
+    return not announce_missing(channel, key, value, readers, timeout)
+
+
+def announce_missing(channel: Channel, key: str, value: bytes, readers: Sequence[int],
+                     timeout: float) -> list[int]:
+    """``announce``, returning the readers that did not acknowledge within ``timeout``."""
     channel.set(key, value)
+    readers = list(readers)
     acks = [f"{key}/read/{r}" for r in readers]
-    if not all(channel.wait(acks, timeout)):
-        return False
+    present = channel.wait(acks, timeout)
+    if not all(present):
+        return [r for r, ok in zip(readers, present) if not ok]
     for k in [key, *acks]:
         channel.delete(k)
-    return True
+    return []
 
 
 def receive(channel: Channel, key: str, timeout: float) -> bytes:

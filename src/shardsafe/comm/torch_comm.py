@@ -11,6 +11,7 @@ import datetime
 import struct
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -106,6 +107,9 @@ def _poll(check: Callable[[Sequence[str]], list[bool]], keys: Sequence[str],
         delay = min(delay * 2, 0.05)
 
 
+_GROUPS: dict[int, Any] = {}  # every group a TorchComm has seen (its id stays unique)
+
+
 class TorchComm(JsonCollectives):
     """Collectives over ``process_group`` (default: the world group) on byte strings.
 
@@ -128,6 +132,10 @@ class TorchComm(JsonCollectives):
         self._store = store
         pg = process_group or c10d._get_default_group()
         self._prefix = f"shardsafe/{pg.group_name}/"
+        # names this very group object (a re-initialised world is a new one) in the
+        # per-process collective counters and plan caches; _GROUPS keeps ids unique
+        _GROUPS.setdefault(id(pg), pg)
+        self.scope = f"{self._prefix}{id(pg)}"
 
     # ------------------------------------------------------------------ collectives
     def barrier(self) -> None:

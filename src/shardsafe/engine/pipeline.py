@@ -51,9 +51,9 @@ def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
     storage, spath = storage_for(path, storage_options)
     md = dict(metadata or {})
     if comm.world_size > 1:
-        p = plan_exchange.plan_collective(state, storage, spath, comm, overwrite=overwrite,
-                                          metadata=md)
         wait = knobs.timeout() if timeout is None else float(timeout)
+        p = plan_exchange.plan_collective(state, storage, spath, comm, overwrite=overwrite,
+                                          metadata=md, timeout=wait)
         return PreparedSave(storage, p.txn, p.tree, p.items, [plan_file(data_file_name(comm.rank), p.mine)],
                             md, comm, comm.channel(p.token), wait)
     tree, items = flatten(state)
