@@ -4,7 +4,7 @@ Usage: ``python fuzz_cases.py ROOT SEED CASES VERSION``. Each case copies a heal
 checkpoint, damages it one way (byte flips in data or index, truncation, extension,
 symlinks to an outside file or /dev/zero, a FIFO, a directory, a forged table with a
 re-sealed checksum), then runs load, load(mmap=True), an in-place load, ``verify`` and
-``CheckpointManager.restore`` (whose newest step is the damaged one) on it. Only
+``CheckpointManager.restore`` (whose newest step is the damaged one) and the CLI's ls, info, diff and export on it. Only
 CheckpointError may come out (restore must fall back to the healthy step), each case
 within CASE_SECONDS. Prints one line per violation; exits 1 if there was any.
 The parent runs this under RLIMIT_AS, which proves the memory bound.
@@ -137,6 +137,13 @@ def _verify(path: str) -> None:
         print("verify OK:", path, file=sys.stderr)
 
 
+def _cli(*argv: str) -> None:
+    """A CLI command's function (not ``main``, which would turn any error into an exit code)."""
+    args = build_parser().parse_args(list(argv))
+    with contextlib.redirect_stdout(io.StringIO()):
+        args.func(args)
+
+
 def operations(ckpt: str, mgr: str) -> dict:
     def in_place() -> None:
         target = state()
@@ -148,7 +155,12 @@ def operations(ckpt: str, mgr: str) -> dict:
             raise AssertionError(f"restore returned step {step}")
 
     return {"load": lambda: shardsafe.load(ckpt), "load-mmap": lambda: shardsafe.load(ckpt, mmap=True),
-            "load-in-place": in_place, "verify": lambda: _verify(ckpt), "restore": restore}
+            "load-in-place": in_place, "verify": lambda: _verify(ckpt),
+            "ls": lambda: _cli("ls", mgr), "info": lambda: _cli("info", ckpt),
+            "diff": lambda: _cli("diff", os.path.join(mgr, "step_1"), ckpt),
+            "export": lambda: _cli("export", ckpt, os.path.join(mgr, "out.safetensors")),
+            "export-pt": lambda: _cli("export", ckpt, os.path.join(mgr, "out.pt")),
+            "restore": restore}  # last: a writable manager moves the damaged step aside
 
 
 class CaseTimeout(Exception):
