@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +25,16 @@ def default_checkpointer() -> Checkpointer:
         if _default is None or _default.closed:
             _default = Checkpointer()
         return _default
+
+
+def _reset_in_child() -> None:
+    """After ``fork``: a fresh lock (a parent thread may have held it at the fork). The
+    default Checkpointer itself is reset by the engine's own fork hook."""
+    global _default_lock
+    _default_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
 
 
 def async_save(state: Mapping[str, Any], path: str, *, staging: StagingMode = "blocking",

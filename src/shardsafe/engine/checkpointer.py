@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import concurrent.futures.thread  # noqa: F401 - registers its exit hook before ours (see _drain_at_exit)
 import logging
+import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_args
 
@@ -75,6 +77,7 @@ class Checkpointer:
         self._inflight: SaveHandle | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        _LIVE.add(self)
 
     # ------------------------------------------------------------------ public
     def save(self, state: Mapping[str, Any], path: str, *, overwrite: bool = False,
@@ -205,6 +208,22 @@ class Checkpointer:
         self.close()
 
     # ------------------------------------------------------------------ internals
+    def _reset_in_child(self) -> None:
+        """After ``fork``: fresh locks and buffers, and no save in flight.
+
+        The parent's writer thread, staging helpers and a save call of another thread do
+        not exist in the child; their locks may be held and their handle never settles.
+        The child's copy of the in-flight handle is settled with an error (the save is the
+        parent's), and the buffers are new (the parent may be using the inherited ones).
+        """
+        if self._inflight is not None:
+            self._inflight.orphan_in_child()
+        self._lock = threading.Lock()
+        self._inflight = None
+        self._thread = None
+        self.arena = StagingArena(pin=self.arena.pin)
+        self._bounce = BouncePool(self.unit_size, io_threads())
+
     def _comm(self, process_group: Any) -> Comm | None:
         """The group of one save: ``process_group`` if given, else this Checkpointer's."""
         return get_comm(process_group) if process_group is not None else self.comm
@@ -335,6 +354,28 @@ def _background(prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, stage: 
     handle.settle(None)
     with _UNSETTLED_LOCK:
         _UNSETTLED.discard(handle)
+
+
+# Every Checkpointer alive, so that a forked child can reset them (see _reset_all_in_child).
+_LIVE: weakref.WeakSet[Checkpointer] = weakref.WeakSet()
+
+
+def _reset_all_in_child() -> None:
+    """``os.register_at_fork`` hook: the child of a fork can save and load at once.
+
+    Without it a child forked after a save or load (multiprocessing's default start
+    method on Linux) waits forever on the parent's pools, locks and in-flight save.
+    """
+    global _UNSETTLED_LOCK
+    _UNSETTLED_LOCK = threading.Lock()
+    for h in list(_UNSETTLED):
+        h.orphan_in_child()
+    _UNSETTLED.clear()  # the parent's saves: the child's exit must not wait for them
+    for c in list(_LIVE):
+        c._reset_in_child()
+
+
+os.register_at_fork(after_in_child=_reset_all_in_child)
 
 
 # Saves started and not yet known to be fine: the exit hook finishes them (even when their

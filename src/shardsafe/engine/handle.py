@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ..errors import CheckpointTimeoutError
+from ..errors import CheckpointError, CheckpointTimeoutError
 
 
 class SaveHandle:
@@ -105,6 +105,23 @@ class SaveHandle:
     def mark_collected(self) -> None:
         """The caller got this save's failure another way (raised to it directly)."""
         self._collected = True
+
+    def orphan_in_child(self) -> None:
+        """In a forked child: this save runs in the parent, whose threads the child lacks.
+
+        Settles the child's copy with an error (fresh events: a parent thread may have held
+        the old ones' locks at the fork), so ``result()`` in the child raises instead of
+        waiting forever; marked collected, the child never reports it as its own failure.
+        """
+        if self._done.is_set():
+            return
+        self._error = CheckpointError(
+            f"the async save to {self.path!r} belongs to the parent process; it is not "
+            "finished in this forked child (call result() in the parent)")
+        self._collected = True
+        self._staged, self._done = threading.Event(), threading.Event()
+        self._staged.set()
+        self._done.set()
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self._t0

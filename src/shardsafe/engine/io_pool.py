@@ -8,6 +8,7 @@ dropping one module-level reference.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,6 +31,18 @@ def io_pool() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(io_threads(), thread_name_prefix="shardsafe-io")
         return _pool
+
+
+def _reset_in_child() -> None:
+    """After ``fork``: the child has none of the parent's pool threads, and a job queued on
+    the inherited pool would wait forever. Forget it (and a lock a parent thread may have
+    held at the fork); the child's first I/O creates its own pool."""
+    global _pool, _pool_lock
+    _pool_lock = threading.Lock()
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
 
 
 def wait_all(futures: Sequence[Future]) -> None:

@@ -10,6 +10,7 @@ stream (``cuda.DeviceCopier``) while the host tensors are being copied.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,16 @@ def copy_pool() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(max(1, knobs.copy_threads() - 1), thread_name_prefix="shardsafe-copy")
         return _pool
+
+
+def _reset_in_child() -> None:
+    """After ``fork``: drop the parent's copy pool (its threads do not exist in the child)."""
+    global _pool, _pool_lock
+    _pool_lock = threading.Lock()
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
 
 
 def host_sources(plan: FilePlan, *, device: bool = True) -> list[np.ndarray | None]:
