@@ -200,12 +200,11 @@ def main() -> int:
     signal.signal(signal.SIGALRM, _alarm)
     base = os.path.join(root, "base")
     shardsafe.save(state(), base)
-    if version == 2:
-        path = os.path.join(base, INDEX)
-        with open(path, "rb") as f:
-            index = decode_index(f.read())
-        with open(path, "wb") as f:
-            f.write(encode_index(index, version=2))
+    path = os.path.join(base, INDEX)  # the index in the version under test (saves write v2)
+    with open(path, "rb") as f:
+        index = decode_index(f.read())
+    with open(path, "wb") as f:
+        f.write(encode_index(index, version=version))
     outside = os.path.join(root, "outside.bin")
     with open(outside, "wb") as f:
         f.write(os.urandom(1 << 20))
