@@ -82,3 +82,35 @@ def _logs(procs: list) -> str:
         log.seek(0)
         out.append(f"--- rank {rank} (exit {p.returncode})\n{log.read()[-4000:]}")
     return "\n".join(out)
+
+
+def run_script(script: str, nprocs: int, *args: str, timeout: float = 120,
+               env: dict[str, str] | None = None) -> list[str]:
+    """Runs ``python <script> *args`` as ranks ``0..nprocs-1`` of one torchrun-style job.
+
+    Each process gets RANK, WORLD_SIZE, MASTER_ADDR/MASTER_PORT (one fresh loopback port)
+    and this directory and ``src`` on PYTHONPATH; ``env`` adds or overrides variables
+    (e.g. a ``MASTER_PORT`` spec of the script's own).
+
+    Returns:
+        Each rank's combined stdout and stderr.
+
+    Raises:
+        AssertionError: a rank exited non-zero (every rank's output is in the message).
+    """
+    port = str(free_loopback_port())
+    procs = []
+    for rank in range(nprocs):
+        penv = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nprocs), MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=port, OMP_NUM_THREADS="1",
+                    PYTHONPATH=os.pathsep.join([SRC, HERE, os.environ.get("PYTHONPATH", "")]),
+                    **(env or {}))
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, script), *args], env=penv,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0] * nprocs, "\n".join(outputs)
+    return outputs

@@ -1,21 +1,15 @@
-"""Pipeline-parallel states (issue 11): 2 stages x 2 FSDP ranks save the union of their
+"""Pipeline-parallel states: 2 stages x 2 FSDP ranks save the union of their
 different states; it loads bit-exactly on 3 and 2 ranks without pipeline parallelism
 and in this plain process (real gloo processes, see pp_worker.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import torch
+from dist_harness import run_script
 from safetensors.torch import load_file
 
 import shardsafe
 from shardsafe.comm import free_loopback_port
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.path.join(os.path.dirname(os.path.dirname(HERE)), "src")
 
 
 def _flat(tree, prefix: str = "") -> dict:  # noqa: ANN001
@@ -30,19 +24,7 @@ def _flat(tree, prefix: str = "") -> dict:  # noqa: ANN001
 
 def test_pipeline_stages_save_their_union_and_load_anywhere(tmp_path) -> None:  # noqa: ANN001
     spec = ",".join(f"{n}:{w}:{free_loopback_port()}" for n, w in [("save", 4), ("load", 3), ("load", 2)])
-    procs = []
-    for rank in range(4):
-        env = dict(os.environ, RANK=str(rank), MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([SRC, HERE, os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "pp_worker.py"), spec,
-                                       str(tmp_path)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    try:
-        outputs = [p.communicate(timeout=150)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [0] * 4, "\n".join(outputs)
+    run_script("pp_worker.py", 4, spec, str(tmp_path), timeout=150)
     ref = {**load_file(str(tmp_path / "ref-0.safetensors")), **load_file(str(tmp_path / "ref-1.safetensors"))}
     assert "model.layers.0.weight" in ref and "model.layers.3.weight" in ref
     assert any(k.startswith("optim.state.layers.3") for k in ref)
