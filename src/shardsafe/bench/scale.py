@@ -10,6 +10,15 @@ reader's planner ``engine.reader.Reader.tasks``, which builds objects only for t
 that overlap the rank's shard). ``plan.table_reads`` (fully vectorised) is timed too.
 It prints a table and, last, one JSON line.
 
+The planning exchange of a collective save (``engine.plan_exchange``) is simulated by
+``bench.exchange``: the bytes every rank exchanges on a first save and on a repeat save
+with the same layout (``plan_bytes_first``/``plan_bytes_repeat``: all ranks together;
+``_rank0``: rank 0; ``_rank``: the largest other rank), built with the exchange's own
+message encoders, and rank 0's first-save work on every rank's report (``plan_first_s``:
+parsing the reports, their union, the trees' union and ``plan_writers``), which is made
+up to ``--reports-max`` ranks. ``plan_bytes_exchanged`` is the older report-only planner
+(``plan.distribute``'s wire formats alone), kept for comparison.
+
 ``--v1`` also times the v1 JSON index and the v1 load planner (``pieces_for`` over
 ``ChunkEntry`` objects) for the same layout; ``--dcp`` sizes the ``.metadata`` file that
 DCP's own writer writes for the layout, for comparison.
