@@ -70,6 +70,7 @@ class SimulatedJob:
         self.infos = infos
         self.tree: Node = index.tree  # every rank holds every key path (local id = global id)
         self.tree_digest = tree_digest(self.tree)
+        self._layouts: dict[int, bytes] = {}
         self._items = [TensorItem(id=t, path=decode_key_path(p), value=None, kind=i.kind,
                                   dtype=i.dtype, shape=tuple(i.shape), offsets=(), replicated=False)
                        for t, (p, i) in enumerate(zip(self.paths, infos))]
@@ -82,10 +83,13 @@ class SimulatedJob:
                 for p, i, n in zip(self.paths, self.infos, nb)]
 
     def layout(self, rank: int, rows: list[list[Any]]) -> bytes:
-        """``layout_digest`` of the rank (its rows and its shards' positions)."""
-        for it, lo in zip(self._items, self.lo[:, rank].tolist()):
-            it.offsets = (lo,) + (0,) * (len(it.shape) - 1)
-        return layout_digest(rows, self._items)
+        """``layout_digest`` of the rank (its rows and its shards' positions; kept)."""
+        got = self._layouts.get(rank)
+        if got is None:
+            for it, lo in zip(self._items, self.lo[:, rank].tolist()):
+                it.offsets = (lo,) + (0,) * (len(it.shape) - 1)
+            got = self._layouts[rank] = layout_digest(rows, self._items)
+        return got
 
     def full(self, rank: int) -> bytes:
         """The rank's message of a full round."""
@@ -94,7 +98,8 @@ class SimulatedJob:
 
     def first(self, rank: int, hit: bool) -> bytes:
         """The rank's message of the first round."""
-        return first_message(self.layout(rank, self.rows(rank)), self.tree_digest, hit)
+        layout = self._layouts.get(rank) or self.layout(rank, self.rows(rank))
+        return first_message(layout, self.tree_digest, hit)
 
 
 def _txn(spath: str) -> Callable[[], dict[str, Any]]:
