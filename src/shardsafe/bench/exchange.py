@@ -119,8 +119,8 @@ def simulate(index: ColumnarIndex, *, keep_reports: bool = True) -> dict[str, An
     """Byte counts of a first and a repeat save; with ``keep_reports``, rank 0's work too.
 
     Without ``keep_reports`` (very large jobs) every rank's report is still encoded, but
-    only its length is kept: the plan is then not made, and the first save's decision is
-    counted from the same job at the same number of ranks only when ``keep_reports``."""
+    only its length is kept: rank 0's plan is then not made, so the first save's figures
+    leave out the plan decision (``plan_decision_bytes`` and ``plan_first_s`` are None)."""
     job = SimulatedJob(index)
     world = job.world
     with tempfile.TemporaryDirectory() as d:
