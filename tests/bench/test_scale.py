@@ -35,3 +35,42 @@ def test_command_line_ends_with_one_json_line(subprocess_env: dict[str, str]) ->
     for key in ("index_bytes", "encode_s", "decode_s", "plan_s", "peak_rss_mib", "bytes_per_chunk"):
         assert key in last
     assert last["ranks"] == 8 and last["chunks"] == 40
+
+
+def test_planning_exchange_bytes_first_and_repeat() -> None:
+    out = run(16, 20)
+    keys = ("plan_bytes_first", "plan_bytes_first_rank0", "plan_bytes_first_rank", "plan_bytes_repeat",
+            "plan_bytes_repeat_rank0", "plan_bytes_repeat_rank", "plan_report_bytes", "plan_decision_bytes",
+            "plan_first_s")
+    for key in keys:
+        assert out[key] > 0, key
+    # a repeat save exchanges only the 33-byte digests and a short "same" decision
+    assert out["plan_bytes_repeat"] * 10 < out["plan_bytes_first"]
+    assert out["plan_bytes_repeat_rank"] < 33 + 200 < out["plan_bytes_first_rank"]
+    # rank 0 reads every rank's report: at least 16 of them
+    assert out["plan_bytes_first_rank0"] > 16 * out["plan_report_bytes"] // 2
+    assert out["plan_bytes_first"] > 16 * out["plan_report_bytes"] // 2 + 15 * out["plan_decision_bytes"]
+
+
+def test_simulated_messages_are_the_exchange_messages() -> None:
+    from shardsafe.bench.exchange import SimulatedJob
+    from shardsafe.engine.plan_exchange import decide_full
+    from shardsafe.plan.distribute import decode_plan
+
+    job = SimulatedJob(build_index(4, 6))
+    reports = [job.full(r) for r in range(4)]
+    assert all(len(job.first(r, True)) == 33 and job.first(r, False)[:1] == b"N" for r in range(4))
+    kept: list[object] = []
+    decision = decide_full(4, reports, lambda: {"token": "t", "workdir": "w", "replace": False}, kept.append)
+    assert "error" not in decision and len(kept) == 1
+    assert decision["solo"] == [] and len(decision["paths"]) == 6
+    # every rank writes its own shards: no box is left for the planner to assign
+    plan = decode_plan(decision["plan"].encode("utf-8"))
+    assert plan.shared == () and plan.everywhere == ((), ())
+    assert list(plan.loads) == job.nbytes.sum(axis=0).tolist()
+
+
+def test_large_jobs_skip_rank0s_union_but_count_reports() -> None:
+    out = run(8, 5, reports_max=4)
+    assert out["plan_first_s"] is None and out["plan_decision_bytes"] is None
+    assert out["plan_bytes_first"] > out["plan_bytes_repeat"] > 0

@@ -10,6 +10,15 @@ reader's planner ``engine.reader.Reader.tasks``, which builds objects only for t
 that overlap the rank's shard). ``plan.table_reads`` (fully vectorised) is timed too.
 It prints a table and, last, one JSON line.
 
+The planning exchange of a collective save (``engine.plan_exchange``) is simulated by
+``bench.exchange``: the bytes every rank exchanges on a first save and on a repeat save
+with the same layout (``plan_bytes_first``/``plan_bytes_repeat``: all ranks together;
+``_rank0``: rank 0; ``_rank``: the largest other rank), built with the exchange's own
+message encoders, and rank 0's first-save work on every rank's report (``plan_first_s``:
+parsing the reports, their union, the trees' union and ``plan_writers``), which is made
+up to ``--reports-max`` ranks. ``plan_bytes_exchanged`` is the older report-only planner
+(``plan.distribute``'s wire formats alone), kept for comparison.
+
 ``--v1`` also times the v1 JSON index and the v1 load planner (``pieces_for`` over
 ``ChunkEntry`` objects) for the same layout; ``--dcp`` sizes the ``.metadata`` file that
 DCP's own writer writes for the layout, for comparison.
@@ -29,6 +38,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..engine.reader import ReadJob, Reader
+from .exchange import simulate
 from ..format.chunk_table import ChunkTable, Split, num_blocks
 from ..format.dtypes import lookup
 from ..format.index import decode_index
@@ -42,6 +52,7 @@ from ..storage.local import LocalStorage
 T = TypeVar("T")
 BLOCK = 16 << 20
 DATA_START = 4096
+REPORTS_MAX = 4096  # above: every report is encoded and sized, but rank 0 does not union them
 
 
 def _timed(fn: Callable[[], T]) -> tuple[T, float]:
@@ -140,8 +151,12 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run(ranks: int, tensors: int, v1: bool = False, dcp: bool = False) -> dict[str, Any]:
-    """Measures one configuration; returns the figures of the JSON line."""
+def run(ranks: int, tensors: int, v1: bool = False, dcp: bool = False, exchange: bool = True,
+        reports_max: int = REPORTS_MAX) -> dict[str, Any]:
+    """Measures one configuration; returns the figures of the JSON line.
+
+    ``exchange``: also simulate the planning exchange (``bench.exchange``); rank 0's union
+    of every rank's report is made (and timed) only up to ``reports_max`` ranks."""
     index, build_s = _timed(lambda: build_index(ranks, tensors))
     (exchanged, imbalance), save_plan_s = _timed(lambda: save_plan(index))
     data, encode_s, encode_cpu = _timed_cpu(lambda: encode(index))
@@ -169,6 +184,9 @@ def run(ranks: int, tensors: int, v1: bool = False, dcp: bool = False) -> dict[s
         out["dcp_metadata_bytes"] = dcp_metadata_bytes(index)
         out["dcp_bytes_per_chunk"] = round(out["dcp_metadata_bytes"] / n, 2)
     out["peak_rss_mib"] = round(_peak_mib(), 1)
+    if exchange:  # after the index's peak: rank 0's planning state is another process's memory
+        out.update(simulate(index, keep_reports=ranks <= reports_max))
+        out["plan_peak_rss_mib"] = round(_peak_mib(), 1)
     return out
 
 
@@ -235,8 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tensors", type=int, default=1000)
     p.add_argument("--v1", action="store_true", help="also time the v1 JSON index and planner")
     p.add_argument("--dcp", action="store_true", help="also size DCP's pickled metadata")
+    p.add_argument("--no-exchange", action="store_true", help="skip the planning exchange")
+    p.add_argument("--reports-max", type=int, default=REPORTS_MAX,
+                   help="most ranks whose reports rank 0 unions and plans (memory grows with it)")
     args = p.parse_args(argv)
-    out = run(args.ranks, args.tensors, v1=args.v1, dcp=args.dcp)
+    out = run(args.ranks, args.tensors, v1=args.v1, dcp=args.dcp, exchange=not args.no_exchange,
+              reports_max=args.reports_max)
     for k, v in out.items():
         print(f"{k:24} {v}")
     print(json.dumps(out, separators=(",", ":")))

@@ -33,6 +33,11 @@ def leave(channel: Channel) -> None:
         channel.delete(HERE)
 
 
+def encode_decision(decision: dict[str, Any]) -> bytes:
+    """The bytes rank 0 sends every rank for a round's decision."""
+    return json.dumps(decision).encode("utf-8")
+
+
 def leader_round(channel: Channel, name: str, message: bytes,
                  decide: Callable[[list[bytes]], dict[str, Any]], timeout: float, *,
                  what: str, first: bool) -> dict[str, Any]:
@@ -52,7 +57,7 @@ def leader_round(channel: Channel, name: str, message: bytes,
         missing = missing_ranks(got)
         decision = {"missing": missing} if missing else decide([m or b"" for m in got])
         readers = [r for r in range(1, world) if r not in missing]
-        announce_missing(channel, f"{name}/decision", json.dumps(decision).encode("utf-8"),
+        announce_missing(channel, f"{name}/decision", encode_decision(decision),
                          readers, timeout)
     else:
         gather(channel, name, message, timeout)

@@ -154,18 +154,30 @@ def _transaction(storage: Storage, spath: str, overwrite: bool) -> dict[str, Any
     return {"token": token, "workdir": txn.workdir, "replace": txn.replace}
 
 
-def _decide_first(kept: _Kept | None, messages: Sequence[bytes],
-                  txn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def decide_first(lead: _Leader | None, messages: Sequence[bytes],
+                 txn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Rank 0, first round: "same" (reuse the kept plans), "trees" (only some trees
-    changed: send those) or "full" (send everything)."""
+    changed: send those) or "full" (send everything). ``lead``: what rank 0 kept from
+    the last full exchange (what ``decide_full`` passed to its ``keep``), or None."""
     error = _errors(messages)
     if error is not None:
         return error
-    lead = kept.leader if kept is not None else None
     if lead is None or any(m[:1] != b"D" or m[1:17] != d for m, d in zip(messages, lead.layouts)):
         return {"full": True}
     changed = [r for r, (m, d) in enumerate(zip(messages, lead.tree_digests)) if m[17:33] != d]
     return {"trees": changed} if changed else {"same": True, **txn()}
+
+
+def first_message(layout: bytes, tree_digest: bytes, hit: bool) -> bytes:
+    """A rank's first-round message (33 bytes): "D" when its layout equals the one it
+    kept from the last full exchange ("N" otherwise), its layout digest, its tree digest."""
+    return (b"D" if hit else b"N") + layout + tree_digest
+
+
+def full_message(rows: Sequence[Any], tree: Node, layout: bytes, tree_digest: bytes) -> bytes:
+    """A rank's report in a full round: "R", its digests, then its rows and tree as JSON."""
+    body = json.dumps({"rows": rows, "tree": tree}, separators=(",", ":"))
+    return b"R" + layout + tree_digest + body.encode("utf-8")
 
 
 def _decide_trees(lead: _Leader, messages: Sequence[bytes],
@@ -184,9 +196,12 @@ def _decide_trees(lead: _Leader, messages: Sequence[bytes],
     return {"same": True, **txn()}
 
 
-def _decide_full(world: int, messages: Sequence[bytes], txn: Callable[[], dict[str, Any]],
-                 keep: Callable[[_Leader], None]) -> dict[str, Any]:
-    """Rank 0, full round: merges the ranks' tables and trees, plans the writers."""
+def decide_full(world: int, messages: Sequence[bytes], txn: Callable[[], dict[str, Any]],
+                keep: Callable[[_Leader], None]) -> dict[str, Any]:
+    """Rank 0, full round: merges the ranks' tables and trees, plans the writers.
+
+    ``messages``: every rank's ``full_message``; ``keep`` receives what rank 0 keeps for
+    repeat saves (once the decision is made)."""
     error = _errors(messages)
     if error is not None:
         return error
@@ -252,8 +267,8 @@ def plan_collective(state: Mapping[str, Any], storage: Storage, spath: str, comm
         kept = _CACHE.get(scope)
     try:
         local = _prepare_local(state, comm, metadata)
-        hit = kept is not None and kept.layout == local.layout
-        first = (b"D" if hit else b"N") + local.layout + local.tree_digest
+        first = first_message(local.layout, local.tree_digest,
+                              kept is not None and kept.layout == local.layout)
     except BaseException as e:  # noqa: BLE001 - reported to the other ranks, then re-raised
         first = b"E" + f"{type(e).__name__}: {e}".encode("utf-8", "replace")
         local_error: BaseException | None = e
@@ -277,7 +292,7 @@ def _rounds(ch: Channel, comm: Comm, kept: _Kept | None, local: _Local | None, f
             wait: float, txn: Callable[[], dict[str, Any]], scope: str) -> dict[str, Any]:
     """The store rounds of planning: first, then "trees" or "full" when rank 0 asks."""
     what = "planning a save"
-    decision = leader_round(ch, "first", first, lambda ms: _decide_first(kept, ms, txn), wait,
+    decision = leader_round(ch, "first", first, lambda ms: decide_first(kept.leader if kept is not None else None, ms, txn), wait,
                             what=what, first=True)
     if "trees" in decision:
         assert local is not None and kept is not None
@@ -290,15 +305,14 @@ def _rounds(ch: Channel, comm: Comm, kept: _Kept | None, local: _Local | None, f
                                 wait, what=what, first=False)
     elif "full" in decision:
         assert local is not None
-        body = json.dumps({"rows": local.rows, "tree": local.tree}, separators=(",", ":"))
-        message = b"R" + local.layout + local.tree_digest + body.encode("utf-8")
+        message = full_message(local.rows, local.tree, local.layout, local.tree_digest)
 
         def keep(lead: _Leader) -> None:
             with _CACHE_LOCK:
                 _LEADERS[scope] = lead
 
         decision = leader_round(ch, "full", message,
-                                lambda ms: _decide_full(comm.world_size, ms, txn, keep),
+                                lambda ms: decide_full(comm.world_size, ms, txn, keep),
                                 wait, what=what, first=False)
     return decision
 
