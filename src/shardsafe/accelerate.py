@@ -16,7 +16,7 @@ prepared models (unwrapped, so a checkpoint of a DDP job loads on one process), 
 optimizers, the schedulers, the state of stateful data loaders
 (``DataLoaderConfiguration(use_stateful_dataloader=True)``) and of seedable samplers,
 the objects passed to ``register_for_checkpointing``, the grad scaler and each rank's
-random generators — without pickle. Needs the extra ``shardsafe[accelerate]``;
+random generators, with no pickling. Needs the extra ``shardsafe[accelerate]``;
 importing this module does not import Accelerate (the accelerator passed in has).
 """
 

@@ -8,7 +8,6 @@ import os
 import shutil
 import sys
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -19,26 +18,9 @@ from shardsafe.format.index import decode_index, encode_index  # noqa: E402
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 CKPT = os.path.join(FIXTURES, "v1_checkpoint")
 sys.path.insert(0, FIXTURES)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "api"))
 from make_v1_checkpoint import fixture_state  # noqa: E402
-
-
-def _assert_same(got: object, want: object, path: str = "") -> None:
-    assert type(got) is type(want), path
-    if isinstance(want, torch.Tensor):
-        assert got.dtype == want.dtype and got.shape == want.shape, path
-        assert got.view(torch.uint8).flatten().tolist() == want.view(torch.uint8).flatten().tolist(), path
-    elif isinstance(want, np.ndarray):
-        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), path
-    elif isinstance(want, dict):
-        assert list(got) == list(want), path
-        for k in want:
-            _assert_same(got[k], want[k], f"{path}.{k}")
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want), path
-        for i, (g, w) in enumerate(zip(got, want)):
-            _assert_same(g, w, f"{path}.{i}")
-    else:
-        assert got == want, path
+from roundtrip_helpers import assert_same  # noqa: E402
 
 
 def test_v1_fixture_is_v1() -> None:
@@ -49,7 +31,7 @@ def test_v1_fixture_is_v1() -> None:
 
 
 def test_v1_fixture_loads_bit_exactly() -> None:
-    _assert_same(shardsafe.load(CKPT), fixture_state())
+    assert_same(shardsafe.load(CKPT), fixture_state())
 
 
 def test_v1_fixture_loads_bit_exactly_in_place() -> None:
@@ -58,7 +40,7 @@ def test_v1_fixture_loads_bit_exactly_in_place() -> None:
         t.zero_()
     target["optim"][0]["exp_avg"].zero_()
     shardsafe.load(CKPT, target)
-    _assert_same(target, fixture_state())
+    assert_same(target, fixture_state())
 
 
 def test_v1_fixture_with_its_index_rewritten_as_v2_loads_the_same(tmp_path) -> None:
@@ -69,4 +51,4 @@ def test_v1_fixture_with_its_index_rewritten_as_v2_loads_the_same(tmp_path) -> N
     copy = tmp_path / "ckpt"
     shutil.copytree(CKPT, copy)
     (copy / "index.json").write_bytes(v2_bytes)
-    _assert_same(shardsafe.load(str(copy)), fixture_state())
+    assert_same(shardsafe.load(str(copy)), fixture_state())
