@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from shardsafe.comm import free_loopback_port
@@ -114,3 +114,23 @@ def run_script(script: str, nprocs: int, *args: str, timeout: float = 120,
             p.kill()
     assert [p.returncode for p in procs] == [0] * nprocs, "\n".join(outputs)
     return outputs
+
+
+def phases(spec: str, rank: int) -> Iterator[tuple[str, int]]:
+    """Inside a worker: forms one fresh gloo group per phase of ``spec`` (``name:world:port,...``)
+    that includes ``rank``, yields ``(name, world)`` while it is up, then tears it down.
+
+    A worker that must not tear its group down (a peer was killed) leaves with ``os._exit``.
+    """
+    import torch.distributed as dist
+
+    for phase in spec.split(","):
+        name, world, port = phase.split(":")
+        if rank >= int(world):
+            continue
+        os.environ.update(WORLD_SIZE=world, LOCAL_WORLD_SIZE=world, LOCAL_RANK=str(rank),
+                          MASTER_PORT=port)
+        dist.init_process_group("gloo")
+        yield name, int(world)
+        dist.barrier()
+        dist.destroy_process_group()

@@ -27,6 +27,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import shardsafe
+from dist_harness import phases
 from shardsafe.comm import get_comm
 from shardsafe.storage.local import LocalStorage
 
@@ -349,21 +350,12 @@ SCENARIOS = {"comm": s_comm, "save": s_save, "load": s_load, "kill": s_kill, "as
 def main() -> None:
     global WORLD
     spec, out = sys.argv[1], sys.argv[2]
-    for phase in spec.split(","):
-        name, world, port = phase.split(":")
-        WORLD = int(world)
-        if RANK >= WORLD:
-            continue
-        os.environ.update(WORLD_SIZE=world, LOCAL_WORLD_SIZE=world, LOCAL_RANK=str(RANK),
-                          MASTER_PORT=port)
-        dist.init_process_group("gloo")
+    for name, WORLD in phases(spec, RANK):
         result = SCENARIOS[name](out, *sys.argv[3:])
         with open(os.path.join(out, f"{name}-w{WORLD}-r{RANK}.json"), "w") as f:
             json.dump(result, f)
         if name == "kill":
             os._exit(0)  # a peer is dead: tearing the group down could hang
-        dist.barrier()
-        dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)
 

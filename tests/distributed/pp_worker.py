@@ -17,7 +17,6 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
 from safetensors.torch import save_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
@@ -27,6 +26,7 @@ from torch.distributed.tensor import DTensor
 
 import shardsafe
 from dist_worker import flat_tensors
+from dist_harness import phases
 
 RANK = int(os.environ.get("RANK", "0"))
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -81,19 +81,11 @@ def s_load(out: str, world: int) -> None:
 
 def main() -> None:
     spec, out = sys.argv[1], sys.argv[2]
-    for phase in spec.split(","):
-        name, world, port = phase.split(":")
-        if RANK >= int(world):
-            continue
-        os.environ.update(WORLD_SIZE=world, LOCAL_WORLD_SIZE=world, LOCAL_RANK=str(RANK),
-                          MASTER_PORT=port)
-        dist.init_process_group("gloo")
+    for name, world in phases(spec, RANK):
         if name == "save":
             s_save(out)
         else:
-            s_load(out, int(world))
-        dist.barrier()
-        dist.destroy_process_group()
+            s_load(out, world)
     sys.stdout.flush()
     os._exit(0)
 
