@@ -135,7 +135,16 @@ def _dup_key(tree: dict) -> None:
 CASES: list[tuple[str, Callable[[dict], None]]] = [
     ("file ../x", _rename_file("../x")),
     ("file /etc/passwd", _rename_file("/etc/passwd")),
-    ("file a/b", _rename_file("a/b")),
+    ("file a/b/c", _rename_file("a/b/c")),
+    # references (incremental saves) are exactly "<plain directory>/<plain file>"
+    ("reference ../b", _rename_file("../" + DATA)),
+    ("reference ./b", _rename_file("./" + DATA)),
+    ("reference a/..", _rename_file("step_1/..")),
+    ("reference a//b", _rename_file("step_1//" + DATA)),
+    ("reference /a/b", _rename_file("/step_1/" + DATA)),
+    ("reference hidden dir", _rename_file(".step_1.shardsafe-tmp-0/" + DATA)),
+    ("reference a\\b", _rename_file("step_1\\" + DATA)),
+    ("reference to an index", _rename_file("step_1/index.json")),
     ("file with newline", _rename_file(DATA + "\n")),
     ("file empty", _rename_file("")),
     ("file hidden", _rename_file(".hidden")),

@@ -27,6 +27,7 @@ from ..plan.header_check import MAX_HEADER_BYTES, header_problems
 from ..plan.load_plan import coalesce
 from ..storage import Storage, storage_for
 from ..engine.io_pool import io_pool
+from ..engine.locations import data_file
 
 MAX_READ = 64 << 20
 
@@ -92,7 +93,7 @@ def _check_range(storage: Storage, path: str, r: ReadRange, block_size: int,
         return _check_large_block(storage, path, r, label)
     buf = np.empty(r.end - r.start, dtype=np.uint8)
     try:
-        storage.read_into(storage.join(path, r.file), r.start, memoryview(buf))
+        storage.read_into(data_file(storage, path, r.file), r.start, memoryview(buf))
     except EOFError:
         return [Problem(label, "data file is truncated", r.file, r.blocks[0].key)]
     bad: dict[str, Problem] = {}
@@ -117,7 +118,7 @@ def _check_large_block(storage: Storage, path: str, r: ReadRange, label: str) ->
     try:
         while pos < b.offset + b.length:
             view = memoryview(buf)[: min(MAX_READ, b.offset + b.length - pos)]
-            storage.read_into(storage.join(path, r.file), pos, view)
+            storage.read_into(data_file(storage, path, r.file), pos, view)
             crc = crc32c(view, crc)
             pos += len(view)
     except EOFError:
@@ -135,7 +136,7 @@ def _read_header(storage: Storage, path: str, f: FileEntry) -> dict:
         ValueError: the header is damaged, longer than allowed, or does not end at the
             ``data_start`` the index gives.
     """
-    target = storage.join(path, f.name)
+    target = data_file(storage, path, f.name)
     length = bytearray(8)
     storage.read_into(target, 0, memoryview(length))
     (n,) = struct.unpack("<Q", length)

@@ -30,6 +30,7 @@ from .io_pool import io_threads
 from . import cuda, pipeline
 from .buffers import BouncePool, HostBuffer, StagingArena
 from .handle import SaveHandle
+from .incremental import Baseline
 from .prepared import BLOCK_SIZE, UNIT_SIZE, PreparedSave
 from .staging import StageTask, host_sources, stage_files
 from .units import FileUnits
@@ -83,33 +84,36 @@ class Checkpointer:
     def save(self, state: Mapping[str, Any], path: str, *, overwrite: bool = False,
              metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
              process_group: Any = None, timeout: float | None = None,
-             collective: bool | None = None) -> None:
+             collective: bool | None = None, baseline: Baseline | None = None) -> None:
         """Saves ``state`` and returns once the checkpoint is committed and durable.
 
         Waits for an async save still in flight first (and raises its error if it failed
-        and nobody collected it). Arguments as for ``shardsafe.save``.
+        and nobody collected it). Arguments as for ``shardsafe.save``; ``baseline``
+        (incremental saves, ``engine.incremental``) references unchanged chunks.
         """
         with self._lock:
             prep = self._prepare(state, path, overwrite=overwrite, metadata=metadata,
                                  storage_options=storage_options, process_group=process_group,
-                                 timeout=timeout, collective=collective)
+                                 timeout=timeout, collective=collective, baseline=baseline)
             self._save_streamed(prep)
 
     def _prepare(self, state: Mapping[str, Any], path: str, *, overwrite: bool,
                  metadata: Mapping[str, Any] | None, storage_options: dict | None,
                  process_group: Any, timeout: float | None,
-                 collective: bool | None) -> PreparedSave:
+                 collective: bool | None, baseline: Baseline | None = None) -> PreparedSave:
         """With the lock held: waits for the save in flight, then flattens and plans."""
         self._check_open()
         self._wait_previous()
         comm = SingleProcessComm() if collective is False else self._comm(process_group)
         return pipeline.prepare(state, path, overwrite=overwrite, metadata=metadata,
-                                storage_options=storage_options, comm=comm, timeout=timeout)
+                                storage_options=storage_options, comm=comm, timeout=timeout,
+                                baseline=baseline)
 
     def async_save(self, state: Mapping[str, Any], path: str, *, staging: StagingMode = "blocking",
                    overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
                    storage_options: dict | None = None, process_group: Any = None,
-                   timeout: float | None = None, collective: bool | None = None) -> SaveHandle:
+                   timeout: float | None = None, collective: bool | None = None,
+                   baseline: Baseline | None = None) -> SaveHandle:
         """Starts saving ``state``; checksums, writes and commit run in the background.
 
         Args:
@@ -125,6 +129,8 @@ class Checkpointer:
             process_group: As for ``shardsafe.save``: the group of a collective save.
             timeout: As for ``shardsafe.save``: how long ranks wait for each other.
             collective: As for ``shardsafe.save``: ``False`` saves this rank's state alone.
+            baseline: Incremental saves (``engine.incremental``): reference the chunks
+                unchanged since the baseline's save instead of writing them.
 
         Returns:
             A SaveHandle; ``result()`` waits for the commit and re-raises any failure.
@@ -139,7 +145,7 @@ class Checkpointer:
         with self._lock:
             prep = self._prepare(state, path, overwrite=overwrite, metadata=metadata,
                                  storage_options=storage_options, process_group=process_group,
-                                 timeout=timeout, collective=collective)
+                                 timeout=timeout, collective=collective, baseline=baseline)
             handle = SaveHandle(path, prep.nbytes)
             sizes = [p.layout.size for p in prep.plans]
             if staging == "background":

@@ -23,6 +23,7 @@ from ..format import INDEX_NAME
 from ..format.index import MAX_INDEX_BYTES, Index, decode_index
 from ..format.tree import render_path
 from ..storage.base import Storage
+from .locations import data_file
 
 TMP_MARKER = ".shardsafe-tmp-"
 
@@ -62,7 +63,7 @@ def read_index_bytes(storage: Storage, path: str) -> tuple[bytes, Index]:
     index = decode_index(data)
     for f in index.files:
         try:
-            size = storage.size(storage.join(path, f.name))
+            size = storage.size(data_file(storage, path, f.name))
         except FileNotFoundError:
             if not is_committed(storage, path):  # deleted (retention) while we read it
                 raise CheckpointNotFoundError(f"checkpoint at {path!r} was deleted while "

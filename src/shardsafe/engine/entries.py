@@ -25,6 +25,7 @@ from ..format.index_v2 import ColumnarIndex, TensorInfo
 from ..format.tree import render_path
 from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
+from .incremental import ChunkRef, reference_files
 
 I64 = np.dtype("<i8")
 _COLS = ("item", "file", "offset", "nsums", "pos", "extent", "sums")
@@ -52,19 +53,25 @@ class Entries:
     sums: np.ndarray
 
 
-def from_plans(plans: Sequence[FilePlan], checksums: Sequence[Sequence[Sequence[int]]], rank: int) -> Entries:
-    """The entries of the files this rank wrote, given each file's per-item block checksums."""
+def from_plans(plans: Sequence[FilePlan], checksums: Sequence[Sequence[Sequence[int]]], rank: int,
+               refs: Sequence[tuple[TensorItem, ChunkRef]] = ()) -> Entries:
+    """The entries of the files this rank wrote, given each file's per-item block checksums,
+    plus the chunks it references in earlier steps' files (``refs``, incremental saves)."""
     item, file, offset, nsums, pos, extent, sums = [], [], [], [], [], [], []
-    for f, (plan, per_item) in enumerate(zip(plans, checksums)):
-        for it, off, s in zip(plan.items, plan.layout.offsets, per_item):
-            item.append(it.id)
-            file.append(f)
-            offset.append(off)
-            nsums.append(len(s))
-            pos.extend(it.offsets)
-            extent.extend(it.local_shape)
-            sums.extend(s)
-    files = [FileEntry(p.name, p.layout.size, p.layout.data_start, rank) for p in plans]
+    rows = [(f, it, off, s) for f, (plan, per_item) in enumerate(zip(plans, checksums))
+            for it, off, s in zip(plan.items, plan.layout.offsets, per_item)]
+    ref_files = reference_files(refs)
+    ref_id = {f.name: len(plans) + i for i, f in enumerate(ref_files)}
+    rows += [(ref_id[r.file.name], it, r.offset, r.checksums) for it, r in refs]
+    for f, it, off, s in rows:
+        item.append(it.id)
+        file.append(f)
+        offset.append(off)
+        nsums.append(len(s))
+        pos.extend(it.offsets)
+        extent.extend(it.local_shape)
+        sums.extend(s)
+    files = [FileEntry(p.name, p.layout.size, p.layout.data_start, rank) for p in plans] + ref_files
     a = [np.array(x, dtype=I64) for x in (item, file, offset, nsums, pos, extent)]
     return Entries(files, *a, np.array(sums, dtype=np.uint32))
 

@@ -26,12 +26,15 @@ from ..format.dtypes import lookup
 from ..format.index import Index
 from ..format.tree import KeyPath, Node, build, render_path
 from ..storage.files import open_regular
+from ..storage.local import LocalStorage
+from .locations import data_file
 from .io_pool import io_pool, wait_all
 from .reader import verify
 
 
 def _map(path: str, name: str, size: int) -> mmap.mmap:
-    fd, actual = open_regular(os.path.join(path, name))  # no symlink, FIFO or device
+    # no symlink, FIFO or device (nor a symlinked step directory for a reference)
+    fd, actual = open_regular(data_file(LocalStorage(), path, name))
     try:
         if size == 0:
             raise CorruptCheckpointError("empty data file cannot hold a safetensors header", file=name)

@@ -18,6 +18,7 @@ background thread (bounded by ``timeout``). What the phases hand each other,
 from __future__ import annotations
 
 import logging
+import posixpath
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from ..plan.layout import data_file_name, plan_file
 from ..plan.sharding import localize
 from ..storage import storage_for
 from . import commit, plan_exchange, two_phase_commit
+from .incremental import Baseline
 from .prepared import PreparedSave, build_index, check_metadata, local_entries
 
 log = logging.getLogger("shardsafe")
@@ -36,11 +38,14 @@ log = logging.getLogger("shardsafe")
 
 def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
             metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
-            comm: Comm | None = None, timeout: float | None = None) -> PreparedSave:
+            comm: Comm | None = None, timeout: float | None = None,
+            baseline: Baseline | None = None) -> PreparedSave:
     """Phases (a) and (b): flattens ``state`` and plans the save; writes nothing.
 
     With ``comm`` of more than one rank (default: the initialised torch.distributed
-    world, if any) this is a collective call: every rank must make it.
+    world, if any) this is a collective call: every rank must make it. With a
+    ``baseline`` (incremental saves) the chunks this rank would write are hashed, and
+    those unchanged since the baseline's save are referenced instead of written.
 
     Raises:
         TypeError: a value cannot be saved (the message names its key path).
@@ -54,14 +59,17 @@ def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
         wait = knobs.timeout() if timeout is None else float(timeout)
         p = plan_exchange.plan_collective(state, storage, spath, comm, overwrite=overwrite,
                                           metadata=md, timeout=wait)
-        return PreparedSave(storage, p.txn, p.tree, p.items, [plan_file(data_file_name(comm.rank), p.mine)],
-                            md, comm, comm.channel(p.token), wait)
+        split = baseline.split(p.mine) if baseline is not None else None
+        mine = split.write if split is not None else p.mine
+        return PreparedSave(storage, p.txn, p.tree, p.items, [plan_file(data_file_name(comm.rank), mine)],
+                            md, comm, comm.channel(p.token), wait, baseline=baseline, split=split)
     tree, items = flatten(state)
     localize(items, comm.group_rank)  # DTensors on a one-rank mesh: their local tensor
     check_metadata(md)
     txn = commit.plan_transaction(storage, spath, overwrite=overwrite, token=uuid.uuid4().hex[:16])
-    plans = [plan_file(data_file_name(comm.rank), items)]
-    return PreparedSave(storage, txn, tree, items, plans, md, comm)
+    split = baseline.split(items) if baseline is not None else None
+    plans = [plan_file(data_file_name(comm.rank), split.write if split is not None else items)]
+    return PreparedSave(storage, txn, tree, items, plans, md, comm, baseline=baseline, split=split)
 
 
 def begin(prep: PreparedSave) -> None:
@@ -84,8 +92,11 @@ def commit_save(prep: PreparedSave, sums: Sequence[list[list[int]]]) -> None:
     """
     if prep.channel is None:
         commit.finish(prep.txn, build_index(prep, [local_entries(prep, sums)]))
-        return
-    two_phase_commit.commit_save(prep, local_entries(prep, sums))
+    else:
+        two_phase_commit.commit_save(prep, local_entries(prep, sums))
+    if prep.baseline is not None and prep.split is not None:  # committed: the next save compares with it
+        step_dir = posixpath.basename(prep.txn.final.rstrip("/"))
+        prep.baseline.advance(step_dir, prep.plans, sums, prep.split, prep.comm.rank)
 
 
 def abort(prep: PreparedSave, error: BaseException | None = None) -> None:

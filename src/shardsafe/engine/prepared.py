@@ -24,6 +24,7 @@ from ..plan.layout import FilePlan
 from ..storage import Storage
 from . import commit
 from .entries import Entries, columnar_index, from_plans
+from .incremental import Baseline, Split
 
 BLOCK_SIZE = 16 << 20  # checksum block: partial (resharded) reads verify whole blocks
 UNIT_SIZE = 16 << 20  # write/staging unit: big enough for full-speed direct I/O, small
@@ -45,6 +46,9 @@ class PreparedSave:
         channel: Store channel of this save (None for world size 1).
         timeout: Seconds a rank waits for the others (collective saves).
         reported: This rank has told rank 0 how its part went (collective saves).
+        baseline: The manager's record of its previous save (incremental saves), advanced
+            once this save commits.
+        split: This rank's chunks divided into written and referenced (incremental saves).
     """
 
     storage: Storage
@@ -57,6 +61,8 @@ class PreparedSave:
     channel: Channel | None = None
     timeout: float = 0.0
     reported: bool = False
+    baseline: Baseline | None = None
+    split: Split | None = None
 
     @property
     def nbytes(self) -> int:
@@ -76,7 +82,7 @@ def check_metadata(metadata: Mapping[str, Any]) -> None:
 
 def local_entries(prep: PreparedSave, sums: Sequence[list[list[int]]]) -> Entries:
     """This rank's chunk and file entries (columns), given the block checksums of its files."""
-    return from_plans(prep.plans, sums, prep.comm.rank)
+    return from_plans(prep.plans, sums, prep.comm.rank, prep.split.refs if prep.split else ())
 
 
 def build_index(prep: PreparedSave, parts: Sequence[Entries]) -> bytes:

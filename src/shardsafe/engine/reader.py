@@ -32,6 +32,7 @@ from ..format.tree import render_path
 from ..plan.load_plan import CoverageError, Piece, coalesce, pieces_for
 from ..storage.base import Storage
 from .io_pool import io_pool, wait_all
+from .locations import Locator
 
 SPLIT_MIN = 1 << 20  # chunks from this size are read block by block straight into the target
 MAX_GAP = 64 << 10  # small chunks further apart than this are not read together
@@ -89,9 +90,7 @@ class Reader:
         self.path = path
         self.index = index
         self.block = index.block_size
-
-    def _file(self, name: str) -> str:
-        return self.storage.join(self.path, name)
+        self._file = Locator(storage, path)  # index file name -> backend path (references too)
 
     def _read(self, chunk: ChunkEntry, offset: int, out: memoryview, key: str) -> None:
         try:

@@ -29,6 +29,9 @@ MAX_EXTENT_BYTES = 1 << 62
 TENSOR_KINDS = ("torch", "numpy")
 # fullmatch, not match + "$": "$" also matches before a trailing newline
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# A reference (incremental saves, docs/FORMAT.md section 12): "<sibling directory>/<file>",
+# both parts plain names as above, so neither can be "." or ".." nor hold a separator.
+REFERENCE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,127})/([A-Za-z0-9][A-Za-z0-9._-]{0,127})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,26 @@ class FileEntry:
     size: int
     data_start: int
     rank: int = 0
+
+    @property
+    def reference(self) -> tuple[str, str] | None:
+        """``(sibling directory, file name)`` when this row references a data file of another
+        checkpoint next to this one (an incremental save); None for the checkpoint's own file."""
+        return split_reference(self.name)
+
+
+def split_reference(name: str) -> tuple[str, str] | None:
+    """``(directory, file)`` of a reference name ``<directory>/<file>``; None for a plain name."""
+    m = REFERENCE.fullmatch(name)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def valid_file_name(name: str) -> bool:
+    """A data file name an index may list: a plain name, or a reference to a sibling's file."""
+    if FILE_NAME.fullmatch(name):
+        return True
+    ref = split_reference(name)
+    return ref is not None and ref[1] != INDEX_NAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +148,9 @@ def decode_files(raw: Any) -> tuple[FileEntry, ...]:
         raise bad("files must be a list")
     out, names = [], set()
     for f in raw:
-        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not FILE_NAME.fullmatch(f["name"]):
-            raise bad(f"bad data file entry {f!r}: names are plain file names, no paths")
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not valid_file_name(f["name"]):
+            raise bad(f"bad data file entry {f!r}: names are plain file names (no paths), or <step directory>/"
+                      f"<file name> for a reference")
         if f["name"] in names or f["name"] == INDEX_NAME:
             raise bad(f"duplicate or reserved data file name {f['name']!r}")
         names.add(f["name"])

@@ -62,7 +62,7 @@ def _entry_problem(name: str, v: Any, want: tuple[str, str, list[int], Any] | No
     return None
 
 
-def _metadata_problem(meta: Any, parts_want: dict[str, Any]) -> str | None:
+def _metadata_problem(meta: Any, parts_want: dict[str, Any], subset: bool = False) -> str | None:
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                              for k, v in meta.items()):
         return "__metadata__ is not a map of strings"
@@ -71,9 +71,11 @@ def _metadata_problem(meta: Any, parts_want: dict[str, Any]) -> str | None:
             parts = json.loads(meta.get(PARTS_KEY, ""))
         except ValueError:
             return f"__metadata__[{PARTS_KEY!r}] is missing or not JSON"
+        if subset and isinstance(parts, dict):  # a referenced file also holds other chunks
+            parts = {k: v for k, v in parts.items() if k in parts_want}
         if parts != parts_want:
             return f"__metadata__[{PARTS_KEY!r}] does not describe the partial chunks of the index"
-    elif PARTS_KEY in meta:
+    elif PARTS_KEY in meta and not subset:
         return f"__metadata__[{PARTS_KEY!r}] names partial chunks the index does not have"
     return None
 
@@ -99,7 +101,10 @@ def header_problems(index: Index, f: FileEntry, entries: dict[str, Any]) -> list
 
     Also checks what the safetensors library requires: known dtype codes, offsets that
     span ``prod(shape) * itemsize`` and tile the data section without holes to its end.
+    A reference (``f.reference``: a data file of an earlier step, incremental saves) also
+    holds chunks this index does not use: there only the referenced chunks are checked.
     """
+    subset = f.reference is not None
     pending: dict[tuple[int, int], list] = {}
     for t in index.tensors:
         for c in t.chunks:
@@ -115,6 +120,8 @@ def header_problems(index: Index, f: FileEntry, entries: dict[str, Any]) -> list
         offs = v.get("data_offsets") if isinstance(v, dict) else None
         span = tuple(offs) if isinstance(offs, list) and len(offs) == 2 else None
         want = _take(pending, span, name)
+        if want is None and subset:
+            continue
         msg = _entry_problem(name, v, want)
         if msg is not None:
             problems.append(msg)
@@ -123,9 +130,11 @@ def header_problems(index: Index, f: FileEntry, entries: dict[str, Any]) -> list
     missing = sum(len(w) for w in pending.values())
     if missing:
         problems.append(f"{missing} chunk(s) of the index have no header entry")
-    meta_msg = _metadata_problem(entries.get(METADATA_KEY, {}), parts_got)
+    meta_msg = _metadata_problem(entries.get(METADATA_KEY, {}), parts_got, subset)
     if meta_msg is not None:
         problems.append(meta_msg)
+    if subset:
+        return problems
     pos = 0
     for lo, hi in spans:
         if lo != pos:

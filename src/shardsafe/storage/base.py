@@ -65,6 +65,17 @@ class Storage(Protocol):
         """Atomically creates ``path`` holding ``data`` (readers never see a partial file)."""
         ...
 
+    def sibling_file(self, path: str, directory: str, name: str) -> str:
+        """The path of file ``name`` in directory ``directory`` next to ``path`` (a
+        checkpoint's reference to a data file of another checkpoint in the same parent).
+
+        ``directory`` and ``name`` are plain names (checked by the index decoder). Local
+        backends refuse a ``directory`` that is a symlink or not a directory
+        (``CorruptCheckpointError``) and raise FileNotFoundError if it is absent; object
+        stores have no links, so there it is a plain prefix.
+        """
+        ...
+
     def read(self, path: str) -> bytes:
         """Returns the whole content of a (small) file; FileNotFoundError if absent."""
         ...

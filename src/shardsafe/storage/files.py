@@ -60,6 +60,22 @@ def check_regular(path: str) -> int:
     return st.st_size
 
 
+def check_directory(path: str) -> None:
+    """Refuses (``CorruptCheckpointError``) a ``path`` that is a symlink or not a directory.
+
+    Used for the sibling step directory a reference (incremental saves) names: the
+    checkpoint's own directory is the caller's choice, a referenced one is not.
+
+    Raises:
+        FileNotFoundError: it does not exist.
+    """
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise CorruptCheckpointError(f"referenced step directory is {_kind(st.st_mode)}, not a "
+                                     f"directory: a checkpoint never reads outside its parent",
+                                     file=os.path.basename(path))
+
+
 def open_regular(path: str) -> tuple[int, int]:
     """Opens a checkpoint file for reading; returns ``(fd, size)`` of the opened file.
 

@@ -148,6 +148,10 @@ class FsspecStorage:
     def join(self, *parts: str) -> str:
         return posixpath.join(*parts)
 
+    def sibling_file(self, path: str, directory: str, name: str) -> str:
+        # object stores have no links; the names are plain (checked by the index decoder)
+        return posixpath.join(posixpath.dirname(path.rstrip("/")), directory, name)
+
     # ------------------------------------------------------------------ writing
     def open_writer(self, path: str, size: int) -> None:
         """None: objects are uploaded whole (or as one multipart upload) by ``write``."""

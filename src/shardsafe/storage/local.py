@@ -24,7 +24,7 @@ from .. import knobs
 from ..format.datafile import ALIGN
 from ..format.index import MAX_INDEX_BYTES
 from .cached_or_direct import read_range
-from .files import check_regular, read_regular, with_path
+from .files import check_directory, check_regular, read_regular, with_path
 
 log = logging.getLogger("shardsafe")
 
@@ -210,6 +210,13 @@ class LocalStorage:
         self.sync_dir(os.path.dirname(path) or ".")
 
     # ------------------------------------------------------------------ reading
+    def sibling_file(self, path: str, directory: str, name: str) -> str:
+        # the lexical parent of the caller's path ("." and trailing slashes resolved);
+        # the sibling directory itself must be a real directory, never a symlink
+        sibling = os.path.join(os.path.dirname(os.path.abspath(path)), directory)
+        check_directory(sibling)
+        return os.path.join(sibling, name)
+
     def read(self, path: str) -> bytes:
         # never follows a symlink, never opens a FIFO or device (see storage.files)
         return read_regular(path, MAX_READ)

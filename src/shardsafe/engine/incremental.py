@@ -1,0 +1,168 @@
+"""Incremental saves: which chunks are unchanged since the last committed save, exactly.
+
+A ``Baseline`` is what one rank's previous committed save of a ``CheckpointManager``
+wrote: for every chunk, a digest of its bytes and where those bytes are stored (a data
+file of that step, or of the earlier step it referenced in turn). The next save hashes
+each chunk it is about to write and compares it with the chunk of the same key path,
+dtype, global shape, position and shape in the baseline; an equal digest means the
+bytes are equal, and the new index references the stored bytes instead of writing them
+again (``Split.refs``).
+
+Change detection is exact: the digest is BLAKE2b with a 128-bit output (``hashlib``)
+of the exact bytes being saved, so two different contents collide with probability
+about 2^-128 per comparison even for an adversary who does not know the previous
+bytes; on top of the digest the key, dtype, shapes and byte count must be equal. The
+bytes are hashed in pieces of ``PIECE`` bytes on the I/O pool (``hashlib`` releases
+the GIL for large buffers), so hashing runs on every I/O thread; the chunk's digest is
+the BLAKE2b of its piece digests and byte count.
+
+A reference always names the file that really holds the bytes (``step_N/<file>``, a
+name relative to the manager directory): a chunk referenced by the previous save keeps
+that save's reference, so chains never form. The baseline lives in memory only: after
+a restart the first save writes everything (see README, "Incremental saves").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .. import tensors
+from ..format.index_common import FileEntry, split_reference
+from ..format.tree import KeyPath
+from ..plan.flatten import TensorItem
+from ..plan.layout import FilePlan
+from .io_pool import io_pool, wait_all
+
+DIGEST_SIZE = 16  # bytes: 128-bit BLAKE2b
+PIECE = 16 << 20  # bytes hashed by one I/O-pool job
+
+ChunkKey = tuple[KeyPath, str, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRef:
+    """Where the bytes of a chunk are stored already.
+
+    Attributes:
+        file: The data file, named ``<step directory>/<file>`` (relative to the manager
+            directory), with its size, data start and rank.
+        offset: Byte offset of the chunk in that file.
+        checksums: The chunk's block checksums (CRC32C), as in the index that wrote it.
+    """
+
+    file: FileEntry
+    offset: int
+    checksums: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class Split:
+    """One save's chunks, divided into those to write and those already stored.
+
+    Attributes:
+        write: Items whose bytes changed (or are new): written as usual.
+        refs: Items whose bytes are stored already, with where.
+        digests: Digest of every item hashed, by item id.
+    """
+
+    write: list[TensorItem]
+    refs: list[tuple[TensorItem, ChunkRef]] = field(default_factory=list)
+    digests: dict[int, bytes] = field(default_factory=dict)
+
+
+def chunk_key(it: TensorItem) -> ChunkKey:
+    """What must be equal, besides the bytes, for a chunk to be the same chunk."""
+    return (tuple(it.path), it.dtype, tuple(it.shape), tuple(it.offsets), tuple(it.local_shape))
+
+
+def _hash_piece(data: memoryview) -> bytes:
+    return hashlib.blake2b(data, digest_size=DIGEST_SIZE).digest()
+
+
+def digests(items: Sequence[TensorItem]) -> dict[int, bytes]:
+    """BLAKE2b-128 of each item's bytes, by item id, hashed in parallel on the I/O pool."""
+    views = {it.id: memoryview(tensors.host_bytes(it.value)) for it in items}
+    jobs = {i: [io_pool().submit(_hash_piece, v[a : a + PIECE]) for a in range(0, len(v), PIECE)]
+            for i, v in views.items()}
+    wait_all([f for fs in jobs.values() for f in fs])
+    out = {}
+    for i, fs in jobs.items():
+        h = hashlib.blake2b(digest_size=DIGEST_SIZE)
+        h.update(len(views[i]).to_bytes(8, "little"))
+        for f in fs:
+            h.update(f.result())
+        out[i] = h.digest()
+    return out
+
+
+class Baseline:
+    """One rank's view of the last committed save of a manager: per chunk, digest and place.
+
+    Thread-safe: the manager's caller thread splits a save while the previous save's
+    writer thread may still advance it (the Checkpointer waits for that save first, so
+    in practice the two never overlap).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._source: str | None = None
+        self._chunks: dict[ChunkKey, tuple[bytes, ChunkRef]] = {}
+
+    @property
+    def source(self) -> str | None:
+        """Directory name of the step this baseline describes (None: empty)."""
+        return self._source
+
+    def files(self) -> set[str]:
+        """The data files (``<step directory>/<file>``) the baseline's chunks are stored in."""
+        with self._lock:
+            return {ref.file.name for _, ref in self._chunks.values()}
+
+    def reset(self) -> None:
+        """Forgets everything: the next save writes every chunk."""
+        with self._lock:
+            self._source, self._chunks = None, {}
+
+    def split(self, items: Sequence[TensorItem]) -> Split:
+        """Hashes ``items`` and divides them into changed ones and ones stored already."""
+        sums = digests(items)
+        out = Split([], digests=sums)
+        with self._lock:
+            for it in items:
+                known = self._chunks.get(chunk_key(it))
+                if known is not None and known[0] == sums[it.id] and it.nbytes > 0:
+                    out.refs.append((it, known[1]))
+                else:
+                    out.write.append(it)
+        return out
+
+    def advance(self, step_dir: str, plans: Sequence[FilePlan],
+                checksums: Sequence[Sequence[Sequence[int]]], split: Split, rank: int) -> None:
+        """After save ``step_dir`` committed: its chunks become the baseline.
+
+        ``plans``/``checksums``: the files this rank wrote and their per-item block
+        checksums; ``split``: what it hashed and referenced.
+        """
+        chunks: dict[ChunkKey, tuple[bytes, ChunkRef]] = {}
+        for plan, per_item in zip(plans, checksums):
+            f = FileEntry(f"{step_dir}/{plan.name}", plan.layout.size, plan.layout.data_start, rank)
+            for it, off, sums in zip(plan.items, plan.layout.offsets, per_item):
+                if it.id in split.digests:
+                    chunks[chunk_key(it)] = (split.digests[it.id], ChunkRef(f, off, tuple(sums)))
+        for it, ref in split.refs:
+            chunks[chunk_key(it)] = (split.digests[it.id], ref)
+        with self._lock:
+            self._source, self._chunks = step_dir, chunks
+
+
+def reference_files(refs: Sequence[tuple[TensorItem, ChunkRef]]) -> list[FileEntry]:
+    """The distinct files ``refs`` point at, in first-use order (each a reference name)."""
+    seen: dict[str, FileEntry] = {}
+    for _, ref in refs:
+        if split_reference(ref.file.name) is None:
+            raise ValueError(f"{ref.file.name!r} is not a reference name")
+        seen.setdefault(ref.file.name, ref.file)
+    return list(seen.values())
