@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from ..engine.commit import delete_checkpoint, is_committed
+from ..engine.commit import is_committed
+from ..engine.sweep import retire
 from ..errors import CheckpointNotFoundError
 from ..storage import storage_for
 
@@ -19,6 +20,11 @@ def delete(path: str | os.PathLike[str], *, storage_options: dict | None = None)
     manager's retention and ``shardsafe gc``. Not collective: under torch.distributed
     call it on one rank.
 
+    A step of an incremental ``CheckpointManager`` directory may hold data that later
+    steps reference: those files are kept (the directory is no longer a checkpoint and
+    holds only them) until no committed sibling references them; retention or
+    ``shardsafe gc`` then removes them. Every committed sibling stays loadable.
+
     Args:
         path: The checkpoint.
         storage_options: Passed to fsspec for URLs.
@@ -30,7 +36,7 @@ def delete(path: str | os.PathLike[str], *, storage_options: dict | None = None)
     storage, spath = storage_for(os.fspath(path), storage_options)
     if not is_committed(storage, spath):
         raise CheckpointNotFoundError(f"no committed checkpoint at {os.fspath(path)!r} to delete")
-    delete_checkpoint(storage, spath)
+    retire(storage, spath)
 
 
 __all__ = ["delete"]

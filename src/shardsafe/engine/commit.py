@@ -168,9 +168,24 @@ def abort(txn: Transaction) -> None:
         s.delete(txn.final)
 
 
-def delete_checkpoint(storage: Storage, path: str) -> None:
-    """Deletes a checkpoint crash-safely: un-commit first (index), then the data."""
+def uncommit(storage: Storage, path: str) -> None:
+    """Removes the index of the checkpoint at ``path`` (durably): it is no longer committed."""
     storage.delete(storage.join(path, INDEX_NAME))
     if storage.atomic_rename and storage.exists(path):
         storage.sync_dir(path)
+
+
+def split_path(path: str) -> tuple[str, str]:
+    """``(parent, name)`` of a checkpoint path (the parent is ``.`` for a bare name)."""
+    parent, name = _split(path)
+    return parent or ".", name
+
+
+def delete_checkpoint(storage: Storage, path: str) -> None:
+    """Deletes a checkpoint crash-safely: un-commit first (index), then the data.
+
+    Removes every file of the checkpoint; a checkpoint whose files sibling checkpoints
+    may reference (incremental saves) is retired with ``engine.sweep.retire`` instead.
+    """
+    uncommit(storage, path)
     storage.delete(path)

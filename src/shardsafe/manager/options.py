@@ -123,6 +123,14 @@ class ManagerOptions:
     storage_options: Mapping[str, Any] | None = None
     """Passed to the storage backend (fsspec URLs)."""
 
+    incremental: bool = False
+    """Write only the chunks that changed since this manager's previous committed save;
+    the new step's index references the unchanged ones in the earlier step's data files
+    (exact: BLAKE2b-128 of the bytes plus key, dtype and shape equality). Step
+    directories are then no longer self-contained: retention and ``delete`` keep the
+    files a kept step references, and ``shardsafe export`` copies one step out. After a
+    restart the first save writes everything. See README, "Incremental saves"."""
+
     def __post_init__(self) -> None:
         # frozen: normalised values are written with object.__setattr__
         set_ = object.__setattr__
@@ -142,7 +150,7 @@ class ManagerOptions:
         if self.best_fn is None and not self.keep_checkpoints_without_metrics:
             raise ValueError("keep_checkpoints_without_metrics=False only has a meaning with best_fn")
         for name in ("async_save", "read_only", "restore_fallback", "keep_checkpoints_without_metrics",
-                     "initial_save"):
+                     "initial_save", "incremental"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.read_only and self.preemption_signals:

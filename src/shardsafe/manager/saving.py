@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from ..engine.checkpointer import Checkpointer
+from ..engine.incremental import Baseline
 
 
 class SaveJob(Protocol):
@@ -38,14 +39,17 @@ class _Finished:
 
 def start_save(saver: Checkpointer, state: Mapping[str, Any], path: str, *,
                metadata: Mapping[str, Any], storage_options: Mapping[str, Any] | None,
-               background: bool) -> SaveJob:
+               background: bool, baseline: Baseline | None = None) -> SaveJob:
     """Starts saving ``state`` to ``path``; returns when the caller may mutate ``state``.
+
+    With a ``baseline`` (incremental saves) unchanged chunks are referenced, not written.
 
     Raises (before anything is written): TypeError for an unsaveable value, ValueError for
     metadata that is not JSON, CheckpointError when ``path`` must not be written.
     """
     opts = dict(storage_options) if storage_options is not None else None
     if not background:
-        saver.save(state, path, metadata=metadata, storage_options=opts)
+        saver.save(state, path, metadata=metadata, storage_options=opts, baseline=baseline)
         return _Finished()
-    return saver.async_save(state, path, staging="blocking", metadata=metadata, storage_options=opts)
+    return saver.async_save(state, path, staging="blocking", metadata=metadata, storage_options=opts,
+                            baseline=baseline)

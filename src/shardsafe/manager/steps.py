@@ -17,12 +17,12 @@ import math
 import numbers
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .. import tensors
-from ..engine import commit
+from ..engine import commit, sweep
 from ..storage.base import Storage
 from .policy import StepRecord
 
@@ -139,7 +139,11 @@ class StepDirectory:
         return StepRecord(step, t, decode_metrics(info.get("metrics")))
 
     def leftovers(self) -> list[str]:
-        """Names of crash leftovers: unfinished saves and half-deleted steps."""
+        """Names of crash leftovers: unfinished saves and half-deleted steps.
+
+        A step directory without an index may also hold data files that committed steps
+        reference (incremental saves): ``remove_leftovers`` and ``sweep`` keep those.
+        """
         names = self.storage.list(self.path)
         out = [n for n in names if commit.is_temporary(n)]
         for n in names:
@@ -149,18 +153,38 @@ class StepDirectory:
         return out
 
     def remove_leftovers(self) -> list[str]:
-        """Deletes ``leftovers()``; returns their names. Only for the single writer."""
-        removed = self.leftovers()
-        for name in removed:
-            self.storage.delete(self.storage.join(self.path, name))
+        """Deletes unfinished saves and sweeps un-committed step directories (keeping the
+        files committed steps reference); returns the names of what it removed or swept.
+        Only for the single writer, with no save in flight."""
+        removed = []
+        for name in self.storage.list(self.path):
+            if commit.is_temporary(name):
+                self.storage.delete(self.storage.join(self.path, name))
+                removed.append(name)
+        removed += self.sweep()
         if removed:
             log.warning("removed %d leftover(s) of interrupted saves/deletes in %s: %s",
                         len(removed), self.path, ", ".join(removed))
         return removed
 
-    def delete(self, step: int, name: str | None = None) -> None:
-        """Deletes a step crash-safely (index first: a half-deleted step is never committed)."""
-        commit.delete_checkpoint(self.storage, self.step_path(step, name))
+    def sweep(self, pinned: Iterable[str] = (), exclude: Iterable[str] = ()) -> list[str]:
+        """Removes the files of un-committed step directories that no committed step uses
+        (``engine.sweep``), except ``pinned`` files (``<step dir>/<file>``: a save in
+        flight) and the directories named in ``exclude``; returns the swept directories."""
+        skip = set(exclude)
+        names = [n for n in self.storage.list(self.path) if parse_step(n) is not None and n not in skip]
+        return sweep.sweep(self.storage, self.path, names, pinned)
+
+    def uncommit(self, step: int, name: str | None = None) -> None:
+        """Removes the step's index: from now on it is not committed (its data is swept later)."""
+        commit.uncommit(self.storage, self.step_path(step, name))
+
+    def delete(self, step: int, name: str | None = None, pinned: Iterable[str] = (),
+               exclude: Iterable[str] = ()) -> None:
+        """Deletes a step crash-safely: index first (a half-deleted step is never
+        committed), then every file no committed step references (``sweep``)."""
+        self.uncommit(step, name)
+        self.sweep(pinned, exclude)
 
     def _move(self, step: int, name: str | None, base: str) -> str:
         """Renames a step to ``base`` (or ``base.1``, ``base.2``, ... if taken)."""
