@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .._numbers import human_bytes as human_bytes  # one definition; ls and info format sizes
 from ..engine.commit import TMP_MARKER, is_committed, is_temporary, read_index
 from ..errors import CheckpointError, CheckpointNotFoundError
@@ -91,7 +93,30 @@ class Entry:
 
     @property
     def size(self) -> int | None:
-        return sum(f.size for f in self.index.files) if self.index is not None else None
+        """Bytes of the checkpoint's own data files (not those it references)."""
+        return own_bytes(self.index) if self.index is not None else None
+
+    @property
+    def referenced(self) -> int | None:
+        """Bytes of the chunks it references in sibling steps (incremental saves)."""
+        return referenced_bytes(self.index) if self.index is not None else None
+
+
+def own_bytes(index: Index) -> int:
+    """Bytes of the data files the checkpoint holds itself."""
+    return sum(f.size for f in index.files if f.reference is None)
+
+
+def referenced_bytes(index: Index) -> int:
+    """Bytes of the chunks stored in data files of sibling steps (references)."""
+    ids = [i for i, f in enumerate(index.files) if f.reference is not None]
+    if not ids:
+        return 0
+    if index.table is not None:  # v2: columns, no object per chunk
+        t = index.table
+        return int(t.nbytes[np.isin(t.file, np.array(ids, dtype=np.int64))].sum())
+    names = {index.files[i].name for i in ids}
+    return sum(c.nbytes for t in index.tensors for c in t.chunks if c.file in names)
 
 
 def _final_name(name: str) -> str:

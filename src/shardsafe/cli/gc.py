@@ -8,6 +8,11 @@ decision is the manager's own policy code (``manager.policy``), so ``gc`` and a
 ``.<name>.shardsafe-tmp-<id>`` directories, object-store prefixes holding data but no
 index, and unfinished S3 multipart uploads. A leftover younger than ``--min-age``
 may belong to a save still running, so it is kept.
+
+Deleting is mark and sweep (``engine.sweep``), as in the manager: expired checkpoints
+are un-committed (index first), then the files of un-committed directories that no
+committed checkpoint names are removed. Data that a kept step of an incremental manager
+references stays (its directory is reported as kept) until no committed step uses it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from dataclasses import dataclass
 
 from . import EXIT_OK
 from ._common import Entry, add_storage_options, modified, scan, storage_options
-from ..engine.commit import delete_checkpoint
+from ..engine.commit import is_temporary, uncommit
+from ..engine.sweep import plan_sweep, sweep
 from ..manager.policy import (AnyPreservationPolicy, EveryNSteps, LatestN, PreservationPolicy,
                               StepRecord, steps_to_delete)
 from ..manager.steps import MANAGER_KEY
@@ -112,12 +118,14 @@ def run(args: argparse.Namespace) -> int:
     verb = "would delete" if args.dry_run else "deleted"
     for e in todo.expired:
         if not args.dry_run:
-            delete_checkpoint(storage, e.path)
+            uncommit(storage, e.path)
         print(f"{verb} {e.name} (step {e.step})" if e.step is not None else f"{verb} {e.name}")
     for e in todo.leftovers:
-        if not args.dry_run:
-            storage.delete(e.path)
-        print(f"{verb} leftover {e.name}")
+        if is_temporary(e.name):  # an unfinished save: nothing can reference it
+            if not args.dry_run:
+                storage.delete(e.path)
+            print(f"{verb} leftover {e.name}")
+    _sweep(storage, path, todo, args.dry_run, verb)
     for key, upload_id, _ in todo.uploads:
         if not args.dry_run:
             storage.abort_upload(key, upload_id)  # type: ignore[attr-defined]
@@ -125,3 +133,19 @@ def run(args: argparse.Namespace) -> int:
     if not (todo.expired or todo.leftovers or todo.uploads):
         print("nothing to remove")
     return EXIT_OK
+
+
+def _sweep(storage: Storage, path: str, todo: Plan, dry_run: bool, verb: str) -> None:
+    """Removes the files of expired checkpoints and old partial directories that no
+    committed checkpoint references; reports the directories whose files are kept."""
+    expired = [e.name for e in todo.expired]
+    names = expired + [e.name for e in todo.leftovers if not is_temporary(e.name)]
+    planned = plan_sweep(storage, path, names, ignore=expired if dry_run else ())
+    if not dry_run:
+        sweep(storage, path, names)
+    for name, (drop, kept) in planned.items():
+        if name not in expired and (drop or not kept):
+            print(f"{verb} leftover {name}" if not kept else
+                  f"{verb} unreferenced files of leftover {name}")
+        if kept:
+            print(f"kept {name}: {len(kept)} data file(s) that committed checkpoints reference")

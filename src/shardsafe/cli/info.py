@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 from . import EXIT_OK
-from ._common import add_storage_options, human_bytes, local_time, open_checkpoint, storage_options, table
+from ._common import (add_storage_options, human_bytes, local_time, open_checkpoint, own_bytes,
+                      referenced_bytes, storage_options, table)
 from ._tensors import Leaf, leaves
 from ..format.index import Index
 
@@ -50,8 +51,10 @@ def describe(index: Index, path: str) -> dict[str, Any]:
         "world_size": index.world_size,
         "ranks": sorted({f.rank for f in index.files}),
         "block_size": index.block_size,
-        "bytes": sum(f.size for f in index.files),
-        "files": [{"name": f.name, "rank": f.rank, "bytes": f.size} for f in index.files],
+        "bytes": own_bytes(index),
+        "referenced_bytes": referenced_bytes(index),
+        "files": [{"name": f.name, "rank": f.rank, "bytes": f.size, "reference": f.reference is not None}
+                  for f in index.files],
         "metadata": index.metadata,
         "leaves": [_leaf_record(leaf) for leaf in leaves(index)],
     }
@@ -69,7 +72,12 @@ def _print_text(d: dict[str, Any], index: Index) -> None:
     print(f"created      {local_time(d['created'])}")
     print(f"ranks        world size {d['world_size']}; data written by rank(s) "
           f"{', '.join(map(str, d['ranks'])) or '-'}")
-    print(f"files        {len(d['files'])} data file(s), {human_bytes(d['bytes'])}")
+    own = [f for f in d["files"] if not f["reference"]]
+    print(f"files        {len(own)} data file(s), {human_bytes(d['bytes'])}")
+    if len(own) < len(d["files"]):
+        steps = sorted({f["name"].split("/", 1)[0] for f in d["files"] if f["reference"]})
+        print(f"references   {human_bytes(d['referenced_bytes'])} of unchanged chunks in "
+              f"{len(d['files']) - len(own)} data file(s) of {', '.join(steps)} (incremental save)")
     print(f"tensors      {len(tensors)} ({human_bytes(sum(r['bytes'] for r in tensors))}); "
           f"other values {len(d['leaves']) - len(tensors)}")
     if d["metadata"]:

@@ -40,16 +40,19 @@ def _index_files(storage: Storage, path: str) -> list[str]:
     return [f.name for f in decode_index(storage.read(index_path)).files]
 
 
-def marked(storage: Storage, parent: str) -> dict[str, set[str]]:
+def marked(storage: Storage, parent: str, ignore: Iterable[str] = ()) -> dict[str, set[str]]:
     """Directory name -> names of its files that a committed checkpoint under ``parent`` uses.
+
+    ``ignore``: checkpoints to treat as un-committed already (``gc --dry-run``).
 
     Raises:
         OSError: an index could not be read (nothing may be swept then).
     """
     out: dict[str, set[str]] = {}
+    skip = set(ignore)
     for name in storage.list(parent):
         path = storage.join(parent, name)
-        if name.startswith(".") or not is_committed(storage, path):
+        if name.startswith(".") or name in skip or not is_committed(storage, path):
             continue
         try:
             files = _index_files(storage, path)
@@ -65,6 +68,29 @@ def marked(storage: Storage, parent: str) -> dict[str, set[str]]:
     return out
 
 
+def plan_sweep(storage: Storage, parent: str, names: Iterable[str], pinned: Iterable[str] = (),
+               ignore: Iterable[str] = ()) -> dict[str, tuple[list[str], list[str]]]:
+    """What ``sweep`` would do (reads only): per non-committed directory of ``names``, the
+    files it removes and the files it keeps because a committed checkpoint uses them.
+
+    ``ignore``: checkpoints to treat as un-committed (they are in ``names`` too).
+    """
+    skip = set(ignore)
+    todo = [n for n in names if n in skip or not is_committed(storage, storage.join(parent, n))]
+    if not todo:
+        return {}
+    keep = marked(storage, parent, skip)
+    for p in pinned:
+        directory, _, base = p.rpartition("/")
+        keep.setdefault(directory, set()).add(base)
+    out = {}
+    for name in todo:
+        files = storage.list(storage.join(parent, name))
+        used = keep.get(name, set())
+        out[name] = ([f for f in files if f not in used], [f for f in files if f in used])
+    return out
+
+
 def sweep(storage: Storage, parent: str, names: Iterable[str], pinned: Iterable[str] = ()) -> list[str]:
     """Removes the unmarked files of the non-committed directories ``names`` under ``parent``.
 
@@ -75,25 +101,16 @@ def sweep(storage: Storage, parent: str, names: Iterable[str], pinned: Iterable[
     Raises:
         OSError: listing, reading an index, or deleting failed (what was removed stays removed).
     """
-    todo = [n for n in names if not is_committed(storage, storage.join(parent, n))]
-    if not todo:
-        return []
-    keep = marked(storage, parent)
-    for p in pinned:
-        directory, _, base = p.rpartition("/")
-        keep.setdefault(directory, set()).add(base)
     removed = []
-    for name in todo:
+    for name, (drop, kept) in plan_sweep(storage, parent, names, pinned).items():
         d = storage.join(parent, name)
         if is_committed(storage, d):  # committed meanwhile (cannot happen to a retired step)
             continue
-        files = storage.list(d)
-        drop = [f for f in files if f not in keep.get(name, ())]
         for f in drop:
             storage.delete(storage.join(d, f))
-        if len(drop) == len(files):
+        if not kept:
             storage.delete(d)
-        if drop or not files:
+        if drop or not kept:
             removed.append(name)
     return removed
 
