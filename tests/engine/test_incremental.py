@@ -1,0 +1,114 @@
+"""engine.incremental: exact change detection, references that never chain, round trips."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import shardsafe
+from shardsafe.engine.checkpointer import Checkpointer
+from shardsafe.engine.commit import read_index
+from shardsafe.engine.incremental import PIECE, Baseline, digests
+from shardsafe.plan.flatten import flatten
+from shardsafe.storage import LocalStorage
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int8,
+          torch.uint8, torch.bool, torch.complex64, torch.float8_e4m3fn]
+
+
+def _tensor(dtype: torch.dtype, n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g).view(dtype)[: n // 16 * 16 // dtype.itemsize]
+
+
+def _files(path: str) -> list[str]:
+    return [f.name for f in read_index(LocalStorage(), path).files]
+
+
+def test_digest_changes_with_any_byte_and_covers_pieces() -> None:
+    x = torch.zeros(PIECE // 4 + 3)  # two pieces
+    _, items = flatten({"x": x})
+    d0 = digests(items)[0]
+    x[-1] = 1.0  # a byte in the second piece
+    assert digests(items)[0] != d0
+    x[-1] = 0.0
+    assert digests(items)[0] == d0 and len(d0) == 16
+
+
+def test_unchanged_chunks_are_referenced_changed_ones_written(tmp_path) -> None:
+    state = {"base": torch.randn(256, 64), "head": torch.randn(8), "step": 0}
+    b, c = Baseline(), Checkpointer()
+    c.save(state, str(tmp_path / "step_00000001"), baseline=b)
+    assert b.source == "step_00000001"
+    state["head"].add_(1.0)
+    c.save(state, str(tmp_path / "step_00000002"), baseline=b)
+    assert _files(str(tmp_path / "step_00000002")) == [
+        "data-r00000-000.safetensors", "step_00000001/data-r00000-000.safetensors"]
+    assert os.path.getsize(tmp_path / "step_00000002" / "data-r00000-000.safetensors") < 8192
+    c.save(state, str(tmp_path / "step_00000003"), baseline=b)
+    # nothing changed: every chunk is referenced where its bytes really are (no chains)
+    assert sorted(_files(str(tmp_path / "step_00000003"))[1:]) == [
+        "step_00000001/data-r00000-000.safetensors", "step_00000002/data-r00000-000.safetensors"]
+    out = shardsafe.load(str(tmp_path / "step_00000003"))
+    assert torch.equal(out["base"], state["base"]) and torch.equal(out["head"], state["head"])
+    c.close()
+
+
+@pytest.mark.parametrize("change", ["shape", "dtype", "same bytes other key"])
+def test_only_the_same_chunk_is_referenced(tmp_path, change: str) -> None:
+    x = torch.arange(64, dtype=torch.float32)
+    b, c = Baseline(), Checkpointer()
+    c.save({"x": x}, str(tmp_path / "step_00000001"), baseline=b)
+    state = {"shape": {"x": x.reshape(8, 8)}, "dtype": {"x": x.view(torch.int32)},
+             "same bytes other key": {"y": x}}[change]
+    c.save(state, str(tmp_path / "step_00000002"), baseline=b)
+    assert _files(str(tmp_path / "step_00000002")) == ["data-r00000-000.safetensors"]
+    c.close()
+
+
+def test_round_trip_every_dtype_in_place_and_new(tmp_path) -> None:
+    state = {f"t{i}": _tensor(dt, 4096, i) for i, dt in enumerate(DTYPES)}
+    state["np"] = np.arange(100, dtype=np.float64)
+    state["empty"] = torch.empty(0, 3)
+    b, c = Baseline(), Checkpointer()
+    for step in range(1, 4):
+        state["t0"].add_(1.0)  # one tensor changes, the others are referenced
+        c.async_save(state, str(tmp_path / f"step_{step:08d}"), baseline=b).result()
+    c.close()
+    path = str(tmp_path / "step_00000003")
+    # t0 is written anew each step; the rest stays where step 1 wrote it
+    assert _files(path) == ["data-r00000-000.safetensors", "step_00000001/data-r00000-000.safetensors"]
+    new = shardsafe.load(path)
+    target = {k: (torch.empty_like(v) if isinstance(v, torch.Tensor) else np.zeros_like(v))
+              for k, v in state.items()}
+    shardsafe.load(path, target)
+    for k, v in state.items():
+        for got in (new[k], target[k]):
+            if isinstance(v, torch.Tensor):
+                assert got.dtype == v.dtype and torch.equal(got.view(torch.uint8), v.view(torch.uint8)), k
+            else:
+                assert np.array_equal(got, v), k
+
+
+def test_reset_writes_everything(tmp_path) -> None:
+    b, c = Baseline(), Checkpointer()
+    c.save({"x": torch.ones(10)}, str(tmp_path / "step_00000001"), baseline=b)
+    b.reset()
+    assert b.source is None and not b.files()
+    c.save({"x": torch.ones(10)}, str(tmp_path / "step_00000002"), baseline=b)
+    assert _files(str(tmp_path / "step_00000002")) == ["data-r00000-000.safetensors"]
+    c.close()
+
+
+def test_a_failed_save_does_not_advance_the_baseline(tmp_path) -> None:
+    b, c = Baseline(), Checkpointer()
+    c.save({"x": torch.ones(10)}, str(tmp_path / "step_00000001"), baseline=b)
+    (tmp_path / "step_00000002").mkdir()
+    (tmp_path / "step_00000002" / "foreign").write_text("not ours")
+    with pytest.raises(shardsafe.CheckpointError):
+        c.save({"x": torch.ones(10)}, str(tmp_path / "step_00000002"), baseline=b)
+    assert b.source == "step_00000001"
+    c.close()
