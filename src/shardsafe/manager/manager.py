@@ -398,6 +398,8 @@ class CheckpointManager:
         name = self._dir.committed().get(step)
         if name is None and step_name(step) not in self._dir.leftovers():
             raise CheckpointNotFoundError(f"step {step} does not exist in {self._url!r}")
+        if self._baseline is not None and self._baseline.source in (name, step_name(step)):
+            self._baseline.reset()  # nothing in flight (waited above): the next save is full
         if agreement.is_leader():  # with several ranks, rank 0 deletes for all of them
             inflight = self._inflight.step
             self._dir.delete(step, name, self._pinned(),
