@@ -1,0 +1,94 @@
+"""The CLI on an incremental manager directory: info, ls, verify, export and gc understand
+references to earlier steps' data files."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import shardsafe  # noqa: E402
+from shardsafe.manager.lock import LOCK_NAME  # noqa: E402
+
+DATA = "data-r00000-000.safetensors"
+BASE = torch.arange(32768, dtype=torch.float32)  # 128 KiB, never changes
+
+
+def _run(root: str, steps: int = 4, max_to_keep: int | None = 2) -> None:
+    with shardsafe.CheckpointManager(root, max_to_keep=max_to_keep, incremental=True) as mgr:
+        for step in range(steps):
+            mgr.save(step, {"base": BASE, "adapter": torch.full((16,), float(step)), "step": step})
+    assert LOCK_NAME not in os.listdir(root)  # released on close
+
+
+def test_info_separates_own_and_referenced_bytes(cli, tmp_path) -> None:  # noqa: ANN001
+    root = str(tmp_path / "run")
+    _run(root)
+    p = cli("info", os.path.join(root, "step_00000003"), "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["referenced_bytes"] == BASE.nbytes
+    assert d["bytes"] < 8192  # the adapter, the header and padding
+    assert [f["reference"] for f in d["files"]] == [False, True]
+    text = cli("info", os.path.join(root, "step_00000003")).stdout
+    assert "references   128.0 KiB of unchanged chunks in 1 data file(s) of step_00000000" in text
+
+
+def test_ls_shows_references_and_referenced_leftovers(cli, tmp_path) -> None:  # noqa: ANN001
+    root = str(tmp_path / "run")
+    _run(root)
+    p = cli("ls", root, "--json")
+    assert p.returncode == 0, p.stderr
+    rows = {r["name"]: r for r in json.loads(p.stdout)}
+    assert rows["step_00000000"]["state"] == "referenced"  # retired, its data still in use
+    assert rows["step_00000003"]["state"] == "committed"
+    assert rows["step_00000003"]["referenced_bytes"] == BASE.nbytes
+    assert "(+128.0 KiB referenced)" in cli("ls", root).stdout
+
+
+def test_verify_checks_referenced_data(cli, tmp_path) -> None:  # noqa: ANN001
+    root = str(tmp_path / "run")
+    _run(root)
+    ok = cli("verify", root)
+    assert ok.returncode == 0 and "OK  step_00000003: 2 tensors, 2 file(s)" in ok.stdout, ok.stdout
+    victim = os.path.join(root, "step_00000000", DATA)
+    data = bytearray(open(victim, "rb").read())
+    data[4096 + 100] ^= 0x01  # inside the base, which every kept step references
+    open(victim, "wb").write(bytes(data))
+    bad = cli("verify", root)
+    assert bad.returncode == 1
+    assert "2 of 2 checkpoint(s) damaged" in bad.stdout and f"step_00000000/{DATA}" in bad.stdout
+
+
+def test_export_copies_referenced_tensors(cli, tmp_path) -> None:  # noqa: ANN001
+    from safetensors.torch import load_file
+
+    root = str(tmp_path / "run")
+    _run(root)
+    out = str(tmp_path / "step3.safetensors")
+    p = cli("export", os.path.join(root, "step_00000003"), out)
+    assert p.returncode == 0, p.stderr
+    got = load_file(out)
+    assert torch.equal(got["base"], BASE) and torch.equal(got["adapter"], torch.full((16,), 3.0))
+
+
+def test_gc_keeps_referenced_data(cli, tmp_path) -> None:  # noqa: ANN001
+    root = str(tmp_path / "run")
+    _run(root, steps=4, max_to_keep=None)
+    dry = cli("gc", root, "--max-to-keep", "1", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would delete step_00000000 (step 0)" in dry.stdout
+    assert "kept step_00000000: 1 data file(s) that committed checkpoints reference" in dry.stdout
+    assert len(os.listdir(root)) == 4  # a dry run removes nothing
+    p = cli("gc", root, "--max-to-keep", "1")
+    assert p.returncode == 0, p.stderr
+    assert sorted(os.listdir(root)) == ["step_00000000", "step_00000003"]
+    assert os.listdir(os.path.join(root, "step_00000000")) == [DATA]
+    assert torch.equal(shardsafe.load(os.path.join(root, "step_00000003"))["base"], BASE)
+    shardsafe.delete(os.path.join(root, "step_00000003"))
+    p = cli("gc", root, "--min-age", "0")  # nothing references step 0's data any more
+    assert p.returncode == 0 and "deleted leftover step_00000000" in p.stdout, p.stdout
+    assert os.listdir(root) == []
