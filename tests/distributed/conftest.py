@@ -12,7 +12,7 @@ Results = dict[tuple[str, int], list[dict[str, Any] | None]]
 # save on 4 ranks, reload on 4, 3 and 2, comm checks and async saves on 3: one interpreter
 # start-up per process instead of one per phase
 PHASES = [("save", 4), ("load", 4), ("load", 3), ("load", 2), ("comm", 3), ("async", 3),
-          ("manager", 3)]
+          ("manager", 3), ("incremental", 3)]
 
 
 @pytest.fixture(scope="session")

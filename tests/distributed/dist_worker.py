@@ -343,8 +343,34 @@ def s_lost(out: str) -> dict[str, Any]:
     return res
 
 
+def s_incremental(out: str) -> dict[str, Any]:
+    """An incremental manager on every rank: a row-sharded frozen base, a changing adapter."""
+    from shardsafe.api.load import read_checkpoint_index
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    full = torch.arange(WORLD * 64 * 64, dtype=torch.float32).reshape(WORLD * 64, 64)
+    base = distribute_tensor(full, mesh, [Shard(0)])
+    directory = os.path.join(out, "incremental")
+    with shardsafe.CheckpointManager(directory, max_to_keep=2, incremental=True) as mgr:
+        for step in range(4):
+            mgr.save(step, {"base": base, "adapter": torch.full((100,), float(step)), "step": step})
+        mgr.wait_until_finished()
+        steps = mgr.all_steps()
+    dist.barrier()
+    last = os.path.join(directory, "step_00000003")
+    target = {"base": distribute_tensor(torch.zeros_like(full), mesh, [Shard(0)]),
+              "adapter": torch.zeros(100), "step": 0}
+    with shardsafe.CheckpointManager(directory, read_only=True) as mgr:
+        restored = mgr.restore(target)
+    return {"steps": steps, "restored": restored, "step": target["step"],
+            "base_ok": torch.equal(target["base"].to_local(), base.to_local()),
+            "adapter": target["adapter"].tolist() == [3.0] * 100,
+            "files": [f.name for f in read_checkpoint_index(last).files],
+            "own_bytes": os.path.getsize(os.path.join(last, f"data-r{RANK:05d}-000.safetensors"))}
+
+
 SCENARIOS = {"comm": s_comm, "save": s_save, "load": s_load, "kill": s_kill, "async": s_async,
-             "manager": s_manager, "lost": s_lost}
+             "manager": s_manager, "lost": s_lost, "incremental": s_incremental}
 
 
 def main() -> None:
