@@ -11,7 +11,8 @@ import torch
 import shardsafe
 from shardsafe.engine.checkpointer import Checkpointer
 from shardsafe.engine.commit import read_index
-from shardsafe.engine.incremental import PIECE, Baseline, digests
+from shardsafe.engine import incremental
+from shardsafe.engine.incremental import ALGORITHMS, PIECE, Baseline, algorithm, digests
 from shardsafe.plan.flatten import flatten
 from shardsafe.storage import LocalStorage
 
@@ -28,14 +29,20 @@ def _files(path: str) -> list[str]:
     return [f.name for f in read_index(LocalStorage(), path).files]
 
 
-def test_digest_changes_with_any_byte_and_covers_pieces() -> None:
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_digest_changes_with_any_byte_and_covers_pieces(monkeypatch, name: str) -> None:
+    monkeypatch.setattr(incremental, "_chosen", [name])
     x = torch.zeros(PIECE // 4 + 3)  # two pieces
     _, items = flatten({"x": x})
     d0 = digests(items)[0]
     x[-1] = 1.0  # a byte in the second piece
     assert digests(items)[0] != d0
     x[-1] = 0.0
-    assert digests(items)[0] == d0 and len(d0) == 16
+    assert digests(items)[0] == d0 and len(d0) == 32
+
+
+def test_the_faster_algorithm_is_chosen_once() -> None:
+    assert algorithm() in ALGORITHMS and algorithm() == algorithm()
 
 
 def test_unchanged_chunks_are_referenced_changed_ones_written(tmp_path) -> None:

@@ -8,13 +8,16 @@ dtype, global shape, position and shape in the baseline; an equal digest means t
 bytes are equal, and the new index references the stored bytes instead of writing them
 again (``Split.refs``).
 
-Change detection is exact: the digest is BLAKE2b with a 128-bit output (``hashlib``)
-of the exact bytes being saved, so two different contents collide with probability
-about 2^-128 per comparison even for an adversary who does not know the previous
-bytes; on top of the digest the key, dtype, shapes and byte count must be equal. The
-bytes are hashed in pieces of ``PIECE`` bytes on the I/O pool (``hashlib`` releases
-the GIL for large buffers), so hashing runs on every I/O thread; the chunk's digest is
-the BLAKE2b of its piece digests and byte count.
+Change detection is exact: the digest is a 256-bit cryptographic hash (SHA-256 or
+BLAKE2b-256 from ``hashlib``, whichever this machine computes faster: SHA-256 where the
+CPU has SHA instructions) of the exact bytes being saved. Different contents get equal
+digests with probability about 2^-256 per comparison, and even a deliberate collision
+would cost about 2^128 work; on top of the digest the key, dtype, shapes and byte count
+must be equal. The bytes are hashed in pieces of ``PIECE`` bytes on the I/O pool
+(``hashlib`` releases the GIL for large buffers), so hashing runs on every I/O thread;
+a chunk's digest is the hash of its byte count and its piece digests. The algorithm is
+chosen once per process, and digests live only in that process's memory, so two
+algorithms are never compared with each other.
 
 A reference always names the file that really holds the bytes (``step_N/<file>``, a
 name relative to the manager directory): a chunk referenced by the previous save keeps
@@ -26,8 +29,10 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import tensors
 from ..format.index_common import FileEntry, split_reference
@@ -36,8 +41,11 @@ from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
 from .io_pool import io_pool, wait_all
 
-DIGEST_SIZE = 16  # bytes: 128-bit BLAKE2b
+DIGEST_SIZE = 32  # bytes: 256-bit digests
 PIECE = 16 << 20  # bytes hashed by one I/O-pool job
+ALGORITHMS = ("sha256", "blake2b")  # both 256-bit cryptographic hashes in hashlib
+_CALIBRATION = 4 << 20  # bytes each candidate hashes once to pick the faster
+_chosen: list[str] = []
 
 ChunkKey = tuple[KeyPath, str, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
@@ -78,19 +86,41 @@ def chunk_key(it: TensorItem) -> ChunkKey:
     return (tuple(it.path), it.dtype, tuple(it.shape), tuple(it.offsets), tuple(it.local_shape))
 
 
-def _hash_piece(data: memoryview) -> bytes:
-    return hashlib.blake2b(data, digest_size=DIGEST_SIZE).digest()
+def algorithm() -> str:
+    """The hash of this process: the faster of ``ALGORITHMS`` here (measured once)."""
+    if not _chosen:
+        data = bytes(_CALIBRATION)
+        best = min(ALGORITHMS, key=lambda name: _timed(name, data))
+        _chosen.append(best)
+    return _chosen[0]
+
+
+def _timed(name: str, data: bytes) -> float:
+    t0 = time.perf_counter()
+    _new(name).update(data)
+    return time.perf_counter() - t0
+
+
+def _new(name: str) -> Any:
+    return hashlib.blake2b(digest_size=DIGEST_SIZE) if name == "blake2b" else hashlib.sha256()
+
+
+def _hash_piece(name: str, data: memoryview) -> bytes:
+    h = _new(name)
+    h.update(data)
+    return h.digest()
 
 
 def digests(items: Sequence[TensorItem]) -> dict[int, bytes]:
-    """BLAKE2b-128 of each item's bytes, by item id, hashed in parallel on the I/O pool."""
+    """256-bit digest of each item's bytes, by item id, hashed in parallel on the I/O pool."""
+    name = algorithm()
     views = {it.id: memoryview(tensors.host_bytes(it.value)) for it in items}
-    jobs = {i: [io_pool().submit(_hash_piece, v[a : a + PIECE]) for a in range(0, len(v), PIECE)]
+    jobs = {i: [io_pool().submit(_hash_piece, name, v[a : a + PIECE]) for a in range(0, len(v), PIECE)]
             for i, v in views.items()}
     wait_all([f for fs in jobs.values() for f in fs])
     out = {}
     for i, fs in jobs.items():
-        h = hashlib.blake2b(digest_size=DIGEST_SIZE)
+        h = _new(name)
         h.update(len(views[i]).to_bytes(8, "little"))
         for f in fs:
             h.update(f.result())
