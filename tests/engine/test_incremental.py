@@ -89,6 +89,8 @@ def test_round_trip_every_dtype_in_place_and_new(tmp_path) -> None:
     # t0 is written anew each step; the rest stays where step 1 wrote it
     assert _files(path) == ["data-r00000-000.safetensors", "step_00000001/data-r00000-000.safetensors"]
     new = shardsafe.load(path)
+    mapped = shardsafe.load(path, mmap=True)  # maps the referenced file of step 1 too
+    assert torch.equal(mapped["t1"].view(torch.uint8), state["t1"].view(torch.uint8))
     target = {k: (torch.empty_like(v) if isinstance(v, torch.Tensor) else np.zeros_like(v))
               for k, v in state.items()}
     shardsafe.load(path, target)

@@ -17,7 +17,8 @@ must be equal. The bytes are hashed in pieces of ``PIECE`` bytes on the I/O pool
 (``hashlib`` releases the GIL for large buffers), so hashing runs on every I/O thread;
 a chunk's digest is the hash of its byte count and its piece digests. The algorithm is
 chosen once per process, and digests live only in that process's memory, so two
-algorithms are never compared with each other.
+algorithms are never compared with each other. (A CUDA tensor is copied to the host to
+be hashed, one tensor at a time.)
 
 A reference always names the file that really holds the bytes (``step_N/<file>``, a
 name relative to the manager directory): a chunk referenced by the previous save keeps
