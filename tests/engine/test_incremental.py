@@ -112,6 +112,14 @@ def test_reset_writes_everything(tmp_path) -> None:
     c.close()
 
 
+def test_keep_only_if_forgets_a_baseline_whose_step_is_gone(tmp_path) -> None:
+    b, c = Baseline(), Checkpointer()
+    c.save({"x": torch.ones(10)}, str(tmp_path / "step_00000001"), baseline=b)
+    c.close()
+    assert not b.keep_only_if(["step_00000001", "step_00000000"]) and b.source == "step_00000001"
+    assert b.keep_only_if(["step_00000000"]) and b.source is None and not b.files()
+
+
 def test_a_failed_save_does_not_advance_the_baseline(tmp_path) -> None:
     b, c = Baseline(), Checkpointer()
     c.save({"x": torch.ones(10)}, str(tmp_path / "step_00000001"), baseline=b)

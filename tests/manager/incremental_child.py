@@ -19,7 +19,7 @@ MAX_TO_KEEP = 2
 def expected(step: int) -> dict:
     """The state at ``step``: the base never changes, the adapter does every step."""
     return {"base": torch.arange(BASE_NUMEL, dtype=torch.float32),
-            "adapter": {"a": torch.full((257,), float(step)), "b": torch.arange(64) + step},
+            "adapter": {"a": torch.full((1 << 18,), float(step)), "b": torch.arange(64) + step},
             "step": step}
 
 

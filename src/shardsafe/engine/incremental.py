@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,6 +156,15 @@ class Baseline:
         """Forgets everything: the next save writes every chunk."""
         with self._lock:
             self._source, self._chunks = None, {}
+
+    def keep_only_if(self, steps: Iterable[str]) -> bool:
+        """Resets unless its step is one of ``steps`` (the committed step directory names);
+        True if it did (its step was deleted, rolled back or set aside)."""
+        with self._lock:
+            gone = self._source is not None and self._source not in set(steps)
+            if gone:
+                self._source, self._chunks = None, {}
+        return gone
 
     def split(self, items: Sequence[TensorItem]) -> Split:
         """Hashes ``items`` and divides them into changed ones and ones stored already."""

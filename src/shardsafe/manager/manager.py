@@ -312,13 +312,9 @@ class CheckpointManager:
                               f"older step with rollback=True to continue from it)")
 
     def _check_baseline(self) -> None:
-        """Forgets the incremental baseline when its step is no longer committed (deleted,
-        rolled back, set aside): the next save then writes every chunk."""
-        b = self._baseline
-        if b is not None and b.source is not None and b.source not in self._dir.committed().values():
-            log.info("incremental baseline %s is gone from %s; the next save writes everything",
-                     b.source, self._url)
-            b.reset()
+        """Forgets the incremental baseline if its step is gone: the next save is full."""
+        if self._baseline is not None and self._baseline.keep_only_if(self._dir.committed().values()):
+            log.info("the incremental baseline's step left %s; the next save writes everything", self._url)
 
     def _pinned(self) -> set[str]:
         """Files a save in flight may reference (incremental saves): the baseline's files,
@@ -398,8 +394,8 @@ class CheckpointManager:
         name = self._dir.committed().get(step)
         if name is None and step_name(step) not in self._dir.leftovers():
             raise CheckpointNotFoundError(f"step {step} does not exist in {self._url!r}")
-        if self._baseline is not None and self._baseline.source in (name, step_name(step)):
-            self._baseline.reset()  # nothing in flight (waited above): the next save is full
+        if self._baseline is not None:  # nothing in flight (waited above)
+            self._baseline.keep_only_if({n for s, n in self._dir.committed().items() if s != step})
         if agreement.is_leader():  # with several ranks, rank 0 deletes for all of them
             inflight = self._inflight.step
             self._dir.delete(step, name, self._pinned(),
