@@ -242,3 +242,12 @@ def test_makedirs_and_sync_dir_are_harmless(backend: Backend) -> None:
     s.write(backend.path("d", "e", "f"), [memoryview(b"1")])
     s.sync_dir(backend.path("d", "e"))
     assert s.read(backend.path("d", "e", "f")) == b"1"
+
+
+def test_sibling_file_resolves_next_to_the_checkpoint(backend: Backend) -> None:
+    backend.storage.makedirs(backend.path("step_1"))
+    backend.storage.write(backend.path("step_1", "data.bin"), [memoryview(b"referenced")])
+    ckpt = backend.path("step_2")
+    for path in (ckpt, ckpt + "/"):  # a trailing slash names the same checkpoint
+        got = backend.storage.sibling_file(path, "step_1", "data.bin")
+        assert backend.storage.read(got) == b"referenced"

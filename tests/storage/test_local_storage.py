@@ -159,3 +159,19 @@ def test_sync_dir_and_missing(tmp_path) -> None:
         s.size(str(tmp_path / "absent"))
     with pytest.raises(FileNotFoundError):
         s.read(str(tmp_path / "absent"))
+
+
+def test_sibling_file_refuses_a_symlinked_or_missing_directory(tmp_path) -> None:  # noqa: ANN001
+    from shardsafe.errors import CorruptCheckpointError
+
+    s = LocalStorage()
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    (tmp_path / "plain").write_bytes(b"")
+    ckpt = str(tmp_path / "step_2")
+    assert s.sibling_file(ckpt, "real", "f") == str(tmp_path / "real" / "f")
+    for name in ("link", "plain"):
+        with pytest.raises(CorruptCheckpointError, match="not a directory"):
+            s.sibling_file(ckpt, name, "f")
+    with pytest.raises(FileNotFoundError):
+        s.sibling_file(ckpt, "absent", "f")
