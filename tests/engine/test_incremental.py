@@ -120,6 +120,16 @@ def test_keep_only_if_forgets_a_baseline_whose_step_is_gone(tmp_path) -> None:
     assert b.keep_only_if(["step_00000000"]) and b.source is None and not b.files()
 
 
+def test_a_save_into_another_directory_references_nothing(tmp_path) -> None:
+    b, c = Baseline(), Checkpointer()
+    c.save({"x": torch.ones(10)}, str(tmp_path / "a" / "step_00000001"), baseline=b)
+    c.save({"x": torch.ones(10)}, str(tmp_path / "b" / "step_00000002"), baseline=b)
+    assert _files(str(tmp_path / "b" / "step_00000002")) == ["data-r00000-000.safetensors"]
+    c.save({"x": torch.ones(10)}, str(tmp_path / "b" / "step_00000003"), baseline=b)
+    assert len(_files(str(tmp_path / "b" / "step_00000003"))) == 2
+    c.close()
+
+
 def test_a_failed_save_does_not_advance_the_baseline(tmp_path) -> None:
     b, c = Baseline(), Checkpointer()
     c.save({"x": torch.ones(10)}, str(tmp_path / "step_00000001"), baseline=b)

@@ -40,6 +40,7 @@ from ..format.index_common import FileEntry, split_reference
 from ..format.tree import KeyPath
 from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
+from .commit import split_path
 from .io_pool import io_pool, wait_all
 
 DIGEST_SIZE = 32  # bytes: 256-bit digests
@@ -140,6 +141,7 @@ class Baseline:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._source: str | None = None
+        self._parent: str | None = None
         self._chunks: dict[ChunkKey, tuple[bytes, ChunkRef]] = {}
 
     @property
@@ -166,26 +168,32 @@ class Baseline:
                 self._source, self._chunks = None, {}
         return gone
 
-    def split(self, items: Sequence[TensorItem]) -> Split:
-        """Hashes ``items`` and divides them into changed ones and ones stored already."""
+    def split(self, items: Sequence[TensorItem], path: str) -> Split:
+        """Hashes ``items`` and divides them into changed ones and ones stored already.
+
+        ``path``: the checkpoint being saved. References resolve against its parent, so
+        only a save into the baseline step's parent references anything.
+        """
         sums = digests(items)
         out = Split([], digests=sums)
         with self._lock:
+            known_chunks = self._chunks if split_path(path)[0] == self._parent else {}
             for it in items:
-                known = self._chunks.get(chunk_key(it))
+                known = known_chunks.get(chunk_key(it))
                 if known is not None and known[0] == sums[it.id] and it.nbytes > 0:
                     out.refs.append((it, known[1]))
                 else:
                     out.write.append(it)
         return out
 
-    def advance(self, step_dir: str, plans: Sequence[FilePlan],
+    def advance(self, path: str, plans: Sequence[FilePlan],
                 checksums: Sequence[Sequence[Sequence[int]]], split: Split, rank: int) -> None:
-        """After save ``step_dir`` committed: its chunks become the baseline.
+        """After the save to ``path`` committed: its chunks become the baseline.
 
         ``plans``/``checksums``: the files this rank wrote and their per-item block
         checksums; ``split``: what it hashed and referenced.
         """
+        parent, step_dir = split_path(path)
         chunks: dict[ChunkKey, tuple[bytes, ChunkRef]] = {}
         for plan, per_item in zip(plans, checksums):
             f = FileEntry(f"{step_dir}/{plan.name}", plan.layout.size, plan.layout.data_start, rank)
@@ -195,7 +203,7 @@ class Baseline:
         for it, ref in split.refs:
             chunks[chunk_key(it)] = (split.digests[it.id], ref)
         with self._lock:
-            self._source, self._chunks = step_dir, chunks
+            self._parent, self._source, self._chunks = parent, step_dir, chunks
 
 
 def reference_files(refs: Sequence[tuple[TensorItem, ChunkRef]]) -> list[FileEntry]:

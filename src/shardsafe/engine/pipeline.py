@@ -18,7 +18,6 @@ background thread (bounded by ``timeout``). What the phases hand each other,
 from __future__ import annotations
 
 import logging
-import posixpath
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -59,7 +58,7 @@ def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
         wait = knobs.timeout() if timeout is None else float(timeout)
         p = plan_exchange.plan_collective(state, storage, spath, comm, overwrite=overwrite,
                                           metadata=md, timeout=wait)
-        split = baseline.split(p.mine) if baseline is not None else None
+        split = baseline.split(p.mine, spath) if baseline is not None else None
         mine = split.write if split is not None else p.mine
         return PreparedSave(storage, p.txn, p.tree, p.items, [plan_file(data_file_name(comm.rank), mine)],
                             md, comm, comm.channel(p.token), wait, baseline=baseline, split=split)
@@ -67,7 +66,7 @@ def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
     localize(items, comm.group_rank)  # DTensors on a one-rank mesh: their local tensor
     check_metadata(md)
     txn = commit.plan_transaction(storage, spath, overwrite=overwrite, token=uuid.uuid4().hex[:16])
-    split = baseline.split(items) if baseline is not None else None
+    split = baseline.split(items, spath) if baseline is not None else None
     plans = [plan_file(data_file_name(comm.rank), split.write if split is not None else items)]
     return PreparedSave(storage, txn, tree, items, plans, md, comm, baseline=baseline, split=split)
 
@@ -95,8 +94,7 @@ def commit_save(prep: PreparedSave, sums: Sequence[list[list[int]]]) -> None:
     else:
         two_phase_commit.commit_save(prep, local_entries(prep, sums))
     if prep.baseline is not None and prep.split is not None:  # committed: the next save compares with it
-        step_dir = posixpath.basename(prep.txn.final.rstrip("/"))
-        prep.baseline.advance(step_dir, prep.plans, sums, prep.split, prep.comm.rank)
+        prep.baseline.advance(prep.txn.final, prep.plans, sums, prep.split, prep.comm.rank)
 
 
 def abort(prep: PreparedSave, error: BaseException | None = None) -> None:
