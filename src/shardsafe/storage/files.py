@@ -14,7 +14,9 @@ index are opened here, and only here, under these rules (docs/FORMAT.md section 
 
 Data file names are single components (format.index refuses separators), so the entries
 opened here sit directly in the checkpoint directory; the directory itself is the
-caller's choice of path and may be reached through a symlink.
+caller's choice of path and may be reached through a symlink. A reference of an
+incremental save (``<step directory>/<file>``) names a file of a sibling directory,
+which ``check_directory`` requires to be a real directory, never a symlink.
 
 A refusal raises ``CorruptCheckpointError`` naming the file before any byte is read.
 A missing file raises ``FileNotFoundError`` (callers decide whether that means "not a
