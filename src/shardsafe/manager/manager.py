@@ -34,7 +34,6 @@ from typing import Any
 
 from ..comm import agreement
 from ..engine.checkpointer import Checkpointer
-from ..engine.incremental import Baseline
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ..storage import storage_for
 from . import recovery, saving
@@ -105,8 +104,7 @@ class CheckpointManager:
         self._closed = False
         self._worker: ThreadPoolExecutor | None = None
         self._saver: Checkpointer | None = None
-        # incremental saves: what this rank's previous committed save wrote (in memory)
-        self._baseline = Baseline() if self._opts.incremental and not self._opts.read_only else None
+        self._incr = saving.Incremental(self._opts.incremental and not self._opts.read_only)
         self._owner_lock: DirectoryLock | None = None
         self._watcher = PreemptionWatcher(self._opts.preemption_signals)  # main thread check first
         built = False
@@ -273,7 +271,7 @@ class CheckpointManager:
         self.wait_until_finished()
         if not self._step_is_new(step, force):
             return False
-        self._check_baseline()
+        self._incr.keep_only_if(self._dir.committed().values(), self._url)
         now = time.time()
         url = self._dir.storage.join(self._url, step_name(step))
         assert self._worker is not None and self._saver is not None
@@ -281,7 +279,7 @@ class CheckpointManager:
             job = saving.start_save(self._saver, state, url,
                                     metadata=manager_metadata(step, now, metrics),
                                     storage_options=self._opts.storage_options,
-                                    background=self._opts.async_save, baseline=self._baseline)
+                                    background=self._opts.async_save, baseline=self._incr.baseline)
         except OSError as e:
             raise CheckpointError(f"saving step {step} to {url!r} failed: {e}") from e
         self._last_started, self._last_save_time = step, now
@@ -311,16 +309,6 @@ class CheckpointManager:
                               f"step there is {latest} and steps must increase (restore an "
                               f"older step with rollback=True to continue from it)")
 
-    def _check_baseline(self) -> None:
-        """Forgets the incremental baseline if its step is gone: the next save is full."""
-        if self._baseline is not None and self._baseline.keep_only_if(self._dir.committed().values()):
-            log.info("the incremental baseline's step left %s; the next save writes everything", self._url)
-
-    def _pinned(self) -> set[str]:
-        """Files a save in flight may reference (incremental saves): the baseline's files,
-        which hold every chunk the next or current save can reference."""
-        return self._baseline.files() if self._baseline is not None else set()
-
     def _after_save(self, step: int, url: str, job: saving.SaveJob, seq: int) -> None:
         """Wait for the commit, then apply retention (worker thread, or the caller's)."""
         try:
@@ -339,11 +327,8 @@ class CheckpointManager:
             raise CheckpointError(f"step {step} was saved, but retention failed: {e}") from e
 
     def _apply_retention(self) -> None:
-        """Rank 0: deletes the steps the retention policy drops.
-
-        Each is un-committed (index first), then one mark-and-sweep removes the data no
-        committed step references (incremental saves keep what kept steps reference).
-        """
+        """Rank 0: un-commits the steps the retention policy drops, then sweeps their data
+        (``engine.sweep``: what a kept step references stays)."""
         committed = self._dir.committed()
         dropped = steps_to_delete(self._records.of(committed), self._policy)
         for s in dropped:
@@ -351,7 +336,7 @@ class CheckpointManager:
             self._records.forget(s)
             log.info("retention deleted step %d in %s", s, self._url)
         if dropped:
-            self._dir.sweep(self._pinned())
+            self._dir.sweep(self._incr.pinned())
 
     def wait_until_finished(self) -> None:
         """Blocks until the save in flight is committed and retention has run.
@@ -387,18 +372,15 @@ class CheckpointManager:
             CheckpointNotFoundError: There is no such step.
         """
         self._check_writable("delete")
-        if step == self._inflight.step or self._baseline is not None:
-            # incremental: the save in flight may reference this step's files, and its
-            # references are in no committed index yet
-            self.wait_until_finished()
+        if step == self._inflight.step or self._incr.baseline is not None:
+            self.wait_until_finished()  # (incremental: its references are not committed yet)
         name = self._dir.committed().get(step)
         if name is None and step_name(step) not in self._dir.leftovers():
             raise CheckpointNotFoundError(f"step {step} does not exist in {self._url!r}")
-        if self._baseline is not None:  # nothing in flight (waited above)
-            self._baseline.keep_only_if({n for s, n in self._dir.committed().items() if s != step})
+        self._incr.keep_only_if([n for s, n in self._dir.committed().items() if s != step], self._url)
         if agreement.is_leader():  # with several ranks, rank 0 deletes for all of them
             inflight = self._inflight.step
-            self._dir.delete(step, name, self._pinned(),
+            self._dir.delete(step, name, self._incr.pinned(),
                              exclude=[step_name(inflight)] if inflight is not None else [])
         self._records.forget(step)
 

@@ -8,11 +8,14 @@ any error of the write.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from ..engine.checkpointer import Checkpointer
 from ..engine.incremental import Baseline
+
+log = logging.getLogger("shardsafe")
 
 
 class SaveJob(Protocol):
@@ -53,3 +56,22 @@ def start_save(saver: Checkpointer, state: Mapping[str, Any], path: str, *,
         return _Finished()
     return saver.async_save(state, path, staging="blocking", metadata=metadata, storage_options=opts,
                             baseline=baseline)
+
+
+class Incremental:
+    """The manager's incremental-save state: the baseline of its previous committed save
+    (None when ``incremental`` is off) and what a save in flight may reference."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.baseline = Baseline() if enabled else None
+
+    def keep_only_if(self, committed: Iterable[str], where: str) -> None:
+        """Forgets the baseline unless its step is among ``committed`` (step directory
+        names): after a delete, rollback or set-aside the next save writes everything."""
+        if self.baseline is not None and self.baseline.keep_only_if(committed):
+            log.info("the incremental baseline's step left %s; the next save writes everything", where)
+
+    def pinned(self) -> set[str]:
+        """Files a save in flight may reference (``<step dir>/<file>``): the baseline's files
+        hold every chunk the current or next save can reference; sweeps keep them."""
+        return self.baseline.files() if self.baseline is not None else set()
