@@ -28,7 +28,7 @@ import os
 import time
 import weakref
 from collections.abc import Mapping, MutableMapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
@@ -39,33 +39,16 @@ from ..storage import storage_for
 from . import recovery, saving
 from .lock import DirectoryLock
 from .options import ManagerOptions
-from .interval import AutoInterval
-from .local_tier import LocalTier
 from .policy import best_step, policy_from_options, steps_to_delete
 from .preemption import PreemptionWatcher
 from .records import StepRecords
 from .save_policy import SaveContext, save_policy_from_options, varies_between_ranks
+from .saving import Inflight, report_uncollected
 from .steps import StepDirectory, encode_metrics, manager_metadata, step_name
-from .tier_restore import RestoreInfo, restore_local
+from .tier_restore import RestoreInfo
+from .tiers import Tiers
 
 log = logging.getLogger("shardsafe")
-
-
-class _Inflight:
-    """The save in flight (shared with the at-exit reporter, which must not hold the manager)."""
-
-    def __init__(self) -> None:
-        self.future: Future | None = None
-        self.step: int | None = None
-
-
-def _report_uncollected(slot: _Inflight, lock: DirectoryLock | None) -> None:
-    fut = slot.future
-    if fut is not None and fut.done() and fut.exception() is not None:
-        log.error("checkpoint save of step %s failed and nobody called wait_until_finished() "
-                  "or close(): %s", slot.step, fut.exception())
-    if lock is not None:
-        lock.release_quietly()
 
 
 class CheckpointManager:
@@ -99,7 +82,7 @@ class CheckpointManager:
         self._policy = policy_from_options(self._opts)
         self._save_policy = save_policy_from_options(self._opts)
         self._records = StepRecords(self._dir, self._url, read_only=self._opts.read_only)
-        self._inflight = _Inflight()
+        self._inflight = Inflight()
         self._last_started: int | None = None
         self._saved_after_signal = False
         self._peer_preempted = False  # another rank received a preemption signal
@@ -108,10 +91,7 @@ class CheckpointManager:
         self._worker: ThreadPoolExecutor | None = None
         self._saver: Checkpointer | None = None
         self._owner_lock: DirectoryLock | None = None
-        self._tier: LocalTier | None = None
-        self._last_restore: RestoreInfo | None = None
-        self._auto = (AutoInterval(self._opts.expected_mtbf_seconds, self._agree_interval)
-                      if self._opts.expected_mtbf_seconds is not None else None)
+        self._tiers = Tiers(self._opts, writable=False)
         self._watcher = PreemptionWatcher(self._opts.preemption_signals)  # main thread check first
         built = False
         try:
@@ -122,7 +102,7 @@ class CheckpointManager:
                 agreement.leader_decides(self._take_directory, what=f"locking {self._url!r}")
                 self._worker = ThreadPoolExecutor(1, thread_name_prefix="shardsafe-manager")
                 self._saver = Checkpointer()  # keeps its staging buffers from one save to the next
-                self._tier = self._make_tier()
+                self._tiers = Tiers(self._opts, writable=True)  # the local tier, if any
             self._last_save_time = self._initial_save_time()
             built = True
         finally:
@@ -130,7 +110,7 @@ class CheckpointManager:
                 self._watcher.close()
                 if self._owner_lock is not None:
                     self._owner_lock.release()
-        self._finalizer = weakref.finalize(self, _report_uncollected, self._inflight, self._owner_lock)
+        self._finalizer = weakref.finalize(self, report_uncollected, self._inflight, self._owner_lock)
 
     def _take_directory(self) -> None:
         """Rank 0: takes the owner lock, then removes crash leftovers (now safely ours)."""
@@ -212,7 +192,7 @@ class CheckpointManager:
         latest = self._latest_known() if self._opts.initial_save else None
         ctx = SaveContext(step=step, now=time.time(), last_save_time=self._last_save_time,
                           latest_step=latest, preempted=self._due_by_preemption())
-        due = self._save_policy.should_save(ctx) or (self._auto is not None and self._auto.due(step))
+        due = self._save_policy.should_save(ctx) or self._tiers.due(step)
         if agreement.world_size() > 1 and varies_between_ranks(self._opts):
             due, peer_signal = agreement.any_rank([due, self._preempted()])
             if peer_signal and not self._preempted():
@@ -266,16 +246,13 @@ class CheckpointManager:
         Raises:
             CheckpointError: ``force`` and ``step`` exists or is older than the newest step,
                 the manager is read-only or closed, or the previous background save failed
-                (its error); also the previous local-tier save's error (``local_directory``),
-                raised after this step's saves have started.
+                (its error); also the previous local-tier save's error, raised after this
+                step's saves have started.
             TypeError: A value in ``state`` or ``metrics`` cannot be saved (names the key).
         """
         t0 = time.monotonic()
         saved = self._save_persistent(step, state, metrics=metrics, force=force)
-        if saved and self._auto is not None:
-            self._auto.saved(step, time.monotonic() - t0)
-        if self._tier is not None and self._tier.due(step):
-            self._tier.save(step, state)
+        self._tiers.after_save(step, state, saved, time.monotonic() - t0)
         return saved
 
     def _save_persistent(self, step: int, state: Mapping[str, Any], *,
@@ -286,8 +263,8 @@ class CheckpointManager:
         if not force and not self._due(step):
             return False
         encode_metrics(metrics)  # fail on bad metrics before waiting or writing anything
-        self.wait_until_finished()
-        if not self._step_is_new(step, force):
+        self._wait_persistent()  # a local-tier error is raised after this step's saves started
+        if not self._dir.is_new(step, force, self._url):
             return False
         now = time.time()
         url = self._dir.storage.join(self._url, step_name(step))
@@ -309,22 +286,6 @@ class CheckpointManager:
         self._inflight.future = self._worker.submit(self._after_save, step, url, job,
                                                     self._saves_started)
         return True
-
-    def _step_is_new(self, step: int, force: bool) -> bool:
-        """False (or, with ``force``, an error) for a step at or below the newest step."""
-        committed = self._dir.committed()
-        latest = max(committed, default=None)
-        if latest is None or step > latest:
-            return True
-        if not force:
-            log.info("not saving step %d in %s: the newest step there is %d", step, self._url, latest)
-            return False
-        if step in committed:
-            raise CheckpointError(f"step {step} already exists in {self._url!r} "
-                                  f"({committed[step]}); delete it first to save it again")
-        raise CheckpointError(f"refusing to save step {step} in {self._url!r}: the newest "
-                              f"step there is {latest} and steps must increase (restore an "
-                              f"older step with rollback=True to continue from it)")
 
     def _after_save(self, step: int, url: str, job: saving.SaveJob, seq: int) -> None:
         """Wait for the commit, then apply retention (worker thread, or the caller's)."""
@@ -355,18 +316,23 @@ class CheckpointManager:
         """Blocks until the save in flight is committed and retention has run.
 
         Raises:
-            CheckpointError: The background save (or its retention) failed.
+            CheckpointError: The background save (or its retention) failed, or the last
+                local-tier save did.
         """
+        try:
+            self._wait_persistent()
+        finally:
+            self._tiers.wait()
+
+    def _wait_persistent(self) -> None:
         fut = self._inflight.future
         if fut is None:
-            self._wait_local()
             return
         try:
             fut.result()  # errors of the write and of retention arrive wrapped, naming the step
         finally:
             self._inflight.future = None
             self._inflight.step = None
-            self._wait_local()
 
     def reached_preemption(self, step: int) -> bool:
         """True once a preemption signal has arrived and a checkpoint answers it.
@@ -419,6 +385,10 @@ class CheckpointManager:
         deleted; moved steps are no longer listed by ``all_steps()``, ``shardsafe ls``
         shows them, and renaming one back restores it.
 
+        With ``local_directory`` and ``step=None`` the ranks first agree on the newest step
+        each can get from its node or a peer (``tier_restore``); the persistent tier is read
+        only if that is older than its newest step. ``last_restore`` says which.
+
         Returns:
             The restored step, or None when there is no committed step.
 
@@ -438,11 +408,8 @@ class CheckpointManager:
         if not self._opts.read_only:
             self.wait_until_finished()
         t0 = time.monotonic()
-        if step is None and self._tier is not None:
-            got = restore_local(self._tier, state, at_least=self.latest_step())
-            if got is not None:
-                self._last_restore = got
-                return got.step
+        if step is None and (got := self._tiers.restore_local(state, self.latest_step())) is not None:
+            return got  # the newest step every rank could get from its node or a peer
         if step is not None:
             name = self._dir.committed().get(step, step_name(step))
             recovery.load_step(self._dir, self._url, step, name, state, self._opts.storage_options,
@@ -453,13 +420,13 @@ class CheckpointManager:
                 self._records.forget(step, and_newer=True)
                 if self._last_started is not None and self._last_started > step:
                     self._last_started = step
-            self._restored(step, t0, forget=rollback)
+            self._tiers.restored(step, t0, forget=rollback)
             return step
         out = recovery.restore_newest(self._dir, self._url, state, fallback=self._opts.restore_fallback,
                                       storage_options=self._opts.storage_options, agree=agreement.worst)
         if out.step is not None:
             self._set_aside(out.corrupt, out.step)
-        self._restored(out.step, t0)
+        self._tiers.restored(out.step, t0, forget=True)
         return out.step
 
     def _set_aside(self, corrupt: Mapping[int, tuple[str, str]], restored: int) -> None:
@@ -491,8 +458,7 @@ class CheckpointManager:
                 self._worker.shutdown(wait=True)
             if self._saver is not None:
                 self._saver.close()  # frees the staging buffers; its saves were collected above
-            if self._tier is not None:
-                self._tier.close()
+            self._tiers.close()
             self._finalizer.detach()
             if self._owner_lock is not None:
                 self._owner_lock.release_quietly()
@@ -516,47 +482,17 @@ class CheckpointManager:
         return f"CheckpointManager({self._url!r}, {mode})"
 
     # ------------------------------------------------------------------ tiers
-    def _make_tier(self) -> LocalTier | None:
-        """The local tier the options ask for (collective with ``local_replication``)."""
-        o = self._opts
-        if o.local_directory is None:
-            return None
-        interval = o.local_save_interval_steps or 1
-        return LocalTier(o.local_directory, interval=interval, max_to_keep=o.local_max_to_keep,
-                         replication=o.local_replication)
-
-    def _wait_local(self) -> None:
-        if self._tier is not None:
-            self._tier.wait()
-
-    def _restored(self, step: int | None, t0: float, forget: bool = True) -> None:
-        """Records a persistent restore; with ``forget`` local steps newer than it are
-        dropped (training continues from ``step``: they would never be restored)."""
-        self._last_restore = RestoreInfo(step, "persistent", time.monotonic() - t0)
-        if forget and self._tier is not None and step is not None:
-            self._tier.forget_newer(step)
-
-    @staticmethod
-    def _agree_interval(value: int) -> int:
-        return int(agreement.leader_decides(lambda: value, what="agreeing on the save interval"))
-
     def local_steps(self) -> list[int]:
-        """This rank's committed local-tier steps, oldest first (empty without a local tier).
-
-        They are never listed by ``all_steps()``, which lists the persistent tier only.
-        """
-        return self._tier.steps() if self._tier is not None else []
+        """This rank's local-tier steps, oldest first (never listed by ``all_steps()``)."""
+        return self._tiers.local_steps()
 
     @property
     def last_restore(self) -> RestoreInfo | None:
-        """Step, tier and duration of the last ``restore`` (None before the first)."""
-        return self._last_restore
+        """Step, tier (local, peer or persistent) and seconds of the last ``restore``."""
+        return self._tiers.last_restore
 
     @property
     def current_interval_steps(self) -> int | None:
-        """The persistent save interval in force: ``save_interval_steps``, or with
-        ``"auto"`` the Young/Daly interval (None until the first save was measured)."""
-        if self._auto is not None:
-            return self._auto.interval
-        iv = self._opts.save_interval_steps
-        return iv if isinstance(iv, int) else None
+        """The persistent save interval in force (with ``"auto"``: Young/Daly's, None
+        until the first save has been measured)."""
+        return self._tiers.current_interval()

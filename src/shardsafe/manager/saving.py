@@ -3,15 +3,20 @@
 ``start_save`` returns once the state has been captured (copied into the Checkpointer's
 reusable staging buffers, or fully written when ``background`` is False); the returned
 handle's ``result()`` blocks until the checkpoint is committed and durable and re-raises
-any error of the write.
+any error of the write. ``Inflight`` is the manager's slot for the save in flight.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 from ..engine.checkpointer import Checkpointer
+from .lock import DirectoryLock
+
+log = logging.getLogger("shardsafe")
 
 
 class SaveJob(Protocol):
@@ -49,3 +54,20 @@ def start_save(saver: Checkpointer, state: Mapping[str, Any], path: str, *,
         saver.save(state, path, metadata=metadata, storage_options=opts)
         return _Finished()
     return saver.async_save(state, path, staging="blocking", metadata=metadata, storage_options=opts)
+
+
+class Inflight:
+    """The save in flight (shared with the at-exit reporter, which must not hold the manager)."""
+
+    def __init__(self) -> None:
+        self.future: Future | None = None
+        self.step: int | None = None
+
+
+def report_uncollected(slot: Inflight, lock: DirectoryLock | None) -> None:
+    fut = slot.future
+    if fut is not None and fut.done() and fut.exception() is not None:
+        log.error("checkpoint save of step %s failed and nobody called wait_until_finished() "
+                  "or close(): %s", slot.step, fut.exception())
+    if lock is not None:
+        lock.release_quietly()
