@@ -113,3 +113,11 @@ def test_without_local_copies_restores_newest_persistent_step(recovered) -> None
     ref = load_file(os.path.join(out, "ref-4.safetensors"))
     assert_bit_identical(ref, load_file(os.path.join(out, "got-persistent.safetensors")))
     assert not all(torch.equal(ref[k], load_file(os.path.join(out, "ref-6.safetensors"))[k]) for k in ref)
+
+
+def test_auto_interval_is_agreed_by_all_ranks(recovered) -> None:  # noqa: ANN001
+    _, _, got = recovered
+    intervals = [g["auto"]["interval"] for g in got]
+    # rank 0's measurement wins: each rank alone would compute a different interval
+    assert len(set(intervals)) == 1 and intervals[0] > 3, intervals
+    assert [g["auto"]["steps"] for g in got] == [[0]] * WORLD

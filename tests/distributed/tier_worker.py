@@ -10,7 +10,7 @@ step 7 and then every rank SIGKILLs itself. ``recover`` restores three times int
 freshly initialised model: from every node's local directory; after node 1's directory
 is damaged (that rank fetches it from its peer); after node 1's directory
 is deleted (its ranks fetch from their peers); after every local directory is deleted
-(the persistent tier). Each writes the restored full state for the test to compare.
+(the persistent tier); then an automatic interval is agreed. Each writes the restored full state for the test to compare.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import os
 import shutil
 import signal
 import sys
+import time
 
+import torch
 import torch.distributed as dist
 
 import dist_worker as dw
@@ -89,6 +91,18 @@ def damage(out: str) -> None:
     dist.barrier()
 
 
+def auto_interval(out: str) -> dict:
+    """``save_interval_steps="auto"`` with rank-dependent step times: one agreed interval."""
+    state = {"w": torch.zeros(1024)}
+    with shardsafe.CheckpointManager(os.path.join(out, "auto"), save_interval_steps="auto",
+                                     expected_mtbf_seconds=100.0) as mgr:
+        for step in range(4):
+            time.sleep(0.01 * (RANK + 1))  # rank 3's steps are 4x slower than rank 0's
+            mgr.save(step, state)
+        mgr.wait_until_finished()
+        return {"interval": mgr.current_interval_steps, "steps": mgr.all_steps()}
+
+
 def recover(out: str) -> None:
     res = {"local": recover_once(out, "local")}
     damage(out)  # rank 1's copy fails its checksum: rank 1 alone takes its peer copy
@@ -97,6 +111,7 @@ def recover(out: str) -> None:
     res["peer"] = recover_once(out, "peer")
     wipe(out, [0, 1])
     res["persistent"] = recover_once(out, "persistent")
+    res["auto"] = auto_interval(out)
     with open(os.path.join(out, f"recover-r{RANK}.json"), "w") as f:
         json.dump(res, f)
 
