@@ -131,3 +131,26 @@ def test_full_local_directory_fails_the_local_save_not_the_persistent_one(tmp_pa
         assert mgr.all_steps() == [0, 1]  # the persistent tier went on
         assert mgr.local_steps() == []
         mgr.wait_until_finished()  # each error is raised once
+
+
+def test_local_tier_restores_modules_optimizers_and_containers(tmp_path) -> None:
+    def build(seed: int) -> dict:
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(8, 4)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        return {"model": model, "opt": opt, "hist": [1.0, (2, "a")], "step": 0}
+
+    state = build(0)
+    for _ in range(2):
+        state["model"](torch.ones(3, 8)).sum().backward()
+        state["opt"].step()
+    state["hist"], state["step"] = [3.0, (4, "b")], 2
+    with manager(tmp_path, local_replication=True) as mgr:  # one process: no peers, no error
+        mgr.save(2, state)
+    got = build(1)
+    with manager(tmp_path) as mgr:
+        assert mgr.restore(got) == 2 and mgr.last_restore.tier == "local"
+    assert torch.equal(got["model"].weight, state["model"].weight)
+    exp = state["opt"].state_dict()["state"][0]["exp_avg"]
+    assert torch.equal(got["opt"].state_dict()["state"][0]["exp_avg"], exp)
+    assert got["hist"] == [3.0, (4, "b")] and got["step"] == 2
