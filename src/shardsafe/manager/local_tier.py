@@ -61,6 +61,10 @@ class LocalTier:
         storage.makedirs(spath)
         self.own = StepDirectory(storage, spath)
         self.own.remove_leftovers()  # a crashed local save's temporary directory
+        peers = os.path.join(self.directory, "peer")
+        for name in os.listdir(peers) if os.path.isdir(peers) else ():
+            # half-received copies (before the peer group exists: no transfer can be running)
+            StepDirectory(storage, os.path.join(peers, name)).remove_leftovers()
         self.link = None
         if replication and distributed_active():
             from ..comm.p2p import PeerLink  # torch.distributed only when replicating

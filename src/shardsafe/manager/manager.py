@@ -108,6 +108,7 @@ class CheckpointManager:
         finally:
             if not built:  # a constructor that raised must not leave handlers or a lock behind
                 self._watcher.close()
+                self._tiers.close()
                 if self._owner_lock is not None:
                     self._owner_lock.release()
         self._finalizer = weakref.finalize(self, report_uncollected, self._inflight, self._owner_lock)
