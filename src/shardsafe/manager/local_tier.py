@@ -61,10 +61,6 @@ class LocalTier:
         storage.makedirs(spath)
         self.own = StepDirectory(storage, spath)
         self.own.remove_leftovers()  # a crashed local save's temporary directory
-        peers = os.path.join(self.directory, "peer")
-        for name in os.listdir(peers) if os.path.isdir(peers) else ():
-            # half-received copies (before the peer group exists: no transfer can be running)
-            StepDirectory(storage, os.path.join(peers, name)).remove_leftovers()
         self.link = None
         if replication and distributed_active():
             from ..comm.p2p import PeerLink  # torch.distributed only when replicating
@@ -73,6 +69,9 @@ class LocalTier:
             if self.link.holder[self.rank] is None:
                 log.warning("local_replication: every rank shares one local directory (one node): "
                             "there is no other node to hold copies")
+            for src in self.link.sources:  # half-received copies (this rank alone writes them)
+                if os.path.isdir(self.peer_path(src)):
+                    StepDirectory(storage, self.peer_path(src)).remove_leftovers()
         self._saver = Checkpointer()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="shardsafe-local")
         self._future: Future | None = None
