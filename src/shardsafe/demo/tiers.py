@@ -31,8 +31,8 @@ def local_tier_section(size: int = 128 * MiB) -> str:
     return "\n".join([
         "Local tier (local_directory=..., in host memory: survives a process crash, not the node)",
         f"  restoring a {r['state_bytes'] / MiB:.0f} MiB state after a crash:",
-        f"    from the local tier ({shm or 'a local directory'}):      {r['local_s']:.3f} s",
-        f"    from the persistent tier, cold page cache: {r['persistent_cold_s']:.3f} s",
+        f"    {'from the local tier (' + (shm or 'a local directory') + '):':<44}{r['local_s']:.3f} s",
+        f"    {'from the persistent tier, cold page cache:':<44}{r['persistent_cold_s']:.3f} s",
         f"    the local tier is {r['speedup']:.1f}x faster here (on a real disk or object store, "
         f"the cold read dominates)",
     ])
