@@ -75,7 +75,6 @@ class LocalTier:
         self._saver = Checkpointer()
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="shardsafe-local")
         self._future: Future | None = None
-        self._future_step: int | None = None
 
     # ------------------------------------------------------------------ listing
     def steps(self) -> list[int]:
@@ -119,7 +118,6 @@ class LocalTier:
                                          collective=False, metadata={"shardsafe.local": {"step": step}})
         except (OSError, CheckpointError) as e:
             job = e
-        self._future_step = step
         self._future = self._worker.submit(self._finish, step, path, job)
         if previous is not None:
             raise previous
@@ -134,15 +132,21 @@ class LocalTier:
             except (OSError, CheckpointError) as e:
                 error = e
         if self.link is not None:
-            self._replicate(step, None if error is not None else path, error)
+            try:
+                self._replicate(step, None if error is not None else path, error)
+            except (OSError, CheckpointError) as e:
+                error = error or e
         if error is not None:
             raise CheckpointError(f"local save of step {step} on rank {self.rank} to {path!r} "
-                                  f"failed: {error}") from error
+                                  f"(or its peer copy) failed: {error}") from error
 
     def _replicate(self, step: int, path: str | None, error: BaseException | None) -> None:
         assert self.link is not None
         dst = self.link.holder[self.rank]
-        msg = peer_copy.pack(step, self.rank, path, None if error is None else str(error))
+        try:
+            msg = peer_copy.pack(step, self.rank, path, None if error is None else str(error))
+        except OSError as e:  # the peer still waits for this round: send it the reason
+            msg = peer_copy.pack(step, self.rank, None, f"reading the local copy failed: {e}")
         got = self.link.exchange({dst: msg} if dst is not None else {}, self.link.sources)
         for src, data in got.items():
             m = peer_copy.unpack(data)
