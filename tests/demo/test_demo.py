@@ -60,6 +60,9 @@ def test_demo_crashes_preempts_resumes_and_reports_identical(tmp_path, subproces
                      r"2 kept \(max_to_keep 2\): steps 100, 120; [\d.]+ KiB each", out), out
     assert re.search(r"blocked\s+[\d.]+ ms in all: training waited in save\(\) \(async", out)
     assert re.search(r"durable\s+per save [\d.]+ ms mean", out)
+    # the local tier: the same state restored from /dev/shm and from a cold directory
+    assert re.search(r"from the local tier .*:\s+[\d.]+ s\n.*cold page cache:\s+[\d.]+ s\n"
+                     r".*local tier is [\d.]+x faster", out), out
     # --dir keeps a manager directory that the other commands understand
     assert f"shardsafe ls {keep}" in out and f"shardsafe verify {keep}" in out
     assert sorted(p.name for p in keep.iterdir()) == ["step_00000100", "step_00000120"]

@@ -26,7 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "from the newest committed step in a new process, preempts that one with "
                     "SIGTERM (it saves the step it is at and exits 0), resumes from exactly "
                     "that step, and checks that the final state is bit-identical to an "
-                    "uninterrupted run. Exits 1 if it is not.")
+                    "uninterrupted run. Exits 1 if it is not. Then restores a state from the "
+                    "local tier (/dev/shm) and from a cold persistent directory, to show how "
+                    "much faster a recovery from the local tier is.")
     p.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
     p.add_argument("--every", type=int, default=25, help="checkpoint every N steps (default 25)")
     p.add_argument("--keep", type=int, default=3,
@@ -70,4 +72,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"shardsafe demo: {e}", file=sys.stderr)
         return EXIT_FAILED
     print(render(result))
+    if opts.nproc == 1:
+        from ..demo.tiers import local_tier_section
+
+        print()
+        print(local_tier_section())
     return EXIT_OK if result.ok else EXIT_FAILED

@@ -28,7 +28,7 @@ import os
 import time
 import weakref
 from collections.abc import Mapping, MutableMapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
@@ -43,26 +43,12 @@ from .policy import best_step, policy_from_options, steps_to_delete
 from .preemption import PreemptionWatcher
 from .records import StepRecords
 from .save_policy import SaveContext, save_policy_from_options, varies_between_ranks
+from .saving import Inflight, report_uncollected
 from .steps import StepDirectory, encode_metrics, manager_metadata, step_name
+from .tier_restore import RestoreInfo
+from .tiers import Tiers
 
 log = logging.getLogger("shardsafe")
-
-
-class _Inflight:
-    """The save in flight (shared with the at-exit reporter, which must not hold the manager)."""
-
-    def __init__(self) -> None:
-        self.future: Future | None = None
-        self.step: int | None = None
-
-
-def _report_uncollected(slot: _Inflight, lock: DirectoryLock | None) -> None:
-    fut = slot.future
-    if fut is not None and fut.done() and fut.exception() is not None:
-        log.error("checkpoint save of step %s failed and nobody called wait_until_finished() "
-                  "or close(): %s", slot.step, fut.exception())
-    if lock is not None:
-        lock.release_quietly()
 
 
 class CheckpointManager:
@@ -96,7 +82,7 @@ class CheckpointManager:
         self._policy = policy_from_options(self._opts)
         self._save_policy = save_policy_from_options(self._opts)
         self._records = StepRecords(self._dir, self._url, read_only=self._opts.read_only)
-        self._inflight = _Inflight()
+        self._inflight = Inflight()
         self._last_started: int | None = None
         self._saved_after_signal = False
         self._peer_preempted = False  # another rank received a preemption signal
@@ -106,6 +92,7 @@ class CheckpointManager:
         self._saver: Checkpointer | None = None
         self._incr = saving.Incremental(self._opts.incremental and not self._opts.read_only)
         self._owner_lock: DirectoryLock | None = None
+        self._tiers = Tiers(self._opts, writable=False)
         self._watcher = PreemptionWatcher(self._opts.preemption_signals)  # main thread check first
         built = False
         try:
@@ -116,14 +103,16 @@ class CheckpointManager:
                 agreement.leader_decides(self._take_directory, what=f"locking {self._url!r}")
                 self._worker = ThreadPoolExecutor(1, thread_name_prefix="shardsafe-manager")
                 self._saver = Checkpointer()  # keeps its staging buffers from one save to the next
+                self._tiers = Tiers(self._opts, writable=True)  # the local tier, if any
             self._last_save_time = self._initial_save_time()
             built = True
         finally:
             if not built:  # a constructor that raised must not leave handlers or a lock behind
                 self._watcher.close()
+                self._tiers.close()
                 if self._owner_lock is not None:
                     self._owner_lock.release()
-        self._finalizer = weakref.finalize(self, _report_uncollected, self._inflight, self._owner_lock)
+        self._finalizer = weakref.finalize(self, report_uncollected, self._inflight, self._owner_lock)
 
     def _take_directory(self) -> None:
         """Rank 0: takes the owner lock, then removes crash leftovers (now safely ours)."""
@@ -205,7 +194,7 @@ class CheckpointManager:
         latest = self._latest_known() if self._opts.initial_save else None
         ctx = SaveContext(step=step, now=time.time(), last_save_time=self._last_save_time,
                           latest_step=latest, preempted=self._due_by_preemption())
-        due = self._save_policy.should_save(ctx)
+        due = self._save_policy.should_save(ctx) or self._tiers.due(step)
         if agreement.world_size() > 1 and varies_between_ranks(self._opts):
             due, peer_signal = agreement.any_rank([due, self._preempted()])
             if peer_signal and not self._preempted():
@@ -259,17 +248,25 @@ class CheckpointManager:
         Raises:
             CheckpointError: ``force`` and ``step`` exists or is older than the newest step,
                 the manager is read-only or closed, or the previous background save failed
-                (its error).
+                (its error); also the previous local-tier save's error, raised after this
+                step's saves have started.
             TypeError: A value in ``state`` or ``metrics`` cannot be saved (names the key).
         """
+        t0 = time.monotonic()
+        saved = self._save_persistent(step, state, metrics=metrics, force=force)
+        self._tiers.after_save(step, state, saved, time.monotonic() - t0)
+        return saved
+
+    def _save_persistent(self, step: int, state: Mapping[str, Any], *,
+                         metrics: Mapping[str, Any] | None, force: bool) -> bool:
         self._check_writable("save")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         if not force and not self._due(step):
             return False
         encode_metrics(metrics)  # fail on bad metrics before waiting or writing anything
-        self.wait_until_finished()
-        if not self._step_is_new(step, force):
+        self._wait_persistent()  # a local-tier error is raised after this step's saves started
+        if not self._dir.is_new(step, force, self._url):
             return False
         self._incr.keep_only_if(self._dir.committed().values(), self._url)
         now = time.time()
@@ -292,22 +289,6 @@ class CheckpointManager:
         self._inflight.future = self._worker.submit(self._after_save, step, url, job,
                                                     self._saves_started)
         return True
-
-    def _step_is_new(self, step: int, force: bool) -> bool:
-        """False (or, with ``force``, an error) for a step at or below the newest step."""
-        committed = self._dir.committed()
-        latest = max(committed, default=None)
-        if latest is None or step > latest:
-            return True
-        if not force:
-            log.info("not saving step %d in %s: the newest step there is %d", step, self._url, latest)
-            return False
-        if step in committed:
-            raise CheckpointError(f"step {step} already exists in {self._url!r} "
-                                  f"({committed[step]}); delete it first to save it again")
-        raise CheckpointError(f"refusing to save step {step} in {self._url!r}: the newest "
-                              f"step there is {latest} and steps must increase (restore an "
-                              f"older step with rollback=True to continue from it)")
 
     def _after_save(self, step: int, url: str, job: saving.SaveJob, seq: int) -> None:
         """Wait for the commit, then apply retention (worker thread, or the caller's)."""
@@ -342,8 +323,15 @@ class CheckpointManager:
         """Blocks until the save in flight is committed and retention has run.
 
         Raises:
-            CheckpointError: The background save (or its retention) failed.
+            CheckpointError: The background save (or its retention) failed, or the last
+                local-tier save did.
         """
+        try:
+            self._wait_persistent()
+        finally:
+            self._tiers.wait()
+
+    def _wait_persistent(self) -> None:
         fut = self._inflight.future
         if fut is None:
             return
@@ -407,6 +395,10 @@ class CheckpointManager:
         deleted; moved steps are no longer listed by ``all_steps()``, ``shardsafe ls``
         shows them, and renaming one back restores it.
 
+        With ``local_directory`` and ``step=None`` the ranks first agree on the newest step
+        each can get from its node or a peer (``tier_restore``); the persistent tier is read
+        only if that is older than its newest step. ``last_restore`` says which.
+
         Returns:
             The restored step, or None when there is no committed step.
 
@@ -425,6 +417,9 @@ class CheckpointManager:
             recovery.check_rollback(self._dir, self._url, step)
         if not self._opts.read_only:
             self.wait_until_finished()
+        t0 = time.monotonic()
+        if step is None and (got := self._tiers.restore_local(state, self.latest_step())) is not None:
+            return got  # the newest step every rank could get from its node or a peer
         if step is not None:
             name = self._dir.committed().get(step, step_name(step))
             recovery.load_step(self._dir, self._url, step, name, state, self._opts.storage_options,
@@ -435,11 +430,13 @@ class CheckpointManager:
                 self._records.forget(step, and_newer=True)
                 if self._last_started is not None and self._last_started > step:
                     self._last_started = step
+            self._tiers.restored(step, t0, forget=rollback)
             return step
         out = recovery.restore_newest(self._dir, self._url, state, fallback=self._opts.restore_fallback,
                                       storage_options=self._opts.storage_options, agree=agreement.worst)
         if out.step is not None:
             self._set_aside(out.corrupt, out.step)
+        self._tiers.restored(out.step, t0, forget=True)
         return out.step
 
     def _set_aside(self, corrupt: Mapping[int, tuple[str, str]], restored: int) -> None:
@@ -471,6 +468,7 @@ class CheckpointManager:
                 self._worker.shutdown(wait=True)
             if self._saver is not None:
                 self._saver.close()  # frees the staging buffers; its saves were collected above
+            self._tiers.close()
             self._finalizer.detach()
             if self._owner_lock is not None:
                 self._owner_lock.release_quietly()
@@ -492,3 +490,19 @@ class CheckpointManager:
     def __repr__(self) -> str:
         mode = "read-only" if self._opts.read_only else "writable"
         return f"CheckpointManager({self._url!r}, {mode})"
+
+    # ------------------------------------------------------------------ tiers
+    def local_steps(self) -> list[int]:
+        """This rank's local-tier steps, oldest first (never listed by ``all_steps()``)."""
+        return self._tiers.local_steps()
+
+    @property
+    def last_restore(self) -> RestoreInfo | None:
+        """Step, tier (local, peer or persistent) and seconds of the last ``restore``."""
+        return self._tiers.last_restore
+
+    @property
+    def current_interval_steps(self) -> int | None:
+        """The persistent save interval in force (with ``"auto"``: Young/Daly's, None
+        until the first save has been measured)."""
+        return self._tiers.current_interval()

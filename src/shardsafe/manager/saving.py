@@ -3,17 +3,19 @@
 ``start_save`` returns once the state has been captured (copied into the Checkpointer's
 reusable staging buffers, or fully written when ``background`` is False); the returned
 handle's ``result()`` blocks until the checkpoint is committed and durable and re-raises
-any error of the write.
+any error of the write. ``Inflight`` is the manager's slot for the save in flight.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 from ..engine.checkpointer import Checkpointer
 from ..engine.incremental import Baseline
+from .lock import DirectoryLock
 
 log = logging.getLogger("shardsafe")
 
@@ -75,3 +77,20 @@ class Incremental:
         """Files a save in flight may reference (``<step dir>/<file>``): the baseline's files
         hold every chunk the current or next save can reference; sweeps keep them."""
         return self.baseline.files() if self.baseline is not None else set()
+
+
+class Inflight:
+    """The save in flight (shared with the at-exit reporter, which must not hold the manager)."""
+
+    def __init__(self) -> None:
+        self.future: Future | None = None
+        self.step: int | None = None
+
+
+def report_uncollected(slot: Inflight, lock: DirectoryLock | None) -> None:
+    fut = slot.future
+    if fut is not None and fut.done() and fut.exception() is not None:
+        log.error("checkpoint save of step %s failed and nobody called wait_until_finished() "
+                  "or close(): %s", slot.step, fut.exception())
+    if lock is not None:
+        lock.release_quietly()

@@ -23,6 +23,7 @@ from typing import Any
 
 from .. import tensors
 from ..engine import commit, sweep
+from ..errors import CheckpointError
 from ..storage.base import Storage
 from .policy import StepRecord
 
@@ -137,6 +138,22 @@ class StepDirectory:
         t = info.get("time")
         t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else index.created
         return StepRecord(step, t, decode_metrics(info.get("metrics")))
+
+    def is_new(self, step: int, force: bool, url: str) -> bool:
+        """False (or, with ``force``, an error) for a step at or below the newest step."""
+        committed = self.committed()
+        latest = max(committed, default=None)
+        if latest is None or step > latest:
+            return True
+        if not force:
+            log.info("not saving step %d in %s: the newest step there is %d", step, url, latest)
+            return False
+        if step in committed:
+            raise CheckpointError(f"step {step} already exists in {url!r} "
+                                  f"({committed[step]}); delete it first to save it again")
+        raise CheckpointError(f"refusing to save step {step} in {url!r}: the newest "
+                              f"step there is {latest} and steps must increase (restore an "
+                              f"older step with rollback=True to continue from it)")
 
     def leftovers(self) -> list[str]:
         """Names of crash leftovers: unfinished saves and half-deleted steps.

@@ -1,0 +1,156 @@
+"""The local tier in one process: listing, retention, restore order, full disk, options."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+
+import pytest
+import torch
+
+import shardsafe
+from shardsafe import CheckpointError, CheckpointManager, RestoreInfo
+
+
+def make_state(step: int, n: int = 64) -> dict:
+    return {"model": {"w": torch.full((n, 8), float(step))}, "step": step}
+
+
+def manager(tmp_path, **kw) -> CheckpointManager:  # noqa: ANN001
+    opts = dict(save_interval_steps=4, local_directory=str(tmp_path / "local"),
+                local_save_interval_steps=2)
+    opts.update(kw)
+    return CheckpointManager(tmp_path / "persistent", **opts)
+
+
+def test_local_steps_are_listed_apart_and_retained(tmp_path) -> None:
+    with manager(tmp_path, local_max_to_keep=3) as mgr:
+        for s in range(11):
+            mgr.save(s, make_state(s))
+        mgr.wait_until_finished()
+        assert mgr.all_steps() == [0, 4, 8]
+        assert mgr.local_steps() == [6, 8, 10]
+    assert sorted(os.listdir(tmp_path / "local" / "rank_0")) == [f"step_{s:08d}" for s in (6, 8, 10)]
+
+
+def test_default_keeps_two_and_restore_prefers_newest_local(tmp_path) -> None:
+    with manager(tmp_path) as mgr:
+        for s in range(7):
+            mgr.save(s, make_state(s))
+    state = make_state(-1)
+    with manager(tmp_path) as mgr:
+        assert mgr.local_steps() == [4, 6]
+        assert mgr.restore(state) == 6
+        info = mgr.last_restore
+    assert isinstance(info, RestoreInfo) and (info.step, info.tier) == (6, "local") and info.seconds > 0
+    assert torch.equal(state["model"]["w"], make_state(6)["model"]["w"]) and state["step"] == 6
+
+
+def test_newer_persistent_step_wins_over_older_local(tmp_path) -> None:
+    with manager(tmp_path, local_save_interval_steps=3) as mgr:
+        for s in range(5):  # local 0 and 3, persistent 0 and 4
+            mgr.save(s, make_state(s))
+    state = make_state(-1)
+    with manager(tmp_path, local_save_interval_steps=3) as mgr:
+        assert mgr.restore(state) == 4 and mgr.last_restore.tier == "persistent"
+        assert mgr.local_steps() == [0, 3]  # older than the restored step: kept
+
+
+def test_damaged_local_copy_falls_back_to_persistent_with_a_warning(tmp_path, caplog) -> None:
+    with manager(tmp_path) as mgr:
+        for s in range(5):  # local 2 and 4, persistent 0 and 4
+            mgr.save(s, make_state(s))
+    step_dir = tmp_path / "local" / "rank_0" / "step_00000004"
+    data = max(step_dir.iterdir(), key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    raw[-5] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    state = make_state(-1)
+    with caplog.at_level(logging.WARNING, logger="shardsafe"), manager(tmp_path) as mgr:
+        assert mgr.restore(state) == 4 and mgr.last_restore.tier == "persistent"
+    assert torch.equal(state["model"]["w"], make_state(4)["model"]["w"])
+    assert any("step 4: rank 0 could not load its local copy" in r.getMessage() for r in caplog.records)
+
+
+def test_restore_without_any_checkpoint(tmp_path) -> None:
+    with manager(tmp_path) as mgr:
+        assert mgr.restore(make_state(0)) is None
+        assert mgr.last_restore == RestoreInfo(None, "persistent", mgr.last_restore.seconds)
+
+
+def test_restore_from_persistent_older_step_drops_newer_local_steps(tmp_path) -> None:
+    with manager(tmp_path) as mgr:
+        for s in range(7):
+            mgr.save(s, make_state(s))
+        mgr.wait_until_finished()
+        mgr.restore(make_state(-1), step=4, rollback=True)
+        assert mgr.local_steps() == [4]
+        mgr.save(5, make_state(5))
+        mgr.save(6, make_state(6))
+        mgr.wait_until_finished()
+        assert mgr.local_steps() == [4, 6]
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"local_save_interval_steps": 2}, "need local_directory"),
+    ({"local_replication": True}, "need local_directory"),
+    ({"local_directory": "s3://b/x"}, "local path"),
+    ({"local_directory": "x", "local_max_to_keep": 0}, "local_max_to_keep"),
+    ({"save_interval_steps": "auto"}, "expected_mtbf_seconds"),
+    ({"expected_mtbf_seconds": 60}, "go together"),
+    ({"save_interval_steps": "auto", "expected_mtbf_seconds": -1}, "expected_mtbf_seconds"),
+])
+def test_bad_tier_options(kw: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        shardsafe.ManagerOptions(**kw)
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path):  # noqa: ANN001, ANN201
+    """A real 1 MiB tmpfs (a full /dev/shm in miniature); skipped where mount is refused."""
+    mnt = tmp_path / "shm"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def test_full_local_directory_fails_the_local_save_not_the_persistent_one(tmp_path, tiny_tmpfs) -> None:
+    state = {"w": torch.ones(512, 1024), "step": 0}  # 2 MiB: does not fit
+    with CheckpointManager(tmp_path / "persistent", save_interval_steps=1,
+                           local_directory=str(tiny_tmpfs), local_save_interval_steps=1) as mgr:
+        assert mgr.save(0, state)
+        with pytest.raises(CheckpointError, match=r"local save of step 0 on rank 0 .*No space left"):
+            mgr.save(1, state)  # the error of step 0's local save, raised once step 1 started
+        with pytest.raises(CheckpointError, match=r"local save of step 1 on rank 0"):
+            mgr.wait_until_finished()
+        assert mgr.all_steps() == [0, 1]  # the persistent tier went on
+        assert mgr.local_steps() == []
+        mgr.wait_until_finished()  # each error is raised once
+
+
+def test_local_tier_restores_modules_optimizers_and_containers(tmp_path) -> None:
+    def build(seed: int) -> dict:
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(8, 4)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        return {"model": model, "opt": opt, "hist": [1.0, (2, "a")], "step": 0}
+
+    state = build(0)
+    for _ in range(2):
+        state["model"](torch.ones(3, 8)).sum().backward()
+        state["opt"].step()
+    state["hist"], state["step"] = [3.0, (4, "b")], 2
+    with manager(tmp_path, local_replication=True) as mgr:  # one process: no peers, no error
+        mgr.save(2, state)
+    got = build(1)
+    with manager(tmp_path) as mgr:
+        assert mgr.restore(got) == 2 and mgr.last_restore.tier == "local"
+    assert torch.equal(got["model"].weight, state["model"].weight)
+    exp = state["opt"].state_dict()["state"][0]["exp_avg"]
+    assert torch.equal(got["opt"].state_dict()["state"][0]["exp_avg"], exp)
+    assert got["hist"] == [3.0, (4, "b")] and got["step"] == 2
