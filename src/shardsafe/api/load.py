@@ -40,6 +40,9 @@ def _read(reader: Reader, targets: list[TensorTarget]) -> None:
     jobs: list[ReadJob] = []
     for tt in targets:
         e = tt.entry
+        if tt.dest is not None:  # a new tensor: its bytes are known, and it is the whole
+            jobs.append(ReadJob(e, tt.dest, (0,) * len(e.shape), e.shape))
+            continue
         # a DTensor target reads only its own box of the global tensor
         target, offsets, shape = dtensor.target_region(tt.target)
         dest = tensors.writable_bytes(target)

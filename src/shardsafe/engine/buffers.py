@@ -11,15 +11,19 @@ writers hand them to ``O_DIRECT`` without a bounce copy, and huge pages (see
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
+from .. import tensors
 from .._numbers import ceil_div
 from ..format.datafile import ALIGN
-from ..storage.memory import anonymous
+from ..format.dtypes import lookup
+from ..storage.memory import HUGE, anonymous
 from . import cuda
 
 log = logging.getLogger("shardsafe")
@@ -31,6 +35,34 @@ def round_up(n: int, to: int = ALIGN) -> int:
     """``n`` rounded up to a multiple of ``to`` (buffers are padded to ALIGN so that the
     last range of a file goes through direct I/O too)."""
     return ceil_div(n, to) * to
+
+
+def new_tensor(kind: str, dtype: str, shape: tuple[int, ...]) -> tuple[Any, np.ndarray]:
+    """A new host tensor (or numpy array) for a load to fill: ``(value, writable bytes)``.
+
+    From ``HUGE`` bytes on, the memory is an anonymous mapping of its own (returned to
+    the OS when the tensor dies) whose page-aligned start lets a cold read go straight
+    into it with direct I/O, instead of through a bounce buffer and a second copy. Like
+    ``torch.load``'s, such a tensor's storage cannot be resized. Smaller values come
+    from ``tensors.empty``.
+
+    Not on huge pages: on the project VM (whose balloon device takes back free 2 MiB
+    blocks) a fresh huge-page mapping filled from the page cache was 2-3x slower than
+    4 KiB pages, though 2x faster for cold direct reads (docs/BENCHMARKS.md).
+    """
+    d = lookup(dtype)
+    nbytes = d.itemsize * math.prod(shape)
+    if nbytes < HUGE or (kind == "torch" and not tensors.HAVE_TORCH) or (kind != "torch" and d.numpy is None):
+        return tensors.empty(kind, dtype, shape)
+    try:
+        _map, flat = anonymous(nbytes, huge=False)  # ``flat`` keeps the mapping alive
+    except (OSError, OverflowError) as e:  # e.g. ENOMEM: what an allocator would raise
+        raise MemoryError(f"cannot map {nbytes} bytes for a {dtype} tensor of shape {shape}: {e}") from e
+    if kind == "torch":
+        torch = tensors.torch
+        t = torch.frombuffer(flat, dtype=torch.uint8).view(getattr(torch, d.name)).reshape(shape)
+        return t, flat
+    return flat.view(d.numpy).reshape(shape), flat
 
 
 class HostBuffer:
