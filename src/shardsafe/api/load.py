@@ -67,7 +67,8 @@ def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bo
     objects, same memory), containers are updated, Stateful objects receive
     ``load_state_dict``. Returns a LoadResult listing what was skipped (``strict=False``).
     Without ``state``: returns a new nested dict (torch tensors on the CPU, numpy arrays
-    for arrays saved from numpy). With ``mmap=True`` (local checkpoints, no ``state``)
+    for arrays saved from numpy; from 2 MiB on, each in a page-aligned mapping of its
+    own that cold reads fill directly, see ``engine.buffers.new_tensor``). With ``mmap=True`` (local checkpoints, no ``state``)
     the tensors are copy-on-write views of the memory-mapped data files, verified up
     front (see ``engine.mmap_load``).
 
