@@ -35,8 +35,14 @@ def kind_of(x: Any) -> str:
     return "numpy" if isinstance(x, np.ndarray) else "torch"
 
 
+_TORCH_DTYPE_NAMES: dict[Any, str] = {}
+
+
 def torch_dtype_name(dt: Any) -> str:
-    return str(dt).removeprefix("torch.")
+    name = _TORCH_DTYPE_NAMES.get(dt)  # str(dtype) costs microseconds, per tensor
+    if name is None:
+        name = _TORCH_DTYPE_NAMES[dt] = str(dt).removeprefix("torch.")
+    return name
 
 
 def dtype_of(x: Any) -> DType:

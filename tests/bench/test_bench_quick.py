@@ -20,11 +20,12 @@ def test_bench_quick_emits_the_tables(tmp_path, subprocess_env, python):
     assert r.returncode == 0, r.stderr
     out = r.stdout
     for heading in ("### Targets, from this run", "### Case a:", "### Case b:", "### Case c:",
-                    "### Machine limits"):
+                    "### Case d:", "### Machine limits"):
         assert heading in out
     for row in ("| shardsafe save |", "| shardsafe async_save (blocking) |", "| dcp.save |",
                 "| dcp.async_save |", "| torch.save + fsync |", "| shardsafe load in place (cold) |",
-                "| dcp.load in place (warm) |", "| none |", "direct-I/O write"):
+                "| dcp.load in place (warm) |", "| none |", "direct-I/O write",
+                "| 1/8 of the state |", "| unlimited |"):
         assert row in out, row
     text = doc.read_text()
     assert "hand-written notes" in text and "more notes" in text and "STALE-TABLE" not in text

@@ -258,6 +258,8 @@ def s_async(out: str) -> dict[str, Any]:
         publish(self, path, data)
 
     LocalStorage.publish = gated_publish  # type: ignore[method-assign]
+    # the saves after the first stream through a budget smaller than this rank's state
+    budgeted = shardsafe.Checkpointer(unit_size=1 << 20, max_staging_bytes=2 << 20)
     for step in range(9):
         g = torch.Generator().manual_seed(1000 * step + RANK)
         x, y = torch.randn(8, 16, generator=g), torch.randn(8, 7, generator=g)
@@ -277,13 +279,15 @@ def s_async(out: str) -> dict[str, Any]:
             if handles:
                 handles[-1].result(timeout=120)  # one save in flight; re-arm the gate for the next
             gate.clear()
-            handles.append(shardsafe.async_save(state, os.path.join(out, f"async-{step}"),
-                                                staging=mode, timeout=60))
+            save = shardsafe.async_save if step == 2 else budgeted.async_save
+            handles.append(save(state, os.path.join(out, f"async-{step}"), staging=mode, timeout=60))
     gate.set()  # the last save has no next step to wait for
     for h in handles:
         h.result(timeout=120)
     LocalStorage.publish = publish  # type: ignore[method-assign]
-    return {"saved": [3 * i + 2 for i in range(len(handles))], "overlapped": overlapped}
+    budgeted.close()
+    return {"saved": [3 * i + 2 for i in range(len(handles))], "overlapped": overlapped,
+            "budget_peak": budgeted.arena.peak_nbytes, "staged": handles[-1].nbytes}
 
 
 def s_manager(out: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Async saves on 3 ranks while FSDP2 training collectives keep running."""
+"""Async saves on 3 ranks while FSDP2 training collectives keep running (the later ones
+within a host-memory budget smaller than each rank's state)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ def test_async_saves_commit_while_training_runs(cluster) -> None:  # noqa: ANN00
     # the saves at steps 2 and 5 were still in flight while the next training step (with
     # its collectives) ran on every rank (the step-8 save has no next step)
     assert ranks[0]["overlapped"] == 2
+    # the saves of steps 5 and 8 streamed each rank's state (> 8 MiB) through 2 MiB
+    assert all(r["staged"] > 8 << 20 and 1 << 20 <= r["budget_peak"] <= 2 << 20 for r in ranks)
     for step in (2, 5, 8):
         state = shardsafe.load(os.path.join(out, f"async-{step}"))
         assert state["step"] == step

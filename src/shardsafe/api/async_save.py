@@ -40,7 +40,8 @@ os.register_at_fork(after_in_child=_reset_in_child)
 def async_save(state: Mapping[str, Any], path: str, *, staging: StagingMode = "blocking",
                overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
                storage_options: dict | None = None, process_group: Any = None,
-               timeout: float | None = None, collective: bool | None = None) -> SaveHandle:
+               timeout: float | None = None, collective: bool | None = None,
+               max_staging_bytes: int | None = None) -> SaveHandle:
     """Starts saving ``state`` to ``path``; returns a SaveHandle.
 
     With ``staging="blocking"`` (default) it returns once the state is copied into host
@@ -53,12 +54,16 @@ def async_save(state: Mapping[str, Any], path: str, *, staging: StagingMode = "b
     the planning runs on the calling thread, while the background part talks to the
     other ranks through the c10d Store only, never the training process group. With
     ``collective=False`` this rank alone saves its own state, with no communication (as
-    ``save(..., collective=False)``). See ``Checkpointer.async_save`` for the arguments.
+    ``save(..., collective=False)``). With ``max_staging_bytes`` the save stages into at
+    most that many bytes of host memory: a larger state streams through them while it is
+    written, and the call returns once the last part is staged (it waits for the disk
+    for what does not fit). See ``Checkpointer.async_save`` for the arguments.
     """
     return default_checkpointer().async_save(state, path, staging=staging, overwrite=overwrite,
                                              metadata=metadata, storage_options=storage_options,
                                              process_group=process_group, timeout=timeout,
-                                             collective=collective)
+                                             collective=collective,
+                                             max_staging_bytes=max_staging_bytes)
 
 
 __all__ = ["async_save", "default_checkpointer"]

@@ -40,6 +40,9 @@ def _read(reader: Reader, targets: list[TensorTarget]) -> None:
     jobs: list[ReadJob] = []
     for tt in targets:
         e = tt.entry
+        if tt.dest is not None:  # a new tensor: its bytes are known, and it is the whole
+            jobs.append(ReadJob(e, tt.dest, (0,) * len(e.shape), e.shape))
+            continue
         # a DTensor target reads only its own box of the global tensor
         target, offsets, shape = dtensor.target_region(tt.target)
         dest = tensors.writable_bytes(target)
@@ -64,7 +67,8 @@ def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bo
     objects, same memory), containers are updated, Stateful objects receive
     ``load_state_dict``. Returns a LoadResult listing what was skipped (``strict=False``).
     Without ``state``: returns a new nested dict (torch tensors on the CPU, numpy arrays
-    for arrays saved from numpy). With ``mmap=True`` (local checkpoints, no ``state``)
+    for arrays saved from numpy; from 2 MiB on, each in a page-aligned mapping of its
+    own that cold reads fill directly, see ``engine.buffers.new_tensor``). With ``mmap=True`` (local checkpoints, no ``state``)
     the tensors are copy-on-write views of the memory-mapped data files, verified up
     front (see ``engine.mmap_load``).
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import tensors
+from ..engine.buffers import new_tensor
 from ..format.index import Index, TensorEntry
 from ..format.tree import KeyPath, Node, build, dict_items, render_path
 from ..plan.flatten import alias_key, is_stateful
@@ -29,6 +30,8 @@ class TensorTarget:
     """The tensor's index entry (its chunks)."""
     target: Any
     """The tensor (or DTensor) its bytes are read into."""
+    dest: Any = None
+    """A new tensor's writable bytes, known from its allocation (None: derived from ``target``)."""
 
 
 @dataclass(slots=True)
@@ -94,8 +97,8 @@ class _Matcher:
 
         def leaf(_: KeyPath, n: Node) -> Any:
             e = self.index.tensors[n["id"]]
-            value, _bytes = tensors.empty(e.kind, e.dtype, e.shape)
-            self.m.reads.append(TensorTarget(e, value))
+            value, dest = new_tensor(e.kind, e.dtype, e.shape)
+            self.m.reads.append(TensorTarget(e, value, dest))
             return value
 
         return build(node, leaf, path, self.memo)

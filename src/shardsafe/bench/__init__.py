@@ -2,7 +2,8 @@
 
 Cases: (a) large fp32 tensors (default 2 GiB in 64 MiB tensors), (b) 20,000 small
 tensors of 1-64 KiB, (c) a small transformer trained on the CPU with an async save every
-10 steps vs none. The machine's limits (memcpy, direct-I/O write/read, buffered write)
+10 steps vs none, (d) case (a)'s state saved async within host-memory budgets of 1/8,
+1/4 and 1/2 of it vs none. The machine's limits (memcpy, direct-I/O write/read, buffered write)
 are measured in the same run, and results are reported as ratios, which stay meaningful
 on shared machines where absolute times drift. Medians of ``--repeat`` rounds, after an
 unrecorded warm-up round.
@@ -43,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-size", type=parse_size, default=parse_size("64MiB"),
                    help="case (a) tensor size (default 64MiB)")
     p.add_argument("--small-count", type=int, default=20000, help="case (b) tensor count")
-    p.add_argument("--cases", default="a,b,c", help="comma-separated subset of a,b,c")
+    p.add_argument("--cases", default="a,b,c,d", help="comma-separated subset of a,b,c,d")
     p.add_argument("--dir", default=None, help="directory for checkpoints (default: a temp dir)")
     p.add_argument("--repeat", type=int, default=3, help="recorded rounds per case (medians)")
     p.add_argument("--steps", type=int, default=60, help="case (c) training steps per variant")
@@ -64,8 +65,8 @@ def _cases(args: argparse.Namespace) -> list[str]:
         args.size, args.tensor_size, args.small_count = 4 << 20, 1 << 20, 100
         args.repeat, args.steps, args.every = 1, 4, 2
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    if not set(cases) <= {"a", "b", "c"}:
-        raise ValueError(f"--cases takes a subset of a,b,c, got {args.cases!r}")
+    if not set(cases) <= {"a", "b", "c", "d"}:
+        raise ValueError(f"--cases takes a subset of a,b,c,d, got {args.cases!r}")
     return cases
 
 
@@ -76,7 +77,7 @@ def _io_cases(args: argparse.Namespace, cases: list[str], directory: str,
 
     results: dict[str, runner.CaseResult] = {}
     lim: dict[str, float] = {}
-    if {"a", "b"} & set(cases):
+    if {"a", "b", "d"} & set(cases):
         lim = limits.measure_limits(args.size, directory, max(1, args.repeat))
     opts = dict(system_drop=args.drop_caches, warmup=not args.quick, log=log)
     if "a" in cases:
@@ -91,6 +92,19 @@ def _io_cases(args: argparse.Namespace, cases: list[str], directory: str,
                                           directory, args.repeat, **opts)
         del st
     return results, lim
+
+
+def _budget_case(args: argparse.Namespace, directory: str, lim: dict[str, float],
+                 log: Callable[[str], None] | None) -> tuple[str, dict[str, Any]]:
+    """Case (d): its table and the raw samples."""
+    from . import budget, states
+
+    st = states.large_tensors(args.size, args.tensor_size)
+    total, rows = budget.run_budget_case(st, directory, args.repeat, warmup=not args.quick, log=log)
+    del st
+    raw = {r.label: {"budget": r.budget, "stall": r.stall, "durable": r.durable, "rss": r.rss}
+           for r in rows}
+    return budget.budget_table(total, rows, lim), raw
 
 
 def _training_case(args: argparse.Namespace, directory: str) -> tuple[str, dict[str, float], Any]:
@@ -124,10 +138,13 @@ def run(args: argparse.Namespace) -> int:
     raw: dict[str, object] = {}
     try:
         results, lim = _io_cases(args, cases, directory, log)
-        if {"a", "b"} & set(cases):
+        if {"a", "b", "d"} & set(cases):
             raw["limits"] = lim
         sections = [report.case_table(c, lim) for c in results.values()]
         raw.update({c.name: {o.label: o.samples.values for o in c.ops} for c in results.values()})
+        if "d" in cases:
+            table, raw["d"] = _budget_case(args, directory, lim, log)
+            sections.append(table)
         if "c" in cases:
             table, train_ratios, raw["c"] = _training_case(args, directory)
             sections.append(table)

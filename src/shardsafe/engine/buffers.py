@@ -11,15 +11,19 @@ writers hand them to ``O_DIRECT`` without a bounce copy, and huge pages (see
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
+from .. import tensors
 from .._numbers import ceil_div
 from ..format.datafile import ALIGN
-from ..storage.memory import anonymous
+from ..format.dtypes import lookup
+from ..storage.memory import HUGE, anonymous
 from . import cuda
 
 log = logging.getLogger("shardsafe")
@@ -31,6 +35,34 @@ def round_up(n: int, to: int = ALIGN) -> int:
     """``n`` rounded up to a multiple of ``to`` (buffers are padded to ALIGN so that the
     last range of a file goes through direct I/O too)."""
     return ceil_div(n, to) * to
+
+
+def new_tensor(kind: str, dtype: str, shape: tuple[int, ...]) -> tuple[Any, np.ndarray]:
+    """A new host tensor (or numpy array) for a load to fill: ``(value, writable bytes)``.
+
+    From ``HUGE`` bytes on, the memory is an anonymous mapping of its own (returned to
+    the OS when the tensor dies) whose page-aligned start lets a cold read go straight
+    into it with direct I/O, instead of through a bounce buffer and a second copy. Like
+    ``torch.load``'s, such a tensor's storage cannot be resized. Smaller values come
+    from ``tensors.empty``.
+
+    Not on huge pages: on the project VM (whose balloon device takes back free 2 MiB
+    blocks) a fresh huge-page mapping filled from the page cache was 2-3x slower than
+    4 KiB pages, though 2x faster for cold direct reads (docs/BENCHMARKS.md).
+    """
+    d = lookup(dtype)
+    nbytes = d.itemsize * math.prod(shape)
+    if nbytes < HUGE or (kind == "torch" and not tensors.HAVE_TORCH) or (kind != "torch" and d.numpy is None):
+        return tensors.empty(kind, dtype, shape)
+    try:
+        _map, flat = anonymous(nbytes, huge=False)  # ``flat`` keeps the mapping alive
+    except (OSError, OverflowError) as e:  # e.g. ENOMEM: what an allocator would raise
+        raise MemoryError(f"cannot map {nbytes} bytes for a {dtype} tensor of shape {shape}: {e}") from e
+    if kind == "torch":
+        torch = tensors.torch
+        t = torch.frombuffer(flat, dtype=torch.uint8).view(getattr(torch, d.name)).reshape(shape)
+        return t, flat
+    return flat.view(d.numpy).reshape(shape), flat
 
 
 class HostBuffer:
@@ -79,12 +111,16 @@ class HostBuffer:
 
 
 class StagingArena:
-    """Staging buffers kept for reuse: one set per state layout (a list of file sizes).
+    """Staging buffers kept for reuse: whole file images, or unit slots under a budget.
 
-    ``get(sizes)`` hands out the buffers of the previous save when the layout is the
+    ``get(sizes)`` hands out the file images of the previous save when the layout is the
     same; otherwise it frees them and allocates (and pre-faults) new ones, so at most
-    one copy of the state is held. Not a pool for concurrent saves: the Checkpointer
-    runs one save at a time and holds its buffers until that save is written.
+    one copy of the state is held. ``slots(size, count)`` instead gives a pool of at
+    most ``count`` unit-sized buffers (saves with ``max_staging_bytes``): a state of any
+    size streams through them. The arena holds one kind or the other, never both, so
+    what it holds is what ``nbytes`` says and never more than ``peak_nbytes``. Not a
+    pool for concurrent saves: the Checkpointer runs one save at a time and holds its
+    buffers until that save is written.
     """
 
     def __init__(self, *, pin: bool = False) -> None:
@@ -92,6 +128,8 @@ class StagingArena:
         self._lock = threading.Lock()
         self._sizes: tuple[int, ...] | None = None
         self._buffers: list[HostBuffer] = []
+        self._slots: BouncePool | None = None
+        self._peak = 0
         self.allocations = 0  # how many times buffers were (re)allocated; for tests/benchmarks
 
     def get(self, sizes: Sequence[int]) -> list[HostBuffer]:
@@ -103,8 +141,23 @@ class StagingArena:
                 log.debug("allocating %d staging buffer(s), %d bytes", len(key), sum(key))
                 self._buffers = [HostBuffer(n, pin=self.pin) for n in key]
                 self._sizes = key
+                self._peak = max(self._peak, sum(key))
                 self.allocations += 1
             return list(self._buffers)
+
+    def slots(self, size: int, count: int) -> BouncePool:
+        """A pool of at most ``count`` buffers of ``size`` bytes (reused when both match).
+
+        Frees the whole-image buffers first. The pool allocates its buffers on first
+        use, so a state smaller than ``count * size`` only costs the units it has.
+        """
+        with self._lock:
+            s = self._slots
+            if s is None or s.size != size or s.count != count:
+                self._free()
+                self._slots = BouncePool(size, count, pin=self.pin)
+                self.allocations += 1
+            return self._slots
 
     @property
     def buffers(self) -> tuple[HostBuffer, ...]:
@@ -113,46 +166,102 @@ class StagingArena:
 
     @property
     def nbytes(self) -> int:
-        """Bytes currently held."""
-        return sum(b.nbytes for b in self._buffers)
+        """Bytes currently held (file images, or the slots allocated so far)."""
+        held = sum(b.nbytes for b in self._buffers)
+        return held + (self._slots.nbytes if self._slots is not None else 0)
+
+    @property
+    def peak_nbytes(self) -> int:
+        """The most bytes this arena ever held at once (file images or slots)."""
+        slots = self._slots.peak_nbytes if self._slots is not None else 0
+        return max(self._peak, slots)
 
     def _free(self) -> None:
         for b in self._buffers:
             b.close()
         self._buffers, self._sizes = [], None
+        if self._slots is not None:
+            self._peak = max(self._peak, self._slots.peak_nbytes)
+            self._slots.close()
+            self._slots = None
 
     def release(self) -> None:
-        """Frees the buffers (the next ``get`` allocates again)."""
+        """Frees the buffers (the next ``get`` or ``slots`` allocates again)."""
         with self._lock:
             self._free()
 
 
-class BouncePool:
-    """A few fixed-size aligned buffers for streaming writes (sync saves need no full copy).
+def slot_count(max_staging_bytes: object, unit_size: int) -> int:
+    """How many ``unit_size`` buffers fit in ``max_staging_bytes`` (at least one).
 
-    ``acquire`` blocks until a buffer is free, so memory stays at ``count * size``.
+    Raises:
+        ValueError: the budget is not an int, or smaller than one unit.
+    """
+    if (isinstance(max_staging_bytes, bool) or not isinstance(max_staging_bytes, int)
+            or max_staging_bytes < unit_size):
+        raise ValueError(f"max_staging_bytes must be None or an int of at least one staging unit "
+                         f"({unit_size} bytes), got {max_staging_bytes!r}")
+    return max_staging_bytes // unit_size
+
+
+class BouncePool:
+    """A few fixed-size aligned buffers for streaming (sync-save bounce, budgeted staging).
+
+    ``acquire`` blocks until a buffer is free, so memory stays at ``count * size``;
+    buffers are allocated (and pre-faulted) on first need and kept until ``close``.
+
+    Args:
+        size: Bytes per buffer.
+        count: Most buffers that ever exist at once.
+        pin: Page-lock the buffers for CUDA copies (ignored without CUDA).
     """
 
-    def __init__(self, size: int, count: int) -> None:
+    POLL_S = 0.05  # how often a cancellable acquire re-checks whether it should give up
+
+    def __init__(self, size: int, count: int, *, pin: bool = False) -> None:
         self.size = size
         self.count = count
+        self.pin = pin
         self._free: list[HostBuffer] = []
         self._made = 0
+        self._peak = 0
         self._cond = threading.Condition()
 
-    def acquire(self) -> HostBuffer:
+    def acquire(self, cancelled: Callable[[], bool] | None = None) -> HostBuffer | None:
+        """A free buffer; waits for one to be released when all ``count`` are in use.
+
+        With ``cancelled``, returns None as soon as it returns True (checked before
+        taking a buffer and every ``POLL_S`` while waiting), so a stager waiting for
+        writes that have failed does not wait forever.
+        """
         with self._cond:
-            while not self._free and self._made >= self.count:
-                self._cond.wait()
-            if self._free:
-                return self._free.pop()
+            while True:
+                if cancelled is not None and cancelled():
+                    return None
+                if self._free:
+                    return self._free.pop()
+                if self._made < self.count:
+                    break
+                self._cond.wait(self.POLL_S if cancelled is not None else None)
             self._made += 1
-        return HostBuffer(self.size)
+            self._peak = max(self._peak, self._made)
+        try:
+            return HostBuffer(self.size, pin=self.pin)
+        except BaseException:
+            with self._cond:
+                self._made -= 1
+                self._cond.notify()
+            raise
 
     @property
     def nbytes(self) -> int:
         """Bytes allocated (in use or idle)."""
         return self._made * self.size
+
+    @property
+    def peak_nbytes(self) -> int:
+        """The most bytes allocated at once since this pool was made."""
+        return self._peak * self.size
 
     def release(self, buf: HostBuffer) -> None:
         with self._cond:

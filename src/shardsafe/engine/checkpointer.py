@@ -4,7 +4,9 @@ Sync saves stream: each write unit is copied into one of a few aligned bounce bu
 and written with direct I/O, so they need no full copy of the state. Async saves
 stage the whole state into buffers the Checkpointer keeps (allocated once per layout,
 pre-faulted), then checksum, write and commit on a background thread while the
-caller goes on. The background thread is a plain thread, not an I/O-pool worker: it
+caller goes on. With ``max_staging_bytes`` an async save streams instead: units are
+staged in order into at most that many bytes of unit-sized buffers, each written and
+given back while later units are staged; the call returns once the last unit is staged. The background thread is a plain thread, not an I/O-pool worker: it
 waits for I/O-pool jobs, and a pool worker waiting for its own pool can deadlock.
 
 Invariants:
@@ -24,15 +26,17 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_args
 
+import numpy as np
+
 from ..comm import Comm, SingleProcessComm, get_comm
 from ..errors import CheckpointError
 from .io_pool import io_threads
 from . import cuda, pipeline
-from .buffers import BouncePool, HostBuffer, StagingArena
+from .buffers import BouncePool, HostBuffer, StagingArena, slot_count
 from .handle import SaveHandle
 from .incremental import Baseline
 from .prepared import BLOCK_SIZE, UNIT_SIZE, PreparedSave
-from .staging import StageTask, host_sources, stage_files
+from .staging import StageTask, host_sources, stage_files, stage_through
 from .units import FileUnits
 from .writer import FileWrite
 
@@ -41,7 +45,9 @@ log = logging.getLogger("shardsafe")
 StagingMode = Literal["blocking", "background"]
 """How ``async_save`` copies the state: on the caller's thread, or in the background."""
 STAGING_MODES: tuple[StagingMode, ...] = get_args(StagingMode)
-_JobMaker = Callable[[], "tuple[list[FileWrite], list[StageTask]]"]
+_Stager = Callable[[int | None], None]
+"""Copies the state into host buffers with that many threads (None: the default)."""
+_JobMaker = Callable[[], "tuple[list[FileWrite], _Stager]"]
 BACKGROUND_COPY_THREADS = 1
 SLOW_WAIT_S = 1.0  # a new save waiting longer than this for the previous one logs a warning
 
@@ -56,6 +62,12 @@ class Checkpointer:
         overlap_writes: With ``staging="blocking"``, start writing units while later units
             are still being copied (shorter time to durable, but the writes compete with
             the caller's copy for CPU and memory bandwidth, lengthening the stall).
+        max_staging_bytes: Host memory an async save may stage into (None: a copy of the
+            whole state, kept for the next save). A smaller state is staged as usual; a
+            larger one streams through ``max_staging_bytes // unit_size`` unit buffers,
+            and ``async_save`` blocks until the rest of the state fits (at least one
+            unit). Sync saves bounce through the same buffers. ``async_save`` may
+            override it per call.
 
     Example::
 
@@ -68,7 +80,11 @@ class Checkpointer:
     """
 
     def __init__(self, *, comm: Comm | None = None, unit_size: int = UNIT_SIZE,
-                 pin_memory: bool | None = None, overlap_writes: bool = False) -> None:
+                 pin_memory: bool | None = None, overlap_writes: bool = False,
+                 max_staging_bytes: int | None = None) -> None:
+        if max_staging_bytes is not None:
+            slot_count(max_staging_bytes, unit_size)
+        self.max_staging_bytes = max_staging_bytes
         self.comm = comm
         self.unit_size = unit_size
         self.overlap_writes = overlap_writes
@@ -113,7 +129,8 @@ class Checkpointer:
                    overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
                    storage_options: dict | None = None, process_group: Any = None,
                    timeout: float | None = None, collective: bool | None = None,
-                   baseline: Baseline | None = None) -> SaveHandle:
+                   baseline: Baseline | None = None,
+                   max_staging_bytes: int | None = None) -> SaveHandle:
         """Starts saving ``state``; checksums, writes and commit run in the background.
 
         Args:
@@ -131,6 +148,10 @@ class Checkpointer:
             collective: As for ``shardsafe.save``: ``False`` saves this rank's state alone.
             baseline: Incremental saves (``engine.incremental``): reference the chunks
                 unchanged since the baseline's save instead of writing them.
+            max_staging_bytes: Host staging memory of this save (default: the
+                Checkpointer's). When the state is larger, units stream through that many
+                bytes of buffers while they are written, and the call (or, with
+                ``"background"``, ``wait_staged()``) returns once the last unit is staged.
 
         Returns:
             A SaveHandle; ``result()`` waits for the commit and re-raises any failure.
@@ -139,31 +160,44 @@ class Checkpointer:
             TypeError: a value cannot be saved (raised here, before anything is written).
             CheckpointError: the previous async save failed and nobody collected the error,
                 or the path must not be overwritten.
+            ValueError: ``staging`` or ``max_staging_bytes`` is invalid.
+            BaseException: with a budget, a write that failed while the call was staging.
         """
         if staging not in STAGING_MODES:
             raise ValueError(f"staging must be one of {STAGING_MODES}, got {staging!r}")
+        budget = self.max_staging_bytes if max_staging_bytes is None else max_staging_bytes
+        slots = None if budget is None else slot_count(budget, self.unit_size)
         with self._lock:
             prep = self._prepare(state, path, overwrite=overwrite, metadata=metadata,
                                  storage_options=storage_options, process_group=process_group,
                                  timeout=timeout, collective=collective, baseline=baseline)
             handle = SaveHandle(path, prep.nbytes)
-            sizes = [p.layout.size for p in prep.plans]
-            if staging == "background":
+            if slots is not None:
+                jobs = self._slotted_jobs(prep, handle, slots)
+            else:
+                sizes = [p.layout.size for p in prep.plans]
                 # Even the buffers are got (and, for a new layout, allocated and
-                # pre-faulted) in the background: the call returns after planning.
-                self._start(prep, handle, lambda: self._staged_jobs(prep, self.arena.get(sizes)),
-                            stage=True)
-                return handle
-            self._stage_blocking(prep, handle, sizes)
+                # pre-faulted) in the writer thread with "background".
+                jobs = lambda: self._staged_jobs(prep, self.arena.get(sizes))  # noqa: E731
+            if staging == "background":
+                self._start(prep, handle, jobs, stage=True)
+            else:
+                # Under a budget the writes must run while the caller stages: they free
+                # the buffers the later units are staged into.
+                self._stage_blocking(prep, handle, jobs(), overlap=self.overlap_writes or slots is not None)
             return handle
 
-    def _stage_blocking(self, prep: PreparedSave, handle: SaveHandle, sizes: list[int]) -> None:
-        """Copies the state on the caller's thread, then hands the writes to the writer thread."""
-        writes, tasks = self._staged_jobs(prep, self.arena.get(sizes))
-        if self.overlap_writes:
-            self._start(prep, handle, lambda: (writes, tasks), stage=False)
+    def _stage_blocking(self, prep: PreparedSave, handle: SaveHandle,
+                        jobs: tuple[list[FileWrite], _Stager], *, overlap: bool) -> None:
+        """Copies the state on the caller's thread, then hands the writes to the writer thread.
+
+        With ``overlap`` the writer thread starts first and writes units as they are staged.
+        """
+        writes, stage = jobs
+        if overlap:
+            self._start(prep, handle, lambda: jobs, stage=False)
         try:
-            stage_files(tasks)
+            stage(None)
         except BaseException as e:  # noqa: BLE001 - handed to the writer, then re-raised
             for fw in writes:
                 fw.fail(e)
@@ -176,8 +210,8 @@ class Checkpointer:
             self._inflight = None
             raise
         handle.mark_staged()
-        if not self.overlap_writes:
-            self._start(prep, handle, lambda: (writes, tasks), stage=False)
+        if not overlap:
+            self._start(prep, handle, lambda: jobs, stage=False)
 
     @property
     def closed(self) -> bool:
@@ -257,14 +291,47 @@ class Checkpointer:
                                   f"{type(err).__name__}: {err}") from err
 
     def _staged_jobs(self, prep: PreparedSave, buffers: list[HostBuffer]
-                     ) -> tuple[list[FileWrite], list[StageTask]]:
+                     ) -> tuple[list[FileWrite], _Stager]:
+        """Writes of whole staged file images, and the stager that fills them."""
         writes, tasks = [], []
         for plan, buf in zip(prep.plans, buffers):
             units = FileUnits(plan, self.unit_size, BLOCK_SIZE)
             fw = FileWrite(units, prep.storage, prep.file_path(plan), staged=buf)
             writes.append(fw)
             tasks.append(StageTask(units, buf.array, fw.unit_ready))
-        return writes, tasks
+        return writes, lambda threads: stage_files(tasks, threads=threads)
+
+    def _slotted_jobs(self, prep: PreparedSave, handle: SaveHandle, count: int) -> _JobMaker:
+        """Writes fed unit by unit from at most ``count`` buffers, and their stager.
+
+        The stager stops (and raises) once a write failed or the writer thread gave up
+        (``handle`` settled early), instead of waiting for buffers nobody will free.
+        """
+        slots = self.arena.slots(self.unit_size, count)
+        self._bounce.close()  # idle sync-save buffers: the budget bounds every host buffer
+        writes, tasks = [], []
+        for plan in prep.plans:
+            units = FileUnits(plan, self.unit_size, BLOCK_SIZE)
+            fw = FileWrite(units, prep.storage, prep.file_path(plan), slots=slots)
+            writes.append(fw)
+            tasks.append(StageTask(units, np.empty(0, np.uint8), fw.unit_ready))
+
+        def failed() -> BaseException | None:
+            if handle.done():
+                return handle.exception(0)
+            return next((e for fw in writes if (e := fw.error()) is not None), None)
+
+        def stage(threads: int | None) -> None:
+            stage_through(tasks, slots, threads=threads, failed=failed)
+
+        return lambda: (writes, stage)
+
+    def _sync_bounce(self) -> BouncePool:
+        """Bounce buffers of sync saves: the budget's slots when there is a budget."""
+        if self.max_staging_bytes is None:
+            return self._bounce
+        count = slot_count(self.max_staging_bytes, self.unit_size)
+        return self.arena.slots(self.unit_size, count)
 
     def _start(self, prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, *, stage: bool) -> None:
         self._inflight = handle
@@ -310,7 +377,7 @@ class Checkpointer:
             except BaseException:
                 writer.abort()
                 raise
-            fw = FileWrite(units, prep.storage, path, sources=sources, bounce=self._bounce,
+            fw = FileWrite(units, prep.storage, path, sources=sources, bounce=self._sync_bounce(),
                            writer=writer)
             try:
                 fw.start()
@@ -331,7 +398,7 @@ def _background(prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, stage: 
     """Body of the writer thread: [stage,] write, commit; the outcome goes to ``handle``."""
     writes: list[FileWrite] = []
     try:
-        writes, tasks = jobs()
+        writes, stage_state = jobs()
         pipeline.begin(prep)
         for fw in writes:
             fw.start()
@@ -340,7 +407,7 @@ def _background(prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, stage: 
                 # One copying thread: background staging overlaps the caller's compute,
                 # and more copy threads would take cores from it (the copy only has to
                 # finish before the caller's next wait_staged()).
-                stage_files(tasks, threads=BACKGROUND_COPY_THREADS)
+                stage_state(BACKGROUND_COPY_THREADS)
             except BaseException as e:  # noqa: BLE001 - forwarded to the waiting writers
                 for fw in writes:
                     fw.fail(e)

@@ -69,8 +69,11 @@ class DeviceCopier:
             s.wait_stream(torch.cuda.current_stream(device))
         return s
 
-    def copy(self, src: Any, out: np.ndarray) -> None:
-        """Queues a copy of CUDA tensor ``src``'s bytes (row-major) into host ``out`` (uint8)."""
+    def copy(self, src: Any, out: np.ndarray, *, start: int = 0) -> None:
+        """Queues a copy of CUDA tensor ``src``'s bytes (row-major) into host ``out`` (uint8).
+
+        With ``start``, copies only bytes ``[start, start + len(out))`` of the tensor.
+        """
         torch = tensors.torch
         stream = self._stream(src.device)
         with torch.cuda.stream(stream):
@@ -84,7 +87,10 @@ class DeviceCopier:
             # before this stream has read it.
             t.record_stream(stream)
             host = torch.from_numpy(out)
-            host.copy_(t.reshape(-1).view(torch.uint8), non_blocking=True)
+            flat = t.reshape(-1).view(torch.uint8)
+            if start or out.size != flat.numel():
+                flat = flat[start : start + out.size]
+            host.copy_(flat, non_blocking=True)
 
     def wait(self) -> None:
         """Blocks until every queued copy has landed in host memory."""

@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import knobs, tensors
 from ..plan.layout import FilePlan
+from .buffers import BouncePool
 from .io_pool import wait_all
 from . import cuda
 from .units import HEADER, FileUnits
@@ -93,8 +94,9 @@ class StageTask:
     """The file's units (what to copy where)."""
     out: np.ndarray
     """The file image (uint8, the file's size) the units are copied into."""
-    on_unit: Callable[[int], None] | None = None
-    """Called with ``k`` once unit ``k`` holds its final bytes (any thread, any order)."""
+    on_unit: Callable[..., None] | None = None
+    """Called with ``k`` once unit ``k`` holds its final bytes (any thread, any order);
+    ``stage_through`` passes the unit's buffer too: ``on_unit(k, buf)``."""
     sources: list[np.ndarray | None] | None = None
     """Per-item flat host bytes (default: ``host_sources`` of the plan; None: a CUDA item)."""
 
@@ -139,5 +141,69 @@ def stage_files(tasks: Sequence[StageTask], *, threads: int | None = None) -> No
                 t.on_unit(k)
 
 
+def stage_through(tasks: Sequence[StageTask], slots: BouncePool, *, threads: int | None = None,
+                  failed: Callable[[], BaseException | None] = lambda: None) -> None:
+    """Stages every file unit by unit through the buffers of ``slots`` (a memory budget).
 
-__all__ = ["StageTask", "stage_files", "copy_unit", "host_sources"]
+    Units are taken in order; each is copied into a free buffer of ``slots`` (waiting for
+    one to be released when all are in use) and handed on with ``on_unit(k, buf)``, whose
+    receiver releases the buffer once the unit is written. Returns once every unit is
+    staged, so a state larger than the pool streams through it while the writes go on.
+    ``out`` of the tasks is unused. Device (CUDA) parts are copied per unit and awaited
+    before the unit is handed on.
+
+    Raises:
+        BaseException: ``failed()`` returned an error (a write failed): staging stops
+            and re-raises it.
+    """
+    for t in tasks:
+        if t.sources is None:
+            t.sources = host_sources(t.units.plan)
+    work = [(t, k) for t in tasks for k in range(t.units.nunits)]
+    cursor = itertools.count()
+    broken = threading.Event()  # a copy failed: the other stagers stop too
+
+    def stop() -> bool:
+        return broken.is_set() or failed() is not None
+
+    def run() -> None:
+        while (j := next(cursor)) < len(work):
+            t, k = work[j]
+            buf = slots.acquire(stop)
+            if buf is None:
+                return
+            try:
+                start = t.units.span(k)[0]
+                copy_unit(t.units, k, t.sources, buf.array, base=start)
+                _copy_device_parts(t.units, k, t.sources, buf.array, start)
+            except BaseException:
+                broken.set()
+                slots.release(buf)
+                raise
+            t.on_unit(k, buf)
+
+    n = min(threads or knobs.copy_threads(), len(work), slots.count)
+    helpers = [copy_pool().submit(run) for _ in range(n - 1)]
+    try:
+        run()
+    finally:
+        wait_all(helpers)
+    err = failed()
+    if err is not None:
+        raise err
+
+
+def _copy_device_parts(units: FileUnits, k: int, sources: Sequence[np.ndarray | None],
+                       out: np.ndarray, base: int) -> None:
+    """Copies the CUDA parts of unit ``k`` into ``out[dst - base]`` and waits for them."""
+    copier = None
+    for p in units.parts(k):
+        if p.item != HEADER and sources[p.item] is None:
+            copier = copier or cuda.DeviceCopier()
+            copier.copy(units.plan.items[p.item].value, out[p.dst - base : p.dst - base + p.length],
+                        start=p.src)
+    if copier is not None:
+        copier.wait()
+
+
+__all__ = ["StageTask", "stage_files", "stage_through", "copy_unit", "host_sources"]

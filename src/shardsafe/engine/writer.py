@@ -14,6 +14,9 @@ Two sources of bytes:
   file even if another thread changes the state meanwhile (pieces of a block that spans
   units are joined with ``crc32c_combine``). Without bounce buffers, source slices are
   gathered straight into ``pwritev`` and checksummed from the sources.
+- *slotted* (async saves under ``max_staging_bytes``): the stager copies each unit into
+  a buffer of a bounded pool and hands it over with ``unit_ready(k, buf)``; the write
+  job checksums and writes it as in streamed mode, then gives the buffer back.
 
 Storages without ranged writes (object stores: ``Storage.open_writer`` returns None)
 get the whole staged file in one ``Storage.write`` at the end.
@@ -51,15 +54,21 @@ class FileWrite:
         bounce: Bounce buffers for streamed direct writes.
         writer: The file, already opened with ``storage.open_writer`` (default: opened by
             ``start``).
+        slots: The pool the buffers of ``unit_ready(k, buf)`` come from (slotted mode).
     """
 
     def __init__(self, units: FileUnits, storage: Storage, path: str, *,
                  staged: HostBuffer | None = None, sources: Sequence[np.ndarray] | None = None,
-                 bounce: BouncePool | None = None, writer: RangeWriter | None = None) -> None:
-        if (staged is None) == (sources is None):
-            raise ValueError("give exactly one of staged= and sources=")
+                 bounce: BouncePool | None = None, writer: RangeWriter | None = None,
+                 slots: BouncePool | None = None) -> None:
+        if sum(x is not None for x in (staged, sources, slots)) != 1:
+            raise ValueError("give exactly one of staged=, sources= and slots=")
         self.units, self.storage, self.path = units, storage, path
-        self.staged, self.sources, self.bounce = staged, sources, bounce
+        self.staged, self.sources, self.bounce = staged, sources, bounce or slots
+        self._slotted = slots is not None
+        self._unit_bufs: dict[int, HostBuffer] = {}  # slotted: staged units not yet written
+        self._job_error: BaseException | None = None
+        self._cancelled = False
         self.sums: list[list[int]] = [[0] * n for n in units.nblocks]
         self._lock = threading.Lock()
         self._ready = [False] * units.nunits
@@ -71,7 +80,7 @@ class FileWrite:
         self._all_ready = threading.Event()
         self._failed: BaseException | None = None
         # streamed with bounce buffers: block pieces checksummed from the bytes written
-        self._from_copies = sources is not None and bounce is not None
+        self._from_copies = self._slotted or (sources is not None and bounce is not None)
         self._pieces: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
         self._item_blocks: list[list[Block]] = [[] for _ in units.nblocks]
         for blocks in units.blocks_by_unit:
@@ -87,17 +96,27 @@ class FileWrite:
         if self._writer is None:
             self._writer = self.storage.open_writer(self.path, self.units.size)
         if self._writer is None and self.staged is None:
-            raise ValueError(f"{type(self.storage).__name__} has no ranged writes; stage the file")
+            raise ValueError(f"{type(self.storage).__name__} has no ranged writes: stage the whole file"
+                             + (" (max_staging_bytes needs a local path)" if self._slotted else ""))
         with self._lock:
             self._started = True
             pending, self._pending = self._pending, []
         for job in pending:
             self._submit(job)
 
-    def unit_ready(self, k: int) -> None:
-        """Notes that unit ``k`` holds its final bytes (thread-safe, any order)."""
+    def unit_ready(self, k: int, buf: HostBuffer | None = None) -> None:
+        """Notes that unit ``k`` holds its final bytes (thread-safe, any order).
+
+        Slotted mode: ``buf`` holds the unit (from ``slots``); this FileWrite releases it
+        once written, or at once if the write was cancelled.
+        """
         jobs: list[tuple[str, int]] = [("write", k)]
         with self._lock:
+            if buf is not None:
+                if self._cancelled:
+                    self.bounce.release(buf)
+                    return
+                self._unit_bufs[k] = buf
             self._ready[k] = True
             while self._prefix < len(self._ready) and self._ready[self._prefix]:
                 jobs.append(("sums", self._prefix))
@@ -109,6 +128,14 @@ class FileWrite:
                 self._all_ready.set()
         for job in jobs:
             self._submit(job)
+
+    def error(self) -> BaseException | None:
+        """The first failure so far (of staging or of a finished job), else None."""
+        return self._failed or self._job_error
+
+    def _note_error(self, fut: Future) -> None:
+        if self._job_error is None and not fut.cancelled():
+            self._job_error = fut.exception()
 
     def fail(self, exc: BaseException) -> None:
         """Staging failed: ``finish`` raises ``exc`` instead of waiting for more units."""
@@ -128,6 +155,7 @@ class FileWrite:
             return  # (streamed: checksummed in the write job, from the bounce copy)
         fn = self._write_unit if kind == "write" else self._checksum_unit
         fut = io_pool().submit(fn, k)
+        fut.add_done_callback(self._note_error)
         with self._lock:
             self._futures.append(fut)
 
@@ -151,9 +179,16 @@ class FileWrite:
             end = round_up(stop) if k == self.units.nunits - 1 else stop
             w.write_at(start, self.staged.view(start, end))
         elif self._from_copies:
-            buf = self.bounce.acquire()
+            if self._slotted:
+                with self._lock:
+                    buf = self._unit_bufs.pop(k, None)
+                if buf is None:  # cancelled meanwhile; cancel() gave the buffer back
+                    return
+            else:
+                buf = self.bounce.acquire()
             try:
-                copy_unit(self.units, k, self.sources, buf.array, base=start)
+                if not self._slotted:
+                    copy_unit(self.units, k, self.sources, buf.array, base=start)
                 self._sum_copy(k, start, buf.view(0, stop - start))
                 w.write_at(start, buf.view(0, round_up(stop - start)))
             finally:
@@ -242,5 +277,10 @@ class FileWrite:
             futures = list(self._futures)
         for f in futures:
             f.exception()
+        with self._lock:  # slotted: units staged but never written give their buffers back
+            self._cancelled = True
+            held, self._unit_bufs = list(self._unit_bufs.values()), {}
+        for buf in held:
+            self.bounce.release(buf)
         if self._writer is not None:
             self._writer.abort()

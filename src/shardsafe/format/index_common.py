@@ -173,7 +173,10 @@ def tensor_header(t: dict[str, Any], name: str) -> tuple[str, DType, tuple[int, 
     shape = t.get("shape")
     if not isinstance(shape, list) or len(shape) > MAX_NDIM:
         raise bad(f"shape of {name} must be a list of at most {MAX_NDIM} integers")
-    shape_t = tuple(check_int(s, f"shape of {name}") for s in shape)
+    if all(type(s) is int and 0 <= s <= MAX_DIM for s in shape):  # noqa: E721 - not bool
+        shape_t = tuple(shape)
+    else:  # the failing dimension names itself
+        shape_t = tuple(check_int(s, f"shape of {name}") for s in shape)
     if math.prod(max(s, 1) for s in shape_t) * dt.itemsize > MAX_EXTENT_BYTES:
         raise bad(f"tensor {name}: absurd shape {list(shape_t)}")
     return t["kind"], dt, shape_t

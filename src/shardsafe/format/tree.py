@@ -248,32 +248,39 @@ def dict_items(node: Node) -> Iterator[tuple[Any, Node]]:
 
 def walk(node: Node, path: KeyPath = (), depth: int = 0) -> Iterator[tuple[KeyPath, Node]]:
     """Yields ``(key_path, node)`` for every leaf (tensor or plain value), validating shape."""
-    _check(isinstance(node, dict), f"node at {render_path(path)} is not an object")
-    _check(depth <= MAX_DEPTH, f"tree deeper than {MAX_DEPTH} at {render_path(path)}")
+    # (messages are built only on failure: this runs once per node of every index read)
+    if not isinstance(node, dict):
+        raise TreeError(f"node at {render_path(path)} is not an object")
+    if depth > MAX_DEPTH:
+        raise TreeError(f"tree deeper than {MAX_DEPTH} at {render_path(path)}")
     t = node.get("t")
     if t in ("dict", "namespace"):
         keys, vals = node.get("k"), node.get("v")
-        _check(isinstance(keys, list) and isinstance(vals, list) and len(keys) == len(vals),
-               f"{t} node at {render_path(path)} needs equal-length k and v lists")
-        _check(node.get("ordered", True) is True, f"dict node at {render_path(path)}: ordered must be true")
+        if not (isinstance(keys, list) and isinstance(vals, list) and len(keys) == len(vals)):
+            raise TreeError(f"{t} node at {render_path(path)} needs equal-length k and v lists")
+        if node.get("ordered", True) is not True:
+            raise TreeError(f"dict node at {render_path(path)}: ordered must be true")
         seen: set[Any] = set()
         for k, v in zip(keys, vals):
             try:
                 key = _validate_key(k)
             except TreeError as e:
                 raise TreeError(f"at {render_path(path)}: {e}") from None
-            _check(t == "dict" or isinstance(k, str), f"namespace attribute {k!r} is not a string")
-            _check(key not in seen, f"duplicate key {k!r} at {render_path(path)}")
+            if t != "dict" and not isinstance(k, str):
+                raise TreeError(f"namespace attribute {k!r} is not a string")
+            if key in seen:
+                raise TreeError(f"duplicate key {k!r} at {render_path(path)}")
             seen.add(key)
             yield from walk(v, path + (key,), depth + 1)
     elif t in ("list", "tuple"):
         vals = node.get("v")
-        _check(isinstance(vals, list), f"{t} node at {render_path(path)} needs a v list")
+        if not isinstance(vals, list):
+            raise TreeError(f"{t} node at {render_path(path)} needs a v list")
         for i, v in enumerate(vals):
             yield from walk(v, path + (i,), depth + 1)
     elif t in ("tensor", "alias"):
-        _check(isinstance(node.get("id"), int) and not isinstance(node.get("id"), bool),
-               f"{t} node at {render_path(path)} needs an integer id")
+        if type(node.get("id")) is not int:  # noqa: E721 - a bool is not an id
+            raise TreeError(f"{t} node at {render_path(path)} needs an integer id")
         yield path, node
     else:
         decode_plain(node, validate_only=True)

@@ -102,7 +102,8 @@ class CheckpointManager:
                 # the same files); every rank raises if another manager owns the directory
                 agreement.leader_decides(self._take_directory, what=f"locking {self._url!r}")
                 self._worker = ThreadPoolExecutor(1, thread_name_prefix="shardsafe-manager")
-                self._saver = Checkpointer()  # keeps its staging buffers from one save to the next
+                # keeps its staging buffers from one save to the next
+                self._saver = Checkpointer(max_staging_bytes=self._opts.max_staging_bytes)
                 self._tiers = Tiers(self._opts, writable=True)  # the local tier, if any
             self._last_save_time = self._initial_save_time()
             built = True

@@ -15,6 +15,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from ..engine.buffers import slot_count
+from ..engine.prepared import UNIT_SIZE
+
 BestFn = Callable[[Mapping[str, Any]], float]
 
 
@@ -112,6 +115,11 @@ class ManagerOptions:
     """Return from ``save`` once the state is staged in host memory and write in the
     background; False returns only after the commit and retention are done."""
 
+    max_staging_bytes: int | None = None
+    """Host memory an async save may stage into (None: a copy of the whole state). A
+    larger state streams through this many bytes while it is written, and ``save``
+    returns once the rest fits (see ``Checkpointer``); at least one staging unit."""
+
     preemption_signals: tuple[signal.Signals, ...] = ()
     """Signals that mean "save at the next step and exit" (not SIGKILL or SIGSTOP)."""
 
@@ -158,6 +166,8 @@ class ManagerOptions:
             _positive_int("save_interval_steps", self.save_interval_steps)
         _positive_int("max_to_keep", self.max_to_keep)
         _positive_int("keep_period", self.keep_period)
+        if self.max_staging_bytes is not None:
+            slot_count(self.max_staging_bytes, UNIT_SIZE)
         set_(self, "save_on_steps", _steps(self.save_on_steps))
         set_(self, "save_interval_seconds", _seconds("save_interval_seconds", self.save_interval_seconds))
         set_(self, "keep_time_interval", _seconds("keep_time_interval", self.keep_time_interval))

@@ -47,15 +47,16 @@ def plan_file(name: str, items: Sequence[TensorItem]) -> FilePlan:
     parts: dict[str, dict[str, object]] = {}
     for it in items:
         path = render_path(it.path)
-        partial = it.local_shape != it.shape
-        base = part_name(path, it.offsets, it.local_shape) if partial else path
+        local = it.local_shape
+        partial = local != it.shape
+        base = part_name(path, it.offsets, local) if partial else path
         n, k = base, 1
         while n in names:  # dotted paths can collide ("a.b" vs a -> b)
             n, k = f"{base}#{k}", k + 1
         names.add(n)
-        slots.append(Slot(n, it.dtype, it.local_shape))
+        slots.append(Slot(n, it.dtype, local))
         if partial:
-            parts[n] = {"tensor": path, "offsets": list(it.offsets), "shape": list(it.local_shape),
+            parts[n] = {"tensor": path, "offsets": list(it.offsets), "shape": list(local),
                         "global_shape": list(it.shape)}
     meta = {PARTS_KEY: json.dumps(parts, separators=(",", ":"))} if parts else None
     return FilePlan(name, tuple(items), layout(slots, meta))
