@@ -215,88 +215,103 @@ def test_wrong_codec_name_and_raw_length():
     expect_codec_error("planes16", b"", 0, "empty block")
 
 
-def planes_block(n: int = 5001) -> tuple[bytes, bytes]:
-    data = weights("float32", n)
-    name, stored = encode(memoryview(data), "float32", "auto")
-    assert name == "planes32"
+def planes_block(n: int = 5001, dtype: str = "float32") -> tuple[bytes, bytes]:
+    data = weights(dtype, n)
+    name, stored = encode(memoryview(data), dtype, "auto")
+    assert name == codec.codec_for(dtype, "auto")
     return data, bytes(stored)
 
 
-def plane_headers(stored: bytes, k: int) -> list[tuple[int, int]]:
-    return [(stored[1 + 5 * i], int.from_bytes(stored[2 + 5 * i:6 + 5 * i], "little"))
-            for i in range(k + 1)]
+def plane_headers(stored: bytes) -> list[tuple[int, int]]:
+    """(mode, stored length) of each plane of a planes block."""
+    count = {0: 2, 1: 1}[stored[0]] + {"planes16": 1, "planes32": 3, "planes64": 7}[WIDTH]
+    return [(stored[2 + 5 * i], int.from_bytes(stored[3 + 5 * i:7 + 5 * i], "little"))
+            for i in range(count)]
+
+
+WIDTH = "planes32"
 
 
 def test_planes_block_layout_is_as_documented():
     data, stored = planes_block()
-    heads = plane_headers(stored, 4)
+    assert stored[0] == 0  # exponent nibbles
+    heads = plane_headers(stored)
     assert heads[0][0] == 1  # the exponent's low nibbles are coded
     assert all(mode == 0 for mode, _ in heads[2:])  # random mantissa planes stay raw
     assert [n for _, n in heads[2:]] == [5001] * 3
-    assert 1 + 5 * 5 + sum(n for _, n in heads) == len(stored)
+    assert 2 + 5 * 5 + sum(n for _, n in heads) == len(stored)
+
+
+def test_float16_codes_its_exponent_byte_whole_and_bfloat16_in_nibbles():
+    # float16's top byte holds 5 exponent and 3 mantissa bits: nibbles would cut the exponent
+    _, fp16 = planes_block(100_000, "float16")
+    _, bf16 = planes_block(100_000, "bfloat16")
+    assert fp16[0] == 1 and fp16[1] == 0 and bf16[0] == 0
 
 
 def test_planes_forged_streams_are_rejected():
     data, stored = planes_block()
     n = len(data)
-    heads = plane_headers(stored, 4)
+    heads = plane_headers(stored)
     expect_codec_error("planes32", stored[:20], n, "truncated")
+    expect_codec_error("planes32", stored[:1], n, "truncated")
     expect_codec_error("planes32", stored[:-1], n, "past")
     expect_codec_error("planes32", stored + b"\x00", n, "follow")
     expect_codec_error("planes32", stored, n + 4)
     expect_codec_error("planes32", stored, n - 4)
     expect_codec_error("planes32", stored, n + 2, "cannot be")
     expect_codec_error("planes16", stored, n)
+    bad_layout = bytearray(stored)
+    bad_layout[0] = 2
+    expect_codec_error("planes32", bytes(bad_layout), n, "layout")
     bad_mode = bytearray(stored)
-    bad_mode[1] = 7
+    bad_mode[2] = 7
     expect_codec_error("planes32", bytes(bad_mode), n, "unknown mode")
     lying = bytearray(stored)  # raw mantissa plane 0 claims one byte fewer, plane 1 one more
-    lying[1 + 5 * 2 + 1:1 + 5 * 2 + 5] = (heads[2][1] - 1).to_bytes(4, "little")
-    lying[1 + 5 * 3 + 1:1 + 5 * 3 + 5] = (heads[3][1] + 1).to_bytes(4, "little")
+    lying[2 + 5 * 2 + 1:2 + 5 * 2 + 5] = (heads[2][1] - 1).to_bytes(4, "little")
+    lying[2 + 5 * 3 + 1:2 + 5 * 3 + 5] = (heads[3][1] + 1).to_bytes(4, "little")
     expect_codec_error("planes32", bytes(lying), n, "raw plane")
     huge = bytearray(stored)
-    huge[2:6] = (0xFFFFFFFF).to_bytes(4, "little")
+    huge[3:7] = (0xFFFFFFFF).to_bytes(4, "little")
     expect_codec_error("planes32", bytes(huge), n, "past")
 
 
 def test_planes_zstd_plane_of_the_wrong_size_is_rejected():
     data, stored = planes_block()
-    heads = plane_headers(stored, 4)
-    start = 1 + 5 * 5
+    heads = plane_headers(stored)
+    start = 2 + 5 * 5
     frame = stored[start:start + heads[0][1]]
     plane = zstandard.ZstdDecompressor().decompress(frame)
     forged_frame = zstd_frame(plane + b"\x00", content_size=False)
     forged = bytearray(stored[:start]) + forged_frame + stored[start + heads[0][1]:]
-    forged[2:6] = len(forged_frame).to_bytes(4, "little")
+    forged[3:7] = len(forged_frame).to_bytes(4, "little")
     expect_codec_error("planes32", bytes(forged), len(data))
 
 
-def raw_planes(stored: bytes, k: int, n: int) -> tuple[int, list[bytearray]]:
-    """The offset byte and every plane of a planes block, decoded."""
-    heads, pos, planes = plane_headers(stored, k), 1 + 5 * (k + 1), []
-    for mode, length in heads:
+def raw_planes(stored: bytes) -> list[bytearray]:
+    """Every plane of a planes32 block, decoded."""
+    pos, planes = 2 + 5 * len(plane_headers(stored)), []
+    for mode, length in plane_headers(stored):
         data = stored[pos:pos + length]
         pos += length
         planes.append(bytearray(zstandard.ZstdDecompressor().decompress(data) if mode else data))
-    return stored[0], planes
+    return planes
 
 
-def planes_stream(offset: int, planes: list[bytes]) -> bytes:
+def planes_stream(layout: int, offset: int, planes: list[bytes]) -> bytes:
     """A planes block that stores every plane raw."""
-    head = bytes([offset]) + b"".join(b"\x00" + len(p).to_bytes(4, "little") for p in planes)
+    head = bytes([layout, offset]) + b"".join(b"\x00" + len(p).to_bytes(4, "little") for p in planes)
     return head + b"".join(planes)
 
 
 def test_planes_nonzero_padding_nibble_is_rejected():
-    data = weights("bfloat16", 4001)
-    name, stored = encode(memoryview(data), "bfloat16", "auto")
-    assert name == "planes16"
-    offset, planes = raw_planes(bytes(stored), 2, 4001)
+    data, stored = planes_block(4001)
+    planes = raw_planes(stored)
     out = bytearray(len(data))
-    decode(name, memoryview(planes_stream(offset, planes)), memoryview(out))
+    decode("planes32", memoryview(planes_stream(0, stored[1], planes)), memoryview(out))
     assert bytes(out) == data  # all-raw planes decode the same
     planes[1][-1] |= 0x10
-    expect_codec_error("planes16", planes_stream(offset, planes), len(data), "padding")
+    expect_codec_error("planes32", planes_stream(0, stored[1], planes), len(data), "padding")
 
 
 def test_mutated_streams_decode_exactly_or_raise_codec_error():
