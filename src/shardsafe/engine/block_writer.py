@@ -24,9 +24,8 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from ..format.blockfile import MAGIC, CodedBlock, code_block
+from ..format.blockfile import MAGIC, RAW, CodedBlock, code_block
 from ..format.checksum import crc32c
-from ..format.chunk_table import RAW
 from ..format.codec import CODECS
 from ..plan.layout import FilePlan
 from ..storage.base import Storage

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import CheckpointError
-from ..format.chunk_table import (BLOCK_FILE_DATA_START, BlockCoding, ChunkTable, Split, block_raw_sizes,
-                                  detect_split)
+from ..format.blockfile import DATA_START as BLOCK_FILE_DATA_START
+from ..format.blockfile import BlockCoding, block_raw_sizes
+from ..format.chunk_table import ChunkTable, Split, detect_split
 from ..format.codec import CODECS
 from ..format.dtypes import lookup
 from ..format.index_common import FileEntry

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import CorruptCheckpointError
 from . import INDEX_NAME
+from .blockfile import RAW, BlockCoding, block_raw_sizes, check_coding
 
 I64 = np.int64
 
@@ -45,37 +46,6 @@ class Split:
     step: int
     file0: int
     file_stride: int
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class BlockCoding:
-    """How every checksum block is stored, for an index with compressed chunks (FORMAT.md 12).
-
-    One value per block, aligned with ``ChunkTable.checksums``. A block whose codec is
-    ``"raw"`` is stored as is (its stored size is its raw size and its stored checksum its
-    raw one), so a chunk whose blocks are all raw reads like an uncompressed chunk.
-
-    Attributes:
-        codecs: Codec names; ``codec`` holds indexes into it.
-        codec: Codec of each block (small ints).
-        stored: Stored size of each block in bytes (int64).
-        checksums: CRC32C of each block's stored bytes (uint32).
-        starts: Filled by validation: where each block's stored bytes begin inside its chunk.
-        chunk_nbytes: Filled by validation: stored bytes of each chunk.
-    """
-
-    codecs: tuple[str, ...]
-    codec: np.ndarray
-    stored: np.ndarray
-    checksums: np.ndarray
-    starts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=I64))
-    chunk_nbytes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=I64))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, BlockCoding):
-            return NotImplemented
-        return self.codecs == other.codecs and all(
-            np.array_equal(getattr(self, a), getattr(other, a)) for a in ("codec", "stored", "checksums"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +182,7 @@ class ChunkTable:
         Checks: column lengths agree with the counts; general chunks lie inside their
         tensor, do not overlap and tile it; every chunk names a listed file and its bytes
         lie inside that file's data section without overlapping another chunk's; there is
-        one checksum per block; with ``coding``, the rules of ``_check_coding``.
+        one checksum per block; with ``coding``, the rules of ``blockfile.check_coding``.
 
         Raises:
             CorruptCheckpointError: naming the first inconsistency found.
@@ -253,7 +223,8 @@ class ChunkTable:
             raise _bad(f"{len(table.checksums)} checksums, the chunks have "
                        f"{int(table.block_start[-1])} blocks")
         if coding is not None:
-            _check_coding(table, coding, np.asarray(data_starts, dtype=I64), name)
+            check_coding(coding, table.nbytes, table.block_start, table.tensor_start, table.file,
+                         table.checksums, block_size, np.asarray(data_starts, dtype=I64), name)
         _check_byte_ranges(table, np.asarray(file_sizes, dtype=I64),
                            np.asarray(data_starts, dtype=I64), name)
         return table
@@ -452,70 +423,6 @@ def _check_byte_ranges(table: ChunkTable, sizes: np.ndarray, starts: np.ndarray,
         a, b = int(used[order[clash[0]]]), int(used[order[clash[0] + 1]])
         raise _bad(f"byte range of {tensor_of(b)} in file {int(f[clash[0] + 1])} overlaps "
                    f"{tensor_of(a)}")
-
-
-RAW = "raw"  # the codec of a block stored as is (codec.CODECS[0])
-BLOCK_FILE_DATA_START = 8  # a block file: 8 bytes of magic, then stored blocks (FORMAT.md 12)
-MAX_CODED_BLOCK = 1 << 26  # block_size limit of an index with compressed chunks (bounded decoding)
-
-
-def block_raw_sizes(nbytes: np.ndarray, block_start: np.ndarray, block_size: int) -> np.ndarray:
-    """Raw size of every checksum block, chunk by chunk (``block_start`` as in ``ChunkTable``)."""
-    counts = np.diff(block_start)
-    j = np.arange(int(block_start[-1]), dtype=I64) - np.repeat(block_start[:-1], counts)
-    return np.minimum(block_size, np.repeat(nbytes, counts) - j * block_size)
-
-
-def _check_coding(table: ChunkTable, cd: BlockCoding, data_starts: np.ndarray,
-                  name: Callable[[int], str]) -> None:
-    """The stored form of every block is possible and bounded (FORMAT.md 12.3); fills
-    ``cd.starts`` and ``cd.chunk_nbytes``.
-
-    Names are known codecs; each block's codec id names one; a raw block's stored size
-    and checksum are its raw ones; any other block stores between 1 and its raw size in
-    bytes (so decoding never reads more than the tensor holds); a compressed chunk lies
-    in a block file; ``block_size`` is at most ``MAX_CODED_BLOCK``.
-    """
-    from .codec import CODECS  # the codec module loads zstandard only when it decodes
-
-    total = len(table.checksums)
-    if table.block_size > MAX_CODED_BLOCK:
-        raise _bad(f"block_size {table.block_size} is above {MAX_CODED_BLOCK} in an index with "
-                   f"compressed chunks")
-    if len(set(cd.codecs)) != len(cd.codecs) or any(c not in CODECS for c in cd.codecs):
-        raise _bad(f"unknown or repeated codec in {list(cd.codecs)} (this shardsafe knows {list(CODECS)})")
-    if not (len(cd.codec) == len(cd.stored) == len(cd.checksums) == total):
-        raise _bad(f"coding columns hold {len(cd.codec)}/{len(cd.stored)}/{len(cd.checksums)} "
-                   f"values for {total} blocks")
-    codec = np.asarray(cd.codec, dtype=I64)
-    if total and (int(codec.max()) >= len(cd.codecs) or int(codec.min()) < 0):
-        raise _bad(f"a block names codec {int(codec.max())}, the index lists {len(cd.codecs)}")
-    raw = block_raw_sizes(table.nbytes, table.block_start, table.block_size)
-    is_raw = np.isin(codec, [i for i, c in enumerate(cd.codecs) if c == RAW])
-    stored = np.asarray(cd.stored, dtype=I64)
-    wrong = np.where(is_raw, (stored != raw) | (cd.checksums != table.checksums),
-                     (stored < 1) | (stored > raw))
-    if wrong.any():
-        b = int(np.argmax(wrong))
-        row = int(np.searchsorted(table.block_start, b, side="right")) - 1
-        t = int(np.searchsorted(table.tensor_start, row, side="right")) - 1
-        raise _bad(f"tensor {name(t)}: block {b - int(table.block_start[row])} claims "
-                   f"{int(stored[b])} stored bytes ({cd.codecs[int(codec[b])]}) for {int(raw[b])} raw bytes")
-    ends = np.cumsum(stored)
-    firsts = table.block_start[:-1]
-    chunk = np.add.reduceat(stored, firsts) if total else np.zeros(0, dtype=I64)
-    object.__setattr__(cd, "chunk_nbytes", chunk.astype(I64))
-    object.__setattr__(cd, "starts", ends - stored - np.repeat(ends[firsts] - stored[firsts],
-                                                                np.diff(table.block_start)))
-    coded = np.logical_or.reduceat(~is_raw, firsts) if total else np.zeros(0, dtype=bool)
-    # file ids are range-checked by _check_byte_ranges next; clipped here only to index safely
-    fid = np.clip(table.file, 0, max(len(data_starts) - 1, 0))
-    outside = coded & (data_starts[fid] != BLOCK_FILE_DATA_START) if len(data_starts) else coded
-    if outside.any():
-        row = int(np.argmax(outside))
-        t = int(np.searchsorted(table.tensor_start, row, side="right")) - 1
-        raise _bad(f"tensor {name(t)}: a compressed chunk lies in file {int(table.file[row])}, "
-                   f"which is not a block file")
 
 
 def detect_split(shape: Sequence[int], pos: np.ndarray, extent: np.ndarray,

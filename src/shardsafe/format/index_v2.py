@@ -29,7 +29,8 @@ import numpy as np
 from ..errors import CorruptCheckpointError
 from . import INDEX_NAME, tree
 from .checksum import ALGORITHM, crc32c
-from .chunk_table import BlockCoding, ChunkTable, Split, check_tensor_rows, detect_split
+from .blockfile import BlockCoding
+from .chunk_table import ChunkTable, Split, check_tensor_rows, detect_split
 from .dtypes import lookup
 from .index_common import (IndexHeader, MAX_DIM, MAX_INDEX_BYTES, FileEntry, StoredBlocks, bad, check_int, check_tree,
                            decode_files, finite_float, header_fields, reject_constant,
