@@ -24,20 +24,25 @@ from typing import Any
 
 from .. import knobs
 from ..comm import Comm, get_comm
-from ..plan.flatten import flatten
-from ..plan.layout import data_file_name, plan_file
+from ..plan.flatten import TensorItem, flatten
+from ..plan.layout import FilePlan, block_file_name, data_file_name, plan_file
 from ..plan.sharding import localize
 from ..storage import storage_for
 from . import commit, plan_exchange, two_phase_commit
-from .prepared import PreparedSave, build_index, check_metadata, local_entries
+from .entries import CodedFile
+from .prepared import PreparedSave, build_index, check_metadata, local_entries, split_coded
 
 log = logging.getLogger("shardsafe")
 
 
 def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
             metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
-            comm: Comm | None = None, timeout: float | None = None) -> PreparedSave:
+            comm: Comm | None = None, timeout: float | None = None,
+            compression: str | None = None) -> PreparedSave:
     """Phases (a) and (b): flattens ``state`` and plans the save; writes nothing.
+
+    With ``compression`` (already checked by ``format.codec.check_compression``), this
+    rank's larger items are planned into a block file (``prepared.split_coded``).
 
     With ``comm`` of more than one rank (default: the initialised torch.distributed
     world, if any) this is a collective call: every rank must make it.
@@ -54,14 +59,23 @@ def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
         wait = knobs.timeout() if timeout is None else float(timeout)
         p = plan_exchange.plan_collective(state, storage, spath, comm, overwrite=overwrite,
                                           metadata=md, timeout=wait)
-        return PreparedSave(storage, p.txn, p.tree, p.items, [plan_file(data_file_name(comm.rank), p.mine)],
-                            md, comm, comm.channel(p.token), wait)
+        plain, coded = split_coded(p.mine, compression)
+        return PreparedSave(storage, p.txn, p.tree, p.items, [plan_file(data_file_name(comm.rank), plain)],
+                            md, comm, comm.channel(p.token), wait, compression=compression,
+                            coded=_block_plans(comm.rank, coded))
     tree, items = flatten(state)
     localize(items, comm.group_rank)  # DTensors on a one-rank mesh: their local tensor
     check_metadata(md)
     txn = commit.plan_transaction(storage, spath, overwrite=overwrite, token=uuid.uuid4().hex[:16])
-    plans = [plan_file(data_file_name(comm.rank), items)]
-    return PreparedSave(storage, txn, tree, items, plans, md, comm)
+    plain, coded = split_coded(items, compression)
+    plans = [plan_file(data_file_name(comm.rank), plain)]
+    return PreparedSave(storage, txn, tree, items, plans, md, comm, compression=compression,
+                        coded=_block_plans(comm.rank, coded))
+
+
+def _block_plans(rank: int, items: Sequence[TensorItem]) -> list[FilePlan]:
+    """The block file of this rank's compressed items (none without any)."""
+    return [plan_file(block_file_name(rank), items)] if items else []
 
 
 def begin(prep: PreparedSave) -> None:
@@ -72,8 +86,12 @@ def begin(prep: PreparedSave) -> None:
         commit.begin(prep.txn)
 
 
-def commit_save(prep: PreparedSave, sums: Sequence[list[list[int]]]) -> None:
+def commit_save(prep: PreparedSave, sums: Sequence[list[list[int]]],
+                coded: Sequence[CodedFile] = ()) -> None:
     """Phase (e): the coordinator publishes the index once every rank's files are durable.
+
+    ``sums``: the block checksums of each of ``prep.plans``; ``coded``: what each block
+    file of ``prep.coded`` holds.
 
     Collective saves use the store-only two-phase commit of ``engine.two_phase_commit``
     (safe on a background thread).
@@ -83,9 +101,9 @@ def commit_save(prep: PreparedSave, sums: Sequence[list[list[int]]]) -> None:
         CheckpointTimeoutError: another rank did not answer within the timeout.
     """
     if prep.channel is None:
-        commit.finish(prep.txn, build_index(prep, [local_entries(prep, sums)]))
+        commit.finish(prep.txn, build_index(prep, [local_entries(prep, sums, coded)]))
         return
-    two_phase_commit.commit_save(prep, local_entries(prep, sums))
+    two_phase_commit.commit_save(prep, local_entries(prep, sums, coded))
 
 
 def abort(prep: PreparedSave, error: BaseException | None = None) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._version import __version__
@@ -23,11 +23,12 @@ from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
 from ..storage import Storage
 from . import commit
-from .entries import Entries, columnar_index, from_plans
+from .entries import CodedFile, Entries, columnar_index, from_block_files, from_plans, join
 
 BLOCK_SIZE = 16 << 20  # checksum block: partial (resharded) reads verify whole blocks
 UNIT_SIZE = 16 << 20  # write/staging unit: big enough for full-speed direct I/O, small
 #                       enough that writes start while later units are still staged
+CODED_MIN = 64 << 10  # with compression, items from this size go to the block file
 
 
 @dataclass(slots=True)
@@ -45,6 +46,10 @@ class PreparedSave:
         channel: Store channel of this save (None for world size 1).
         timeout: Seconds a rank waits for the others (collective saves).
         reported: This rank has told rank 0 how its part went (collective saves).
+        compression: How this rank codes the items of ``coded`` (None: nothing is coded).
+        coded: The block files this rank writes (compressed chunks, written by
+            ``engine.block_writer``); each plan's layout places its items in the staging
+            image only (a block file has no safetensors header).
     """
 
     storage: Storage
@@ -57,11 +62,13 @@ class PreparedSave:
     channel: Channel | None = None
     timeout: float = 0.0
     reported: bool = False
+    compression: str | None = None
+    coded: list[FilePlan] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
-        """Bytes this rank writes (data files, headers included)."""
-        return sum(p.layout.size for p in self.plans)
+        """Bytes this rank writes (data files, headers included; compressed items at their raw size)."""
+        return sum(p.layout.size for p in self.plans) + sum(p.layout.size for p in self.coded)
 
     def file_path(self, plan: FilePlan) -> str:
         """Where the data file of ``plan`` is written (inside the working directory)."""
@@ -74,9 +81,25 @@ def check_metadata(metadata: Mapping[str, Any]) -> None:
                                block_size=BLOCK_SIZE, metadata=dict(metadata)))
 
 
-def local_entries(prep: PreparedSave, sums: Sequence[list[list[int]]]) -> Entries:
-    """This rank's chunk and file entries (columns), given the block checksums of its files."""
-    return from_plans(prep.plans, sums, prep.comm.rank)
+def local_entries(prep: PreparedSave, sums: Sequence[list[list[int]]],
+                  coded: Sequence[CodedFile] = ()) -> Entries:
+    """This rank's chunk and file entries (columns), given the block checksums of its data
+    files and what its block files hold."""
+    plain = from_plans(prep.plans, sums, prep.comm.rank)
+    if not prep.coded:
+        return plain
+    return join([plain, from_block_files(prep.coded, coded, prep.comm.rank)])
+
+
+def split_coded(items: Sequence[TensorItem], compression: str | None) -> tuple[list[TensorItem], list[TensorItem]]:
+    """This rank's items as (stored raw in its safetensors file, compressed in its block file).
+
+    With compression, every item of at least ``CODED_MIN`` bytes is compressed; smaller
+    ones stay raw (coding them saves next to nothing, and they stay memory-mappable).
+    """
+    if compression is None:
+        return list(items), []
+    return ([it for it in items if it.nbytes < CODED_MIN], [it for it in items if it.nbytes >= CODED_MIN])
 
 
 def build_index(prep: PreparedSave, parts: Sequence[Entries]) -> bytes:

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from ..format.codec import Compression, check_compression
+
 BestFn = Callable[[Mapping[str, Any]], float]
 
 
@@ -123,6 +125,10 @@ class ManagerOptions:
     storage_options: Mapping[str, Any] | None = None
     """Passed to the storage backend (fsspec URLs)."""
 
+    compression: Compression | None = None
+    """Lossless compression of the saved tensors: None, ``"zstd"`` or ``"auto"`` (see
+    ``shardsafe.save``). Pays where writing is slow or storage costs; costs CPU."""
+
     def __post_init__(self) -> None:
         # frozen: normalised values are written with object.__setattr__
         set_ = object.__setattr__
@@ -133,6 +139,7 @@ class ManagerOptions:
         set_(self, "save_interval_seconds", _seconds("save_interval_seconds", self.save_interval_seconds))
         set_(self, "keep_time_interval", _seconds("keep_time_interval", self.keep_time_interval))
         set_(self, "preemption_signals", _signals(self.preemption_signals))
+        set_(self, "compression", check_compression(self.compression))
         if self.best_fn is not None and not callable(self.best_fn):
             raise ValueError(f"best_fn must be callable (metrics -> float), got {self.best_fn!r}")
         if self.best_mode not in BEST_MODES:

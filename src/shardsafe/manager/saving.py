@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from ..engine.checkpointer import Checkpointer
+from ..format.codec import Compression
 
 
 class SaveJob(Protocol):
@@ -38,7 +39,7 @@ class _Finished:
 
 def start_save(saver: Checkpointer, state: Mapping[str, Any], path: str, *,
                metadata: Mapping[str, Any], storage_options: Mapping[str, Any] | None,
-               background: bool) -> SaveJob:
+               background: bool, compression: Compression | None = None) -> SaveJob:
     """Starts saving ``state`` to ``path``; returns when the caller may mutate ``state``.
 
     Raises (before anything is written): TypeError for an unsaveable value, ValueError for
@@ -46,6 +47,7 @@ def start_save(saver: Checkpointer, state: Mapping[str, Any], path: str, *,
     """
     opts = dict(storage_options) if storage_options is not None else None
     if not background:
-        saver.save(state, path, metadata=metadata, storage_options=opts)
+        saver.save(state, path, metadata=metadata, storage_options=opts, compression=compression)
         return _Finished()
-    return saver.async_save(state, path, staging="blocking", metadata=metadata, storage_options=opts)
+    return saver.async_save(state, path, staging="blocking", metadata=metadata, storage_options=opts,
+                            compression=compression)
