@@ -58,3 +58,61 @@ def test_cases_option_accepts_compression():
     assert bench._cases(args) == ["compression"] and args.compression_size == 1 << 20
     with pytest.raises(ValueError, match="compression"):
         bench._cases(p.parse_args(["--cases", "zip"]))
+
+
+def test_throttled_proxy_paces_a_transfer():
+    import socket
+    import threading
+    import time
+
+    from shardsafe.bench.throttle import ThrottledProxy
+
+    server = socket.create_server(("127.0.0.1", 0))
+    got = bytearray()
+
+    def sink() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while data := conn.recv(1 << 16):
+                got.extend(data)
+
+    t = threading.Thread(target=sink)
+    t.start()
+    proxy = ThrottledProxy(server.getsockname(), rate=8e6)
+    try:
+        payload = bytes(range(256)) * 4096  # 1 MiB: at least 0.13 s at 8 MB/s
+        t0 = time.perf_counter()
+        with socket.create_connection(("127.0.0.1", proxy.port)) as c:
+            c.sendall(payload)
+        t.join(30)
+        took = time.perf_counter() - t0
+    finally:
+        proxy.close()
+        server.close()
+    assert bytes(got) == payload
+    assert took >= len(payload) / 8e6 * 0.9
+
+
+def test_end_to_end_local_rows(tmp_path):
+    from shardsafe.bench import compression_e2e as e2e
+
+    st = e2e.state(256 << 10)
+    rows = e2e.measure(st, e2e.Target("local disk", str(tmp_path / "e2e")), 1)
+    assert [r.compression for r in rows] == [None, "auto"]
+    assert rows[1].stored < rows[0].stored / 1.2  # "auto" really stored fewer bytes
+    assert all(len(r.save_s) == len(r.load_s) == 1 for r in rows)
+    text = e2e.table(rows, 3 << 18, ["a note"])
+    assert "| local disk | auto |" in text and "a note" in text
+    left = tmp_path / "e2e"
+    assert not left.exists() or not any(left.iterdir())  # every checkpoint was deleted
+
+
+@pytest.mark.slow
+def test_end_to_end_section_with_the_s3_server(tmp_path):
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    from shardsafe.bench import compression_e2e as e2e
+
+    text, raw = e2e.section(128 << 10, 1, str(tmp_path), 50e6)
+    assert "| S3 (moto on loopback, 50 MB/s link) | auto |" in text, text
+    assert len(raw) == 4

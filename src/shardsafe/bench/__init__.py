@@ -46,7 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--small-count", type=int, default=20000, help="case (b) tensor count")
     p.add_argument("--cases", default="a,b,c", help="comma-separated subset of a,b,c,compression")
     p.add_argument("--compression-size", type=parse_size, default=parse_size("128MiB"),
-                   help="case compression: bytes of each tensor (default 128MiB)")
+                   help="case compression: bytes of each tensor (default 128MiB; the end-to-end "
+                        "state holds 1.5x this)")
+    p.add_argument("--bandwidth", type=parse_size, default=100_000_000,
+                   help="case compression: bytes/s of the throttled link to the S3 server "
+                        "(default 100000000, i.e. 100 MB/s)")
     p.add_argument("--dir", default=None, help="directory for checkpoints (default: a temp dir)")
     p.add_argument("--repeat", type=int, default=3, help="recorded rounds per case (medians)")
     p.add_argument("--steps", type=int, default=60, help="case (c) training steps per variant")
@@ -137,10 +141,13 @@ def run(args: argparse.Namespace) -> int:
             table, train_ratios, raw["c"] = _training_case(args, directory)
             sections.append(table)
         if "compression" in cases:
-            from . import compression
+            from . import compression, compression_e2e
 
             table, more_targets, raw["compression"] = compression.section(
                 args.compression_size, args.repeat, log)
+            sections.append(table)
+            table, raw["compression_e2e"] = compression_e2e.section(
+                args.compression_size // 2, args.repeat, directory, args.bandwidth, log)
             sections.append(table)
     finally:
         if own_dir:
