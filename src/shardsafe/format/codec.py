@@ -233,7 +233,7 @@ def _decompress(frame: memoryview, size: int) -> bytes:
 # transform runs over pieces of ``_PIECE`` bytes so that its temporaries stay in the CPU
 # cache: numpy passes over whole 16 MiB blocks would be bound by memory bandwidth.
 
-_PIECE = 256 << 10
+_PIECE = 512 << 10
 NIBBLES, BYTE = 0, 1
 _LAYOUTS: dict[int, tuple[str, ...]] = {NIBBLES: ("lo", "hi"), BYTE: ("exp",)}
 _BYTE_PAYS = 0.97  # the exponent is coded whole only when that saves 3% over its nibbles
