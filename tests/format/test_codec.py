@@ -178,6 +178,18 @@ def test_zstd_bomb_without_content_size_stops_at_the_block_size():
     expect_codec_error("zstd", bomb, 4096)
 
 
+def test_zstd_frame_declaring_a_huge_window_is_rejected():
+    data = bytes(range(256)) * 16
+    frame = bytearray(zstd_frame(data, content_size=False))
+    assert frame[4] & 0x20 == 0  # not single-segment: byte 5 is the window descriptor
+    out = bytearray(len(data))
+    decode("zstd", memoryview(bytes(frame)), memoryview(out))
+    assert bytes(out) == data
+    frame[5] = 17 << 3  # a 2**27-byte window: the decoder would allocate 128 MiB
+    assert zstandard.get_frame_parameters(bytes(frame)).window_size == 1 << 27
+    expect_codec_error("zstd", bytes(frame), len(data), "window")
+
+
 @pytest.mark.parametrize("content_size", [True, False])
 def test_zstd_frame_of_the_wrong_size_is_rejected(content_size):
     data = bytes(range(256)) * 64

@@ -50,9 +50,9 @@ re-allocating their tables per block.
 
 Decoding is bounded: the caller passes ``out``, the block's raw size from the index;
 nothing is written beyond ``out`` and at most a small multiple of ``len(out)`` is
-allocated, whatever the stream says (a frame's declared content size is checked before decoding; a frame that decodes to
-more or fewer bytes, trailing data, a bad header or a wrong codec name raise
-``CodecError``).
+allocated, whatever the stream says (a frame's declared content size and window, which the decoder allocates, are checked
+before decoding; a frame that decodes to more or fewer bytes, trailing data, a bad
+header or a wrong codec name raise ``CodecError``).
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ _MODE_RAW, _MODE_ZSTD = 0, 1
 _PLANE_HEAD = 5  # mode byte + uint32 length
 _SAMPLE_WINDOWS, _SAMPLE_WINDOW = 4, 8192  # elements a planes block is planned on
 _PAYS = 0.97  # a plane (or block) is coded only when it shrinks to at most this fraction
+_MAX_WINDOW = 1 << 20  # zstd windows beyond a block's size are refused above this (level 1: 512 KiB)
 
 
 class CodecError(ValueError):
@@ -211,11 +212,14 @@ def _decompress(frame: memoryview, size: int) -> bytes:
     """One zstd frame that must decode to exactly ``size`` bytes (allocates ``size``)."""
     zstandard = _zstd()
     try:
-        declared = zstandard.frame_content_size(frame)
+        params = zstandard.get_frame_parameters(frame)
     except zstandard.ZstdError as e:
         raise CodecError(f"bad zstd frame header: {e}") from None
+    declared = params.content_size
     if declared not in (size, zstandard.CONTENTSIZE_UNKNOWN):
         raise CodecError(f"zstd frame declares {declared} bytes, the block has {size}")
+    if params.window_size > max(size, _MAX_WINDOW):  # the decoder would allocate the window
+        raise CodecError(f"zstd frame declares a {params.window_size}-byte window for {size} bytes")
     try:
         data = _decompressor().decompress(frame, max_output_size=size, allow_extra_data=False)
     except zstandard.ZstdError as e:
