@@ -254,12 +254,10 @@ def with_adamw_total(results: dict[str, dict[str, Measured]]) -> dict[str, dict[
     return out
 
 
-def _f(x: float | None, fmt: str) -> str:
-    return "–" if x is None else fmt.format(x)
-
-
 def table(results: dict[str, dict[str, Measured]], nbytes: int, repeat: int) -> str:
     """The case's markdown: one row per tensor and system."""
+    from .report import _f
+
     rows = [f"### Case compression: codecs on the same tensors ({nbytes / MiB:.0f} MiB each)", "",
             f"Ratio = raw / stored bytes (every round trip checked bit for bit); GB/s of raw bytes, "
             f"medians of {repeat} round(s). shardsafe and zstd-3 code 16 MiB blocks on "

@@ -26,8 +26,10 @@ import torch
 
 import shardsafe
 
+from ..demo.compare import differences
 from .compression import MiB, adamw_state, weights
 from .measure import remove
+from .report import _f
 from .throttle import ThrottledProxy
 
 COMPRESSIONS: tuple[str | None, ...] = (None, "auto")
@@ -70,14 +72,6 @@ def state(nbytes: int) -> dict[str, Any]:
             "optim": {"exp_avg": avg, "exp_avg_sq": sq}, "step": 10}
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-    return a == b
-
-
 def measure(st: dict[str, Any], target: Target, repeat: int,
             log: Callable[[str], None] | None = None) -> list[Row]:
     """Saves and loads ``st`` with each compression, ``repeat`` rounds after a warm-up."""
@@ -90,8 +84,9 @@ def measure(st: dict[str, Any], target: Target, repeat: int,
             t1 = time.perf_counter()
             back = shardsafe.load(path, storage_options=target.storage_options)
             t2 = time.perf_counter()
-            if not _same(st, back):
-                raise AssertionError(f"{target.label}: the loaded state differs from the saved one")
+            diff = differences(st, back)
+            if diff:
+                raise AssertionError(f"{target.label}: the loaded state differs: {diff[:3]}")
             del back
             row.stored = target.stored_bytes(path)
             target.remove(path)
@@ -180,10 +175,6 @@ def table(rows: list[Row], nbytes: int, notes: list[str]) -> str:
                    f"{_f(bs / s if s and bs else None, '{:.2f}x')} | {_f(bl / ld if ld and bl else None, '{:.2f}x')} |")
     out += [f"\n{n}" for n in notes]
     return "\n".join(out)
-
-
-def _f(x: float | None, fmt: str = "{:.3f}") -> str:
-    return "–" if x is None else fmt.format(x)
 
 
 def section(nbytes: int, repeat: int, directory: str, rate: float,
