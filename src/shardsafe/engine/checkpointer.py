@@ -7,6 +7,11 @@ pre-faulted), then checksum, write and commit on a background thread while the
 caller goes on. The background thread is a plain thread, not an I/O-pool worker: it
 waits for I/O-pool jobs, and a pool worker waiting for its own pool can deadlock.
 
+With ``compression=`` the larger items go to a block file (``engine.block_writer``): a
+sync save codes them on the I/O pool from per-block copies; an async save stages them
+like everything else and codes them from the staging buffers once staged, so the
+caller's stall is the copy alone.
+
 Invariants:
 - at most one save of a Checkpointer is in flight; a new save first waits for it;
 - a background failure reaches the caller: ``SaveHandle.result()``, else the next
