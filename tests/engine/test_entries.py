@@ -87,9 +87,9 @@ def test_block_file_entries_carry_their_coding_into_the_index() -> None:
              TensorItem(1, ("s",), np.zeros(3, np.int16), "numpy", "int16", (3,), (0,), False)]
     plain = from_plans([plan_file(data_file_name(0), items[1:])], [[[7]]], 0)
     zstd = CODECS.index("zstd")
-    written = CodedFile(size=8 + 100, offsets=[8], sums=[[0xABC]], codec=[[zstd]], stored=[[100]],
-                        stored_sums=[[0xDEF]])
-    coded = from_block_files([plan_file(block_file_name(0), items[:1])], [written], 0)
+    written = CodedFile(name=block_file_name(0), size=8 + 100, items=items[:1], offsets=[8], sums=[[0xABC]],
+                        codec=[[zstd]], stored=[[100]], stored_sums=[[0xDEF]])
+    coded = from_block_files([written], 0)
     part = decode(encode(join([plain, coded])))
     index = decode_index(encode_v2(columnar_index(items, [part], 16 << 20, tree={
         "t": "dict", "k": ["w", "s"], "v": [{"t": "tensor", "id": 0}, {"t": "tensor", "id": 1}]})))
