@@ -4,7 +4,8 @@ Block files (docs/FORMAT.md section 12) hold a rank's compressed chunks. Each 16
 checksum block is coded on its own (``format.blockfile.code_block``), so all I/O threads
 compress at once. A block file's size is only known once its blocks are coded, so each
 file is written in one ``Storage.write`` (one upload on object stores) once complete.
-Memory stays bounded: at most ``WINDOW`` blocks are being coded ahead of the writer, and
+Memory stays bounded: at most one block per I/O thread (plus one) is being coded ahead
+of the writer, and
 a file is closed, written and a new part (``data-r<rank>-001.blocks``, ...) begun once it
 holds ``PART_BYTES`` stored bytes, so a save holds at most about ``PART_BYTES`` of
 stored bytes at once, whatever the size of the state.
@@ -38,7 +39,6 @@ from .entries import CodedFile
 from .io_pool import io_pool, io_threads
 
 PART_BYTES = 1 << 30  # a block file is written (and a new part begun) once it holds this much
-WINDOW_PER_THREAD = 2  # blocks being coded ahead of the writer, per I/O thread
 
 _scratch = threading.local()
 
@@ -138,11 +138,12 @@ class BlockFileWrite:
         self._ready.set()
 
     def _blocks(self) -> Iterator[tuple[int, Future[CodedBlock]]]:
-        """(item number, coding job) of every block in file order, at most ``WINDOW`` ahead."""
+        """(item number, coding job) of every block in file order, at most one per I/O
+        thread (plus one) ahead of the caller: enough to keep every thread coding."""
         pool, b = io_pool(), self.block_size
         jobs = ((i, src[j : j + b], it.dtype) for i, (it, src) in enumerate(zip(self.plan.items, self._sources))
                 for j in range(0, max(len(src), 1), b))
-        window = WINDOW_PER_THREAD * io_threads()
+        window = io_threads() + 1
         pending: deque[tuple[int, Future[CodedBlock]]] = deque()
         for i, view, dtype in jobs:
             with self._lock:
