@@ -7,6 +7,11 @@ pre-faulted), then checksum, write and commit on a background thread while the
 caller goes on. The background thread is a plain thread, not an I/O-pool worker: it
 waits for I/O-pool jobs, and a pool worker waiting for its own pool can deadlock.
 
+With ``compression=`` the larger items go to a block file (``engine.block_writer``): a
+sync save codes them on the I/O pool from per-block copies; an async save stages them
+like everything else and codes them from the staging buffers once staged, so the
+caller's stall is the copy alone.
+
 Invariants:
 - at most one save of a Checkpointer is in flight; a new save first waits for it;
 - a background failure reaches the caller: ``SaveHandle.result()``, else the next
@@ -29,6 +34,7 @@ from ..errors import CheckpointError
 from .io_pool import io_threads
 from . import cuda, pipeline
 from ..format.codec import Compression, check_compression
+from ..plan.layout import block_file_name
 from .block_writer import BlockFileWrite
 from .buffers import BouncePool, HostBuffer, StagingArena
 from .handle import SaveHandle
@@ -269,8 +275,8 @@ class Checkpointer:
             tasks.append(StageTask(units, buf.array, fw.unit_ready))
         for plan, buf in zip(prep.coded, buffers[len(prep.plans):]):  # compressed after staging
             units = FileUnits(plan, self.unit_size, BLOCK_SIZE)
-            bw = BlockFileWrite(plan, prep.storage, prep.file_path(plan), prep.compression or "",
-                                BLOCK_SIZE, staged=buf.array, nunits=units.nunits)
+            bw = BlockFileWrite(plan, prep.storage, prep.path_of, _part_names(prep),
+                                prep.compression or "", BLOCK_SIZE, staged=buf.array, nunits=units.nunits)
             writes.append(bw)
             tasks.append(StageTask(units, buf.array, bw.unit_ready))
         return writes, tasks
@@ -294,11 +300,12 @@ class Checkpointer:
                 path = prep.file_path(plan)
                 writes.append(self._file_write(prep, units, path, scratch))
             for plan in prep.coded:  # compressed on the I/O pool from per-block copies
-                bw = BlockFileWrite(plan, prep.storage, prep.file_path(plan), prep.compression or "",
-                                    BLOCK_SIZE, sources=host_sources(plan, device=False))
+                bw = BlockFileWrite(plan, prep.storage, prep.path_of, _part_names(prep),
+                                    prep.compression or "", BLOCK_SIZE,
+                                    sources=host_sources(plan, device=False))
                 writes.append(bw)
                 bw.all_ready()
-            _commit(prep, [fw.finish() for fw in writes])
+            _commit(prep, _finish_all(writes))
         except BaseException as e:
             for fw in writes:
                 fw.cancel()
@@ -340,11 +347,25 @@ class Checkpointer:
         return fw
 
 
+def _part_names(prep: PreparedSave) -> Callable[[int], str]:
+    """Names of this rank's block file parts (``data-r<rank>-<part>.blocks``)."""
+    return lambda part: block_file_name(prep.comm.rank, part)
+
+
+def _finish_all(writes: list[_Write]) -> list[Any]:
+    """Every write's result, in list order. Block files are finished first: their coding
+    runs while ``finish`` drives it, on the I/O pool next to the data files' writes,
+    which are already queued."""
+    order = sorted(range(len(writes)), key=lambda k: not isinstance(writes[k], BlockFileWrite))
+    results: dict[int, Any] = {k: writes[k].finish() for k in order}
+    return [results[k] for k in range(len(writes))]
+
+
 def _commit(prep: PreparedSave, results: list[Any]) -> None:
     """Commits a save from what its writes returned: ``prep.plans``' block checksums,
-    then ``prep.coded``'s ``CodedFile``s (the order ``writes`` lists them in)."""
+    then, per plan of ``prep.coded``, its ``CodedFile``s (the order ``writes`` lists them in)."""
     n = len(prep.plans)
-    pipeline.commit_save(prep, results[:n], results[n:])
+    pipeline.commit_save(prep, results[:n], [f for files in results[n:] for f in files])
 
 
 def _background(prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, stage: bool) -> None:
@@ -366,7 +387,7 @@ def _background(prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, stage: 
                     fw.fail(e)
                 raise
             handle.mark_staged()
-        _commit(prep, [fw.finish() for fw in writes])
+        _commit(prep, _finish_all(writes))
     # Everything the save raises is delivered to the caller through the handle (result(),
     # the next save, close(), or the exit hook); nothing here swallows it.
     except BaseException as e:  # noqa: BLE001

@@ -83,17 +83,21 @@ def from_plans(plans: Sequence[FilePlan], checksums: Sequence[Sequence[Sequence[
 
 @dataclass(slots=True)
 class CodedFile:
-    """A block file as written (``engine.block_writer``): per item of its plan, where its
-    chunk starts and how each of its blocks is stored.
+    """A block file as written (``engine.block_writer``): per item, where its chunk
+    starts and how each of its blocks is stored.
 
     Attributes:
+        name: The file's name.
         size: Bytes of the file.
+        items: The items whose chunks it holds, in file order.
         offsets: Absolute offset of each item's compressed chunk.
         sums, codec, stored, stored_sums: Per item, per block: raw CRC32C, codec id,
             stored size, stored CRC32C.
     """
 
+    name: str
     size: int
+    items: list[TensorItem]
     offsets: list[int]
     sums: list[list[int]]
     codec: list[list[int]]
@@ -101,13 +105,13 @@ class CodedFile:
     stored_sums: list[list[int]]
 
 
-def from_block_files(plans: Sequence[FilePlan], written: Sequence[CodedFile], rank: int) -> Entries:
-    """The entries of the block files this rank wrote (``plans`` place their items)."""
+def from_block_files(written: Sequence[CodedFile], rank: int) -> Entries:
+    """The entries of the block files this rank wrote."""
     cols: dict[str, list[int]] = {c: [] for c in _COLS}
     files = []
-    for f, (plan, w) in enumerate(zip(plans, written)):
-        files.append(FileEntry(plan.name, w.size, BLOCK_FILE_DATA_START, rank))
-        for i, it in enumerate(plan.items):
+    for f, w in enumerate(written):
+        files.append(FileEntry(w.name, w.size, BLOCK_FILE_DATA_START, rank))
+        for i, it in enumerate(w.items):
             cols["item"].append(it.id)
             cols["file"].append(f)
             cols["offset"].append(w.offsets[i])

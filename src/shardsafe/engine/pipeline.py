@@ -91,7 +91,7 @@ def commit_save(prep: PreparedSave, sums: Sequence[list[list[int]]],
     """Phase (e): the coordinator publishes the index once every rank's files are durable.
 
     ``sums``: the block checksums of each of ``prep.plans``; ``coded``: what each block
-    file of ``prep.coded`` holds.
+    file written for ``prep.coded`` holds.
 
     Collective saves use the store-only two-phase commit of ``engine.two_phase_commit``
     (safe on a background thread).

@@ -47,9 +47,10 @@ class PreparedSave:
         timeout: Seconds a rank waits for the others (collective saves).
         reported: This rank has told rank 0 how its part went (collective saves).
         compression: How this rank codes the items of ``coded`` (None: nothing is coded).
-        coded: The block files this rank writes (compressed chunks, written by
-            ``engine.block_writer``); each plan's layout places its items in the staging
-            image only (a block file has no safetensors header).
+        coded: The items this rank compresses, one plan per block file it begins
+            (``engine.block_writer`` writes them, in parts if large); a plan's layout
+            places its items in the staging image only (a block file has no safetensors
+            header).
     """
 
     storage: Storage
@@ -72,7 +73,11 @@ class PreparedSave:
 
     def file_path(self, plan: FilePlan) -> str:
         """Where the data file of ``plan`` is written (inside the working directory)."""
-        return self.storage.join(self.txn.workdir, plan.name)
+        return self.path_of(plan.name)
+
+    def path_of(self, name: str) -> str:
+        """Where the data file ``name`` is written (inside the working directory)."""
+        return self.storage.join(self.txn.workdir, name)
 
 
 def check_metadata(metadata: Mapping[str, Any]) -> None:
@@ -86,9 +91,9 @@ def local_entries(prep: PreparedSave, sums: Sequence[list[list[int]]],
     """This rank's chunk and file entries (columns), given the block checksums of its data
     files and what its block files hold."""
     plain = from_plans(prep.plans, sums, prep.comm.rank)
-    if not prep.coded:
+    if not coded:
         return plain
-    return join([plain, from_block_files(prep.coded, coded, prep.comm.rank)])
+    return join([plain, from_block_files(coded, prep.comm.rank)])
 
 
 def split_coded(items: Sequence[TensorItem], compression: str | None) -> tuple[list[TensorItem], list[TensorItem]]:

@@ -29,7 +29,8 @@ import numpy as np
 from ..errors import CorruptCheckpointError
 from . import INDEX_NAME, tree
 from .checksum import ALGORITHM, crc32c
-from .blockfile import BlockCoding
+from .blockfile import RAW, BlockCoding
+from .codec import CODECS
 from .chunk_table import ChunkTable, Split, check_tensor_rows, detect_split
 from .dtypes import lookup
 from .index_common import (IndexHeader, MAX_DIM, MAX_INDEX_BYTES, FileEntry, StoredBlocks, bad, check_int, check_tree,
@@ -208,7 +209,7 @@ def from_index(index: _Index) -> ColumnarIndex:
         for c in t.chunks:
             st = c.stored
             coded.extend(zip(*(st.codecs, st.sizes, st.checksums)) if st is not None else
-                         [("raw", None, s) for s in c.checksums])
+                         [(RAW, None, s) for s in c.checksums])
 
     def cat(parts: list[np.ndarray]) -> np.ndarray:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -232,8 +233,6 @@ def _coding_of(blocks: list[tuple[str, int | None, int]], chunks: list[Any],
     """The ``BlockCoding`` of ``from_index``'s blocks (None when no chunk is compressed)."""
     if all(c.stored is None for cs in chunks for c in cs):
         return None
-    from .codec import CODECS
-
     raw = [min(block_size, c.nbytes - j * block_size) for cs in chunks for c in cs
            for j in range(len(c.checksums))]
     for name, _, _ in blocks:
