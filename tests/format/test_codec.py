@@ -9,6 +9,8 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardsafe.errors import CheckpointError
 from shardsafe.format import codec
@@ -343,3 +345,27 @@ def test_mutated_streams_decode_exactly_or_raise_codec_error():
             except CodecError:
                 continue
             assert len(out) == len(data)
+
+
+
+# --- properties -------------------------------------------------------------------
+
+@settings(max_examples=150, deadline=None)
+@given(dtype=st.sampled_from(sorted(FLOATS) + ["int64", "complex64"]),
+       compression=st.sampled_from(["zstd", "auto"]), count=st.integers(0, 3000),
+       spread=st.integers(1, 256), seed=st.integers(0, 2**32 - 1))
+def test_any_bytes_round_trip(dtype, compression, count, spread, seed):
+    size = DTYPES[dtype].itemsize  # small spreads make compressible blocks
+    raw = np.random.default_rng(seed).integers(0, spread, count * size, dtype=np.uint16)
+    roundtrip(raw.astype(np.uint8).tobytes(), dtype, compression)
+
+
+@settings(max_examples=300, deadline=None)
+@given(codec_name=st.sampled_from(CODECS), stored=st.binary(max_size=300), size=st.integers(0, 64))
+def test_decoding_arbitrary_bytes_raises_only_codec_error(codec_name, stored, size):
+    out = bytearray(size * 8)
+    try:
+        decode(codec_name, memoryview(stored), memoryview(out))
+    except CodecError:
+        return
+    assert len(out) == size * 8
