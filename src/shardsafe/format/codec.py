@@ -79,7 +79,7 @@ _PLANES_WIDTH = {"planes16": 2, "planes32": 4, "planes64": 8}
 _PLANES_OF_DTYPE = {"bfloat16": "planes16", "float16": "planes16", "complex32": "planes16",
                     "float32": "planes32", "complex64": "planes32",
                     "float64": "planes64", "complex128": "planes64"}
-_UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+_UINT = {2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}  # the format is little-endian
 _MODE_RAW, _MODE_ZSTD = 0, 1
 _PLANE_HEAD = 5  # mode byte + uint32 length
 _SAMPLE_WINDOWS, _SAMPLE_WINDOW = 4, 8192  # elements a planes block is planned on
@@ -260,9 +260,9 @@ class _Planes:
         self.wide = np.empty(self.piece, self.U)
         self.rot = np.empty(self.piece, self.U)
         self.e = np.empty(self.piece, np.uint8)
-        self.pairs = np.empty(self.piece // 2, np.uint16)
-        self.pairs2 = np.empty(self.piece // 2, np.uint16)
-        self.pairs3 = np.empty(self.piece // 2, np.uint16)
+        self.pairs = np.empty(self.piece // 2, _UINT[2])
+        self.pairs2 = np.empty(self.piece // 2, _UINT[2])
+        self.pairs3 = np.empty(self.piece // 2, _UINT[2])
 
     def exponent(self, x: np.ndarray, c: int, out: np.ndarray | None = None) -> np.ndarray:
         """The rotated elements' top byte less ``c`` (mod 256), into ``out`` or scratch."""
@@ -287,7 +287,7 @@ class _Planes:
                 e = self.e[:m + (m & 1)]
                 e[m:] = 0
                 self.exponent(xs, c)
-                pr, t = e.view(np.uint16), self.pairs2[:len(e) // 2]
+                pr, t = e.view(_UINT[2]), self.pairs2[:len(e) // 2]
                 for i in nib:
                     q = self.pairs[:len(pr)]
                     if i == "lo":  # the low nibbles of a pair of bytes (a, b) -> 0xba
