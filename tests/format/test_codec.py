@@ -256,6 +256,21 @@ def test_planes_block_layout_is_as_documented():
     assert 2 + 5 * 5 + sum(n for _, n in heads) == len(stored)
 
 
+def test_planes_golden_streams_decode_as_documented():
+    # bf16 1.0, -2.0, 0.5 = 0x3F80, 0xC000, 0x3F00; rotated left by one bit: 0x7F00, 0x8001,
+    # 0x7E00: exponent bytes 7F 80 7E, mantissa plane 0 (sign in bit 0) 00 01 00
+    want = struct.pack("<3H", 0x3F80, 0xC000, 0x3F00)
+    byte_layout = bytes([1, 0, 0, 3, 0, 0, 0, 0, 3, 0, 0, 0, 0x7F, 0x80, 0x7E, 0x00, 0x01, 0x00])
+    # nibbles, offset 0x70: exponents 0F 10 0E (+ a zero pad); low nibbles F,0 | E,0 -> 0F 0E,
+    # high nibbles 0,1 | 0,0 -> 10 00
+    nibbles = bytes([0, 0x70, 0, 2, 0, 0, 0, 0, 2, 0, 0, 0, 0, 3, 0, 0, 0,
+                     0x0F, 0x0E, 0x10, 0x00, 0x00, 0x01, 0x00])
+    for stream in (byte_layout, nibbles):
+        out = bytearray(6)
+        decode("planes16", memoryview(stream), memoryview(out))
+        assert bytes(out) == want
+
+
 def test_float16_codes_its_exponent_byte_whole_and_bfloat16_in_nibbles():
     # float16's top byte holds 5 exponent and 3 mantissa bits: nibbles would cut the exponent
     _, fp16 = planes_block(100_000, "float16")
