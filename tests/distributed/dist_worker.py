@@ -369,8 +369,53 @@ def s_incremental(out: str) -> dict[str, Any]:
             "own_bytes": os.path.getsize(os.path.join(last, f"data-r{RANK:05d}-000.safetensors"))}
 
 
+
+def compressed_tensors() -> dict[str, torch.Tensor]:
+    """Full tensors of the compression case: shards of at least 64 KiB per rank, so compressed."""
+    g = torch.Generator().manual_seed(21)
+    return {"w": (torch.randn(96, 4096, generator=g) * 0.02).to(torch.bfloat16),  # Shard(0)
+            "v": torch.randn(1024, 96, generator=g) * 1e-3,  # Shard(1)
+            "r": torch.arange(40_000, dtype=torch.int64) % 7}  # replicated: written once
+
+
+COMPRESSED_SAVE = {"w": [Shard(0)], "v": [Shard(1)], "r": [Replicate()]}
+COMPRESSED_LOAD = {"w": [Shard(1)], "v": [Shard(0)], "r": [Shard(0)]}
+
+
+def _compressed_state(placements: dict[str, list], zero: bool) -> dict[str, Any]:
+    mesh = init_device_mesh("cpu", (WORLD,))
+    full = compressed_tensors()
+    return {"m": {k: distribute_tensor(torch.zeros_like(t) if zero else t, mesh, placements[k])
+                  for k, t in full.items()}, "small": torch.arange(5), "step": 4}
+
+
+def s_compressed(out: str) -> dict[str, Any]:
+    """3 ranks: sharded saves with compression (sync "auto", async "zstd" staged in the
+    background, and one where rank 1 alone compresses nothing)."""
+    state = _compressed_state(COMPRESSED_SAVE, zero=False)
+    shardsafe.save(state, os.path.join(out, "cz-sync"), compression="auto")
+    h = shardsafe.async_save(state, os.path.join(out, "cz-async"), compression="zstd", staging="background")
+    h.wait_staged()
+    h.result()
+    shardsafe.save(state, os.path.join(out, "cz-mixed"), compression=None if RANK == 1 else "auto")
+    return {"files": sorted(os.listdir(os.path.join(out, "cz-sync")))}
+
+
+def s_compressed_load(out: str) -> dict[str, Any]:
+    """Any world size: load the compressed checkpoints onto other shardings of this world."""
+    full = compressed_tensors()
+    res = {}
+    for name in ("cz-sync", "cz-async", "cz-mixed"):
+        tgt = _compressed_state(COMPRESSED_LOAD, zero=True)
+        shardsafe.load(os.path.join(out, name), tgt)
+        res[name] = all(torch.equal(tgt["m"][k].full_tensor(), full[k]) for k in full) and tgt["step"] == 4
+    return res
+
+
+
 SCENARIOS = {"comm": s_comm, "save": s_save, "load": s_load, "kill": s_kill, "async": s_async,
-             "manager": s_manager, "lost": s_lost, "incremental": s_incremental}
+             "manager": s_manager, "lost": s_lost, "incremental": s_incremental,
+             "compressed": s_compressed, "compressed_load": s_compressed_load}
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..engine.checkpointer import Checkpointer, StagingMode
 from ..engine.handle import SaveHandle
+from ..format.codec import Compression
 
 _default_lock = threading.Lock()
 _default: Checkpointer | None = None
@@ -40,7 +41,8 @@ os.register_at_fork(after_in_child=_reset_in_child)
 def async_save(state: Mapping[str, Any], path: str, *, staging: StagingMode = "blocking",
                overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
                storage_options: dict | None = None, process_group: Any = None,
-               timeout: float | None = None, collective: bool | None = None) -> SaveHandle:
+               timeout: float | None = None, collective: bool | None = None,
+               compression: Compression | None = None) -> SaveHandle:
     """Starts saving ``state`` to ``path``; returns a SaveHandle.
 
     With ``staging="blocking"`` (default) it returns once the state is copied into host
@@ -53,12 +55,14 @@ def async_save(state: Mapping[str, Any], path: str, *, staging: StagingMode = "b
     the planning runs on the calling thread, while the background part talks to the
     other ranks through the c10d Store only, never the training process group. With
     ``collective=False`` this rank alone saves its own state, with no communication (as
-    ``save(..., collective=False)``). See ``Checkpointer.async_save`` for the arguments.
+    ``save(..., collective=False)``). With ``compression`` (as for ``save``) the
+    tensors are compressed in the background, after staging, so the stall does not grow.
+    See ``Checkpointer.async_save`` for the arguments.
     """
     return default_checkpointer().async_save(state, path, staging=staging, overwrite=overwrite,
                                              metadata=metadata, storage_options=storage_options,
                                              process_group=process_group, timeout=timeout,
-                                             collective=collective)
+                                             collective=collective, compression=compression)
 
 
 __all__ = ["async_save", "default_checkpointer"]

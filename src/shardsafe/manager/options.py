@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from ..format.codec import Compression, check_compression
+
 BestFn = Callable[[Mapping[str, Any]], float]
 
 
@@ -126,10 +128,14 @@ class ManagerOptions:
     incremental: bool = False
     """Write only the chunks that changed since this manager's previous committed save;
     the new step's index references the unchanged ones in the earlier step's data files
-    (exact: BLAKE2b-128 of the bytes plus key, dtype and shape equality). Step
+    (exact: a 256-bit hash of the bytes plus key, dtype and shape equality). Step
     directories are then no longer self-contained: retention and ``delete`` keep the
     files a kept step references, and ``shardsafe export`` copies one step out. After a
     restart the first save writes everything. See README, "Incremental saves"."""
+
+    compression: Compression | None = None
+    """Lossless compression of the saved tensors: None, ``"zstd"`` or ``"auto"`` (see
+    ``shardsafe.save``). Pays where writing is slow or storage costs; costs CPU."""
 
     def __post_init__(self) -> None:
         # frozen: normalised values are written with object.__setattr__
@@ -141,6 +147,7 @@ class ManagerOptions:
         set_(self, "save_interval_seconds", _seconds("save_interval_seconds", self.save_interval_seconds))
         set_(self, "keep_time_interval", _seconds("keep_time_interval", self.keep_time_interval))
         set_(self, "preemption_signals", _signals(self.preemption_signals))
+        set_(self, "compression", check_compression(self.compression))
         if self.best_fn is not None and not callable(self.best_fn):
             raise ValueError(f"best_fn must be callable (metrics -> float), got {self.best_fn!r}")
         if self.best_mode not in BEST_MODES:
