@@ -29,6 +29,7 @@ from ..format.blockfile import DATA_START, MAGIC, decode_block, stored_span
 from ..format.checksum import crc32c, verify_blocks
 from ..format.datafile import parse_header
 from ..format.index import ChunkEntry, FileEntry, Index
+from ..format.index_common import split_reference
 from ..format.tree import render_path
 from ..plan.header_check import MAX_HEADER_BYTES, header_problems
 from ..plan.load_plan import coalesce
@@ -170,9 +171,12 @@ def _block_file_problem(storage: Storage, path: str, f: FileEntry, held: int) ->
     chunks (``held`` stored bytes) fill it exactly (the index keeps them apart, so their
     sizes must add up)."""
     magic = bytearray(len(MAGIC))
-    storage.read_into(storage.join(path, f.name), 0, memoryview(magic))
+    storage.read_into(data_file(storage, path, f.name), 0, memoryview(magic))
     if bytes(magic) != MAGIC:
         return f"block file does not start with {MAGIC!r}"
+    if split_reference(f.name) is not None:  # a reference: this index uses some of its chunks
+        return None if held <= f.size - f.data_start else (
+            f"the index places {held} bytes of chunks in a block file of {f.size - f.data_start}")
     if held != f.size - f.data_start:
         return f"block file holds {f.size - f.data_start} bytes of chunks, the index places {held}"
     return None

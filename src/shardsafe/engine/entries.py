@@ -84,9 +84,17 @@ def from_plans(plans: Sequence[FilePlan], checksums: Sequence[Sequence[Sequence[
         sums.extend(s)
     files = [FileEntry(p.name, p.layout.size, p.layout.data_start, rank) for p in plans] + ref_files
     a = [np.array(x, dtype=I64) for x in (item, file, offset, nsums, pos, extent)]
-    zeros = np.zeros(len(sums), dtype=I64)
-    return Entries(files, *a, np.array(sums, dtype=np.uint32), zeros, zeros,
-                   zeros.astype(np.uint32))
+    codec, stored, stored_sums = (np.zeros(len(sums), dtype=I64) for _ in range(3))
+    if any(r.codec for _, r in refs):  # referenced compressed chunks keep their coding
+        at = len(sums) - sum(len(r.checksums) for _, r in refs)
+        for _, r in refs:
+            n = len(r.checksums)
+            if r.codec:
+                codec[at : at + n], stored[at : at + n], stored_sums[at : at + n] = (
+                    r.codec, r.stored, r.stored_checksums)
+            at += n
+    return Entries(files, *a, np.array(sums, dtype=np.uint32), codec, stored,
+                   stored_sums.astype(np.uint32))
 
 
 @dataclass(slots=True)
