@@ -23,18 +23,40 @@ from ..format.blockfile import BlockCoding, block_raw_sizes
 from ..format.chunk_table import ChunkTable, Split, detect_split
 from ..format.codec import CODECS
 from ..format.dtypes import lookup
-from ..format.index_common import FileEntry
+from ..format.index_common import FileEntry, split_reference
 from ..format.index_v2 import ColumnarIndex, TensorInfo
 from ..format.tree import render_path
 from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
-from .incremental import ChunkRef, reference_files
 
 I64 = np.dtype("<i8")
 _COLS = ("item", "file", "offset", "nsums", "pos", "extent", "sums", "codec", "stored", "stored_sums")
 _U4 = ("sums", "stored_sums")
 _CODING = ("codec", "stored", "stored_sums")  # sent empty when the rank compressed nothing
 _HEAD = struct.Struct("<Q")
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRef:
+    """Where the bytes of a chunk are stored already.
+
+    Attributes:
+        file: The data file, named ``<step directory>/<file>`` (relative to the manager
+            directory), with its size, data start and rank.
+        offset: Byte offset of the chunk in that file.
+        checksums: The chunk's block checksums (CRC32C of the raw bytes), as in the index
+            that wrote it.
+        codec, stored, stored_checksums: Per block, for a chunk stored in a block file
+            (docs/FORMAT.md section 12): codec id (``format.codec.CODECS``), stored size and
+            CRC32C of the stored bytes; empty for a chunk stored raw in a safetensors file.
+    """
+
+    file: FileEntry
+    offset: int
+    checksums: tuple[int, ...]
+    codec: tuple[int, ...] = ()
+    stored: tuple[int, ...] = ()
+    stored_checksums: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -95,6 +117,16 @@ def from_plans(plans: Sequence[FilePlan], checksums: Sequence[Sequence[Sequence[
             at += n
     return Entries(files, *a, np.array(sums, dtype=np.uint32), codec, stored,
                    stored_sums.astype(np.uint32))
+
+
+def reference_files(refs: Sequence[tuple[TensorItem, ChunkRef]]) -> list[FileEntry]:
+    """The distinct files ``refs`` point at, in first-use order (each a reference name)."""
+    seen: dict[str, FileEntry] = {}
+    for _, ref in refs:
+        if split_reference(ref.file.name) is None:
+            raise ValueError(f"{ref.file.name!r} is not a reference name")
+        seen.setdefault(ref.file.name, ref.file)
+    return list(seen.values())
 
 
 @dataclass(slots=True)

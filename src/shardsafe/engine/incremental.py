@@ -36,19 +36,18 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import tensors
 from ..format.blockfile import DATA_START as BLOCK_FILE_DATA_START
-from ..format.index_common import FileEntry, split_reference
+from ..format.index_common import FileEntry
 from ..format.tree import KeyPath
 from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
 from .commit import split_path
+from .entries import ChunkRef, CodedFile
 from .io_pool import io_pool, wait_all
 
-if TYPE_CHECKING:
-    from .entries import CodedFile
 
 DIGEST_SIZE = 32  # bytes: 256-bit digests
 PIECE = 16 << 20  # bytes hashed by one I/O-pool job
@@ -57,29 +56,6 @@ _CALIBRATION = 4 << 20  # bytes each candidate hashes once to pick the faster
 _chosen: list[str] = []
 
 ChunkKey = tuple[KeyPath, str, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkRef:
-    """Where the bytes of a chunk are stored already.
-
-    Attributes:
-        file: The data file, named ``<step directory>/<file>`` (relative to the manager
-            directory), with its size, data start and rank.
-        offset: Byte offset of the chunk in that file.
-        checksums: The chunk's block checksums (CRC32C of the raw bytes), as in the index
-            that wrote it.
-        codec, stored, stored_checksums: Per block, for a chunk stored in a block file
-            (docs/FORMAT.md section 12): codec id (``format.codec.CODECS``), stored size and
-            CRC32C of the stored bytes; empty for a chunk stored raw in a safetensors file.
-    """
-
-    file: FileEntry
-    offset: int
-    checksums: tuple[int, ...]
-    codec: tuple[int, ...] = ()
-    stored: tuple[int, ...] = ()
-    stored_checksums: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -228,12 +204,3 @@ class Baseline:
         with self._lock:
             self._parent, self._source, self._chunks = parent, step_dir, chunks
 
-
-def reference_files(refs: Sequence[tuple[TensorItem, ChunkRef]]) -> list[FileEntry]:
-    """The distinct files ``refs`` point at, in first-use order (each a reference name)."""
-    seen: dict[str, FileEntry] = {}
-    for _, ref in refs:
-        if split_reference(ref.file.name) is None:
-            raise ValueError(f"{ref.file.name!r} is not a reference name")
-        seen.setdefault(ref.file.name, ref.file)
-    return list(seen.values())
