@@ -366,8 +366,29 @@ def s_incremental(out: str) -> dict[str, Any]:
             "base_ok": torch.equal(target["base"].to_local(), base.to_local()),
             "adapter": target["adapter"].tolist() == [3.0] * 100,
             "files": [f.name for f in read_checkpoint_index(last).files],
-            "own_bytes": os.path.getsize(os.path.join(last, f"data-r{RANK:05d}-000.safetensors"))}
+            "own_bytes": os.path.getsize(os.path.join(last, f"data-r{RANK:05d}-000.safetensors")),
+            **_incremental_compressed(out, mesh)}
 
+
+def _incremental_compressed(out: str, mesh: Any) -> dict[str, Any]:
+    """incremental=True with compression="auto": each rank's compressed shard of the frozen
+    base is referenced in the block file step 0 wrote."""
+    from shardsafe.api.load import read_checkpoint_index
+
+    full = (torch.randn(WORLD * 128, 256, generator=torch.Generator().manual_seed(8)) * 0.02).to(torch.bfloat16)
+    base = distribute_tensor(full, mesh, [Shard(0)])  # 64 KiB per rank: compressed
+    directory = os.path.join(out, "incremental-z")
+    with shardsafe.CheckpointManager(directory, max_to_keep=2, incremental=True, compression="auto") as mgr:
+        for step in range(3):
+            mgr.save(step, {"base": base, "adapter": torch.full((100,), float(step)), "step": step})
+        mgr.wait_until_finished()
+    dist.barrier()
+    target = {"base": distribute_tensor(torch.zeros_like(full), mesh, [Shard(0)]),
+              "adapter": torch.zeros(100), "step": 0}
+    with shardsafe.CheckpointManager(directory, read_only=True) as mgr:
+        restored = mgr.restore(target)
+    return {"z_restored": restored, "z_base_ok": torch.equal(target["base"].to_local(), base.to_local()),
+            "z_files": [f.name for f in read_checkpoint_index(os.path.join(directory, "step_00000002")).files]}
 
 
 def compressed_tensors() -> dict[str, torch.Tensor]:
