@@ -1,6 +1,7 @@
 """Each rank's part of the index as columns, and the v2 chunk table built from all parts.
 
-A rank describes the chunks it wrote as a few numpy arrays (``Entries``); a collective
+A rank describes the chunks it wrote, and those it references in earlier steps' files
+(``ChunkRef``, incremental saves), as a few numpy arrays (``Entries``); a collective
 save sends them to rank 0 as compact binary (``encode``/``decode``: a small JSON head
 for the file list, then little-endian columns), and rank 0 concatenates every rank's
 columns, orders the chunks and builds the v2 ``ChunkTable`` directly (``columnar_index``)
@@ -89,7 +90,8 @@ class Entries:
 def from_plans(plans: Sequence[FilePlan], checksums: Sequence[Sequence[Sequence[int]]], rank: int,
                refs: Sequence[tuple[TensorItem, ChunkRef]] = ()) -> Entries:
     """The entries of the files this rank wrote, given each file's per-item block checksums,
-    plus the chunks it references in earlier steps' files (``refs``, incremental saves)."""
+    plus the chunks it references in earlier steps' files (``refs``, incremental saves;
+    a referenced compressed chunk keeps its coding columns)."""
     item, file, offset, nsums, pos, extent, sums = [], [], [], [], [], [], []
     rows = [(f, it, off, s) for f, (plan, per_item) in enumerate(zip(plans, checksums))
             for it, off, s in zip(plan.items, plan.layout.offsets, per_item)]

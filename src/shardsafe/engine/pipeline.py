@@ -48,7 +48,8 @@ def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
     With ``comm`` of more than one rank (default: the initialised torch.distributed
     world, if any) this is a collective call: every rank must make it. With a
     ``baseline`` (incremental saves) the chunks this rank would write are hashed, and
-    those unchanged since the baseline's save are referenced instead of written.
+    those unchanged since the baseline's save are referenced instead of written (a
+    compressed one in its block file, with its coding); only the written items are coded.
 
     Raises:
         TypeError: a value cannot be saved (the message names its key path).
