@@ -92,3 +92,30 @@ def test_gc_keeps_referenced_data(cli, tmp_path) -> None:  # noqa: ANN001
     p = cli("gc", root, "--min-age", "0")  # nothing references step 0's data any more
     assert p.returncode == 0 and "deleted leftover step_00000000" in p.stdout, p.stdout
     assert os.listdir(root) == []
+
+
+def test_compressed_references(cli, tmp_path) -> None:  # noqa: ANN001
+    """incremental=True with compression: info counts the referenced chunks' stored bytes,
+    export decodes them, gc keeps the referenced block file."""
+    from safetensors.torch import load_file
+
+    from shardsafe.plan.layout import block_file_name
+
+    root = str(tmp_path / "run")
+    base = (torch.randn(512, 512, generator=torch.Generator().manual_seed(3)) * 0.02).to(torch.bfloat16)
+    with shardsafe.CheckpointManager(root, incremental=True, compression="auto") as mgr:
+        for step in range(3):
+            mgr.save(step, {"base": base, "adapter": torch.full((16,), float(step)), "step": step})
+    last = os.path.join(root, "step_00000002")
+    d = json.loads(cli("info", last, "--json").stdout)
+    blocks = os.path.getsize(os.path.join(root, "step_00000000", block_file_name(0)))
+    assert d["referenced_bytes"] == blocks - 8 < base.nbytes  # the base as stored: compressed
+    assert "compression  " in cli("info", last).stdout
+    out = str(tmp_path / "step2.safetensors")
+    assert cli("export", last, out).returncode == 0
+    assert torch.equal(load_file(out)["base"], base)
+    p = cli("gc", root, "--max-to-keep", "1")
+    assert p.returncode == 0, p.stderr
+    assert block_file_name(0) in os.listdir(os.path.join(root, "step_00000000"))
+    assert cli("verify", last).returncode == 0
+    assert torch.equal(shardsafe.load(last)["base"], base)

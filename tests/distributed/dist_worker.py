@@ -370,11 +370,77 @@ def s_incremental(out: str) -> dict[str, Any]:
             "base_ok": torch.equal(target["base"].to_local(), base.to_local()),
             "adapter": target["adapter"].tolist() == [3.0] * 100,
             "files": [f.name for f in read_checkpoint_index(last).files],
-            "own_bytes": os.path.getsize(os.path.join(last, f"data-r{RANK:05d}-000.safetensors"))}
+            "own_bytes": os.path.getsize(os.path.join(last, f"data-r{RANK:05d}-000.safetensors")),
+            **_incremental_compressed(out, mesh)}
+
+
+def _incremental_compressed(out: str, mesh: Any) -> dict[str, Any]:
+    """incremental=True with compression="auto": each rank's compressed shard of the frozen
+    base is referenced in the block file step 0 wrote."""
+    from shardsafe.api.load import read_checkpoint_index
+
+    full = (torch.randn(WORLD * 128, 256, generator=torch.Generator().manual_seed(8)) * 0.02).to(torch.bfloat16)
+    base = distribute_tensor(full, mesh, [Shard(0)])  # 64 KiB per rank: compressed
+    directory = os.path.join(out, "incremental-z")
+    with shardsafe.CheckpointManager(directory, max_to_keep=2, incremental=True, compression="auto") as mgr:
+        for step in range(3):
+            mgr.save(step, {"base": base, "adapter": torch.full((100,), float(step)), "step": step})
+        mgr.wait_until_finished()
+    dist.barrier()
+    target = {"base": distribute_tensor(torch.zeros_like(full), mesh, [Shard(0)]),
+              "adapter": torch.zeros(100), "step": 0}
+    with shardsafe.CheckpointManager(directory, read_only=True) as mgr:
+        restored = mgr.restore(target)
+    return {"z_restored": restored, "z_base_ok": torch.equal(target["base"].to_local(), base.to_local()),
+            "z_files": [f.name for f in read_checkpoint_index(os.path.join(directory, "step_00000002")).files]}
+
+
+def compressed_tensors() -> dict[str, torch.Tensor]:
+    """Full tensors of the compression case: shards of at least 64 KiB per rank, so compressed."""
+    g = torch.Generator().manual_seed(21)
+    return {"w": (torch.randn(96, 4096, generator=g) * 0.02).to(torch.bfloat16),  # Shard(0)
+            "v": torch.randn(1024, 96, generator=g) * 1e-3,  # Shard(1)
+            "r": torch.arange(40_000, dtype=torch.int64) % 7}  # replicated: written once
+
+
+COMPRESSED_SAVE = {"w": [Shard(0)], "v": [Shard(1)], "r": [Replicate()]}
+COMPRESSED_LOAD = {"w": [Shard(1)], "v": [Shard(0)], "r": [Shard(0)]}
+
+
+def _compressed_state(placements: dict[str, list], zero: bool) -> dict[str, Any]:
+    mesh = init_device_mesh("cpu", (WORLD,))
+    full = compressed_tensors()
+    return {"m": {k: distribute_tensor(torch.zeros_like(t) if zero else t, mesh, placements[k])
+                  for k, t in full.items()}, "small": torch.arange(5), "step": 4}
+
+
+def s_compressed(out: str) -> dict[str, Any]:
+    """3 ranks: sharded saves with compression (sync "auto", async "zstd" staged in the
+    background, and one where rank 1 alone compresses nothing)."""
+    state = _compressed_state(COMPRESSED_SAVE, zero=False)
+    shardsafe.save(state, os.path.join(out, "cz-sync"), compression="auto")
+    h = shardsafe.async_save(state, os.path.join(out, "cz-async"), compression="zstd", staging="background")
+    h.wait_staged()
+    h.result()
+    shardsafe.save(state, os.path.join(out, "cz-mixed"), compression=None if RANK == 1 else "auto")
+    return {"files": sorted(os.listdir(os.path.join(out, "cz-sync")))}
+
+
+def s_compressed_load(out: str) -> dict[str, Any]:
+    """Any world size: load the compressed checkpoints onto other shardings of this world."""
+    full = compressed_tensors()
+    res = {}
+    for name in ("cz-sync", "cz-async", "cz-mixed"):
+        tgt = _compressed_state(COMPRESSED_LOAD, zero=True)
+        shardsafe.load(os.path.join(out, name), tgt)
+        res[name] = all(torch.equal(tgt["m"][k].full_tensor(), full[k]) for k in full) and tgt["step"] == 4
+    return res
+
 
 
 SCENARIOS = {"comm": s_comm, "save": s_save, "load": s_load, "kill": s_kill, "async": s_async,
-             "manager": s_manager, "lost": s_lost, "incremental": s_incremental}
+             "manager": s_manager, "lost": s_lost, "incremental": s_incremental,
+             "compressed": s_compressed, "compressed_load": s_compressed_load}
 
 
 def main() -> None:

@@ -13,3 +13,11 @@ def test_incremental_collective_saves(cluster) -> None:  # noqa: ANN001
     # every rank's shard of the frozen base stays in the data file step 0 wrote
     assert {f"step_00000000/data-r0000{r}-000.safetensors" for r in range(3)} <= set(files)
     assert all(r["own_bytes"] < 8192 for r in ranks)  # step 3 wrote only the adapter
+
+
+def test_incremental_compressed_collective_saves(cluster) -> None:  # noqa: ANN001
+    _, results = cluster
+    ranks = results[("incremental", 3)]
+    assert all(r["z_restored"] == 2 and r["z_base_ok"] for r in ranks)
+    # every rank's compressed shard of the base stays in the block file step 0 wrote
+    assert {f"step_00000000/data-r0000{r}-000.blocks" for r in range(3)} <= set(ranks[0]["z_files"])

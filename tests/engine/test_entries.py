@@ -73,3 +73,41 @@ def test_malformed_entries_are_a_checkpoint_error() -> None:
     data = encode(from_plans([plan_file(data_file_name(0), _items(0, 1))], [[[1], [2], [3], [4], [5], [6]]], 0))
     with pytest.raises(CheckpointError, match="malformed chunk entries"):
         decode(data[:-3])
+
+
+def test_block_file_entries_carry_their_coding_into_the_index() -> None:
+    """A rank's block file (compressed chunks) next to its safetensors file: the coding
+    columns survive encode/decode, raw blocks get their stored size and checksum filled in,
+    and the index decodes with each chunk's ``StoredBlocks``."""
+    from shardsafe.engine.entries import CodedFile, from_block_files, join
+    from shardsafe.format.codec import CODECS
+    from shardsafe.plan.layout import block_file_name
+
+    items = [TensorItem(0, ("w",), np.zeros((1024, 8), np.float32), "numpy", "float32", (1024, 8), (0, 0), False),
+             TensorItem(1, ("s",), np.zeros(3, np.int16), "numpy", "int16", (3,), (0,), False)]
+    plain = from_plans([plan_file(data_file_name(0), items[1:])], [[[7]]], 0)
+    zstd = CODECS.index("zstd")
+    written = CodedFile(name=block_file_name(0), size=8 + 100, items=items[:1], offsets=[8], sums=[[0xABC]],
+                        codec=[[zstd]], stored=[[100]], stored_sums=[[0xDEF]])
+    coded = from_block_files([written], 0)
+    part = decode(encode(join([plain, coded])))
+    index = decode_index(encode_v2(columnar_index(items, [part], 16 << 20, tree={
+        "t": "dict", "k": ["w", "s"], "v": [{"t": "tensor", "id": 0}, {"t": "tensor", "id": 1}]})))
+    w, s = (t.chunks[0] for t in index.tensors)
+    assert (w.file, w.offset, w.checksums) == (block_file_name(0), 8, (0xABC,))
+    assert w.stored is not None and (w.stored.codecs, w.stored.sizes, w.stored.checksums) == (("zstd",), (100,), (0xDEF,))
+    assert s.stored is None and s.checksums == (7,)
+    raw_block = index.table.coding.codec.tolist().index(CODECS.index("raw"))
+    assert index.table.coding.stored[raw_block] == 6 and index.table.coding.checksums[raw_block] == 7
+
+
+def test_uncompressed_entries_send_no_coding_columns() -> None:
+    import json
+    import struct
+
+    plain = from_plans([plan_file(data_file_name(0), _items(0, 2))], [[[1], [2], [3], [4]]], 0)
+    data = encode(plain)
+    (n,) = struct.unpack_from("<Q", data)
+    assert json.loads(data[8 : 8 + n])["lengths"][-3:] == [0, 0, 0]
+    back = decode(data)
+    assert back.codec.tolist() == back.stored.tolist() == back.stored_sums.tolist() == [0, 0, 0, 0]

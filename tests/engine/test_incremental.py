@@ -13,6 +13,7 @@ from shardsafe.engine.checkpointer import Checkpointer
 from shardsafe.engine.commit import read_index
 from shardsafe.engine import incremental
 from shardsafe.engine.incremental import ALGORITHMS, PIECE, Baseline, algorithm, digests
+from shardsafe.format.tree import render_path
 from shardsafe.plan.flatten import flatten
 from shardsafe.storage import LocalStorage
 
@@ -138,4 +139,35 @@ def test_a_failed_save_does_not_advance_the_baseline(tmp_path) -> None:
     with pytest.raises(shardsafe.CheckpointError):
         c.save({"x": torch.ones(10)}, str(tmp_path / "step_00000002"), baseline=b)
     assert b.source == "step_00000001"
+    c.close()
+
+
+def test_compressed_chunks_are_referenced_with_their_coding(tmp_path) -> None:
+    """Split runs before split_coded: only changed chunks are coded; an unchanged compressed
+    chunk is referenced in the block file of the step that wrote it, with its codecs,
+    stored sizes and stored CRC32Cs (else reading it would fail its checksums)."""
+    g = torch.Generator().manual_seed(1)
+    state = {"base": (torch.randn(512, 256, generator=g) * 0.02).to(torch.bfloat16),
+             "head": torch.arange(20_000, dtype=torch.float32), "small": torch.ones(4)}
+    b, c = Baseline(), Checkpointer()
+    c.save(state, str(tmp_path / "step_00000001"), baseline=b, compression="auto")
+    state["head"].add_(1.0)
+    c.save(state, str(tmp_path / "step_00000002"), baseline=b, compression="auto")
+    index = read_index(LocalStorage(), str(tmp_path / "step_00000002"))
+    assert sorted(f.name for f in index.files) == [
+        "data-r00000-000.blocks", "data-r00000-000.safetensors", "step_00000001/data-r00000-000.blocks",
+        "step_00000001/data-r00000-000.safetensors"]
+    first = read_index(LocalStorage(), str(tmp_path / "step_00000001"))
+    by_key = {render_path(t.key): t.chunks[0] for t in first.tensors}
+    for t in index.tensors:
+        ch = t.chunks[0]
+        if render_path(t.key) == "head":
+            assert ch.file == "data-r00000-000.blocks" and ch.stored is not None  # rewritten, coded
+        else:  # referenced exactly as stored (offset, checksums, coding)
+            assert ch.file == "step_00000001/" + by_key[render_path(t.key)].file
+            assert (ch.offset, ch.checksums, ch.stored) == (by_key[render_path(t.key)].offset, by_key[render_path(t.key)].checksums,
+                                                            by_key[render_path(t.key)].stored)
+    assert index.tensors[0].chunks[0].stored is not None  # "base" is compressed
+    out = shardsafe.load(str(tmp_path / "step_00000002"))
+    assert all(torch.equal(out[k], v) for k, v in state.items())
     c.close()

@@ -25,12 +25,58 @@ def read_raw(ckpt: str) -> dict[str, Any]:
     return raw
 
 
+class _Token(str):
+    """Literal JSON text in ``dumps``'s work stack (as opposed to a string value)."""
+
+
+def dumps(value: Any) -> str:
+    """``json.dumps(value, separators=(",", ":"), ensure_ascii=False)`` of dicts (string
+    keys), lists and scalars, without recursion: forged indexes nest far deeper than
+    Python's recursion limit lets ``json.dumps`` go."""
+    out: list[str] = []
+    stack: list[Any] = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, _Token):
+            out.append(v)
+        elif isinstance(v, (dict, list)):
+            pairs = v.items() if isinstance(v, dict) else ((None, x) for x in v)
+            seq: list[Any] = [_Token("{" if isinstance(v, dict) else "[")]
+            for i, (k, x) in enumerate(pairs):
+                seq += [_Token(",")] if i else []
+                seq += [] if k is None else [_Token(json.dumps(k, ensure_ascii=False) + ":")]
+                seq.append(x)
+            seq.append(_Token("}" if isinstance(v, dict) else "]"))
+            stack.extend(reversed(seq))
+        else:
+            out.append(json.dumps(v, ensure_ascii=False))
+    return "".join(out)
+
+
+def deep_copy(value: Any) -> Any:
+    """``copy.deepcopy`` of dicts, lists and scalars, without recursion (see ``dumps``)."""
+    root: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any]] = [(value, root, 0)]
+    while stack:
+        v, parent, key = stack.pop()
+        if isinstance(v, dict):
+            parent[key] = new = dict.fromkeys(v)
+            stack.extend((x, new, k) for k, x in v.items())
+        elif isinstance(v, list):
+            parent[key] = new = [None] * len(v)
+            stack.extend((x, new, i) for i, x in enumerate(v))
+        else:
+            parent[key] = v
+    return root[0]
+
+
 def seal(raw: Any) -> bytes:
     """Encodes ``raw`` like shardsafe does, with a correct trailing index checksum.
 
     The checksum is right, so whatever rejects the result is the validation, not the CRC.
+    Any nesting depth works (``dumps``).
     """
-    text = json.dumps(raw, separators=(",", ":"), ensure_ascii=False)
+    text = dumps(raw)
     if not (isinstance(raw, dict) and raw):
         prefix = text.encode()  # not an object: append the trailer anyway
         return prefix + b',"index_checksum":"crc32c:%08x"}\n' % crc32c(prefix)

@@ -17,6 +17,7 @@ import tempfile
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +26,7 @@ from shardsafe.errors import CorruptCheckpointError
 from shardsafe.format.checksum import crc32c
 from shardsafe.format.index import ChunkEntry, FileEntry, Index, TensorEntry, decode_index, encode_index
 
-from forge_index import seal
+from forge_index import deep_copy, dumps, seal
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TRAILER = b',"index_checksum":"crc32c:%08x"}\n'
@@ -138,7 +139,7 @@ REPLACEMENTS = st.one_of(
                      1e300, -1e300, 4096.0, "", "x", "crc32c", "torch", "float32", "dict", "tensor", [], {}, [0],
                      ["x"], {"t": "int", "v": 1}, {"t": "tensor", "id": 0}, {"t": "dict", "k": [], "v": []}]),
     JSON,
-).map(copy.deepcopy)  # sampled lists and objects must not be shared between examples
+).map(deep_copy)  # sampled lists and objects must not be shared between examples
 
 
 def _containers(node: Any, path: tuple = ()) -> list[tuple]:
@@ -176,7 +177,7 @@ def _number_variant(v: Any, how: str) -> Any:
 
 @st.composite
 def mutated(draw: st.DrawFn) -> bytes:
-    raw = copy.deepcopy(body_of(draw(BASES)))
+    raw = deep_copy(body_of(draw(BASES)))
     for _ in range(draw(st.integers(1, 3))):
         paths = _containers(raw)
         target = _at(raw, draw(st.sampled_from(paths)))
@@ -193,9 +194,9 @@ def mutated(draw: st.DrawFn) -> bytes:
             del target[key]
         elif op == "duplicate":
             if isinstance(target, list):
-                target.insert(key, copy.deepcopy(target[key]))
+                target.insert(key, deep_copy(target[key]))  # may be 800 levels deep (op "nest")
             else:
-                target[key + "_"] = copy.deepcopy(target[key])
+                target[key + "_"] = deep_copy(target[key])
         elif op == "retype":
             target[key] = draw(REPLACEMENTS)
         elif op == "number" and isinstance(target[key], int) and not isinstance(target[key], bool):
@@ -209,6 +210,17 @@ def mutated(draw: st.DrawFn) -> bytes:
 @given(mutated())
 def test_structural_mutations_resealed(data: bytes) -> None:
     decode_or_reject(data)
+
+
+@pytest.mark.parametrize("as_list", [True, False])
+def test_the_deepest_mutations_can_be_built(as_list: bool) -> None:
+    """What ``mutated`` may build at worst (two "nest" ops of 400 stacked, then a
+    "duplicate" of the result: 1,600 levels) is copied and sealed without a RecursionError."""
+    raw = deep_copy(body_of(saved_index()))
+    raw["tree"] = _nested(400, _nested(400, raw["tree"], as_list), as_list)
+    raw["tree_"] = deep_copy(raw["tree"])
+    assert dumps(raw["tree_"]) == dumps(raw["tree"]) and raw["tree_"] is not raw["tree"]
+    assert decode_or_reject(seal(raw)) is None
 
 
 def _slots(node: Any, path: tuple = ()) -> list[tuple]:

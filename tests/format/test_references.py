@@ -1,4 +1,4 @@
-"""References to data files of sibling checkpoints (incremental saves, FORMAT.md section 12)."""
+"""References to data files of sibling checkpoints (incremental saves, FORMAT.md section 13)."""
 
 from __future__ import annotations
 

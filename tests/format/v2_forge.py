@@ -12,6 +12,11 @@ import numpy as np
 from shardsafe.format.checksum import crc32c
 
 ORDER = ("offset", "file", "pos", "extent", "crc32c")
+CODED = ("codec", "stored", "stored_crc32c")  # present in indexes with compressed chunks
+
+
+def _names(js: dict[str, Any]) -> tuple[str, ...]:
+    return ORDER + (CODED if "codec" in js["columns"] else ())
 
 
 def split_v2(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -21,10 +26,10 @@ def split_v2(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     js = json.loads(data[32 : 32 + jlen])
     at = 32 + jlen + (-jlen % 8)
     cols = {}
-    for n in ORDER:
+    for n in _names(js):
         dtype, count = js["columns"][n]
         arr = np.frombuffer(data, dtype=dtype, count=count, offset=at)
-        cols[n] = arr.astype(np.uint32 if n == "crc32c" else np.int64)
+        cols[n] = arr.astype(np.uint32 if n.endswith("crc32c") else np.int64)
         size = count * np.dtype(dtype).itemsize
         at += size + (-size % 8)
     return js, cols
@@ -36,12 +41,12 @@ def seal_v2(js: dict[str, Any], cols: dict[str, np.ndarray], widths: dict[str, s
     widths = widths or {}
     js = dict(js)
     if fix_counts:
-        js["columns"] = {n: [widths.get(n, "<u4" if n == "crc32c" else "<u8"), len(cols[n])]
-                         for n in ORDER}
+        js["columns"] = {n: [widths.get(n, "<u4" if n.endswith("crc32c") else "<u8"), len(cols[n])]
+                         for n in ORDER + CODED if n in cols}
     text = json.dumps(js, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     body = text + b"\0" * (-len(text) % 8)
     section = b""
-    for n in (n for n in ORDER if n in js["columns"]):
+    for n in (n for n in ORDER + CODED if n in js["columns"]):
         raw = np.asarray(cols[n]).astype(js["columns"][n][0]).tobytes()
         section += raw + b"\0" * (-len(raw) % 8)
     out = struct.pack("<8sIIQQ", b"SSAFEIDX", 2, 32, len(text), len(section)) + body + section

@@ -207,3 +207,27 @@ def test_s3_crash_mid_upload_leaves_no_committed_checkpoint(s3, subprocess_env) 
         shardsafe.load(run + "/step_00000002", storage_options=opts)
     assert torch.equal(shardsafe.load(run + "/step_00000001", storage_options=opts)["w"],
                        torch.full((4,), 1.0))
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_s3_compressed_round_trip_and_verify(s3, how) -> None:  # noqa: ANN001
+    from shardsafe.cli._common import checkpoints_at
+    from shardsafe.cli.verify import verify_checkpoint
+
+    url = f"{s3.url}/cz-{how}/ckpt"
+    state = _state()
+    state["model"]["big"] = (torch.randn(512, 256) * 0.02).to(torch.bfloat16)  # 256 KiB: compressed
+    if how == "sync":
+        shardsafe.save(state, url, storage_options=s3.storage_options, compression="auto")
+    else:
+        shardsafe.async_save(state, url, storage_options=s3.storage_options, compression="auto").result()
+    names = sorted(os.path.basename(p) for p in s3.filesystem().ls(f"{s3.bucket}/cz-{how}/ckpt"))
+    assert names == ["data-r00000-000.blocks", "data-r00000-000.safetensors", "index.json"]
+    got = shardsafe.load(url, storage_options=s3.storage_options)
+    _assert_same(state, got)
+    assert torch.equal(got["model"]["big"], state["model"]["big"])
+    storage, path = storage_for(url, s3.storage_options)
+    (entry,) = checkpoints_at(storage, path)
+    assert verify_checkpoint(storage, entry, "ckpt") == []
+    big = next(t for t in read_index(storage, path).tensors if t.key == ("model", "big"))
+    assert big.chunks[0].stored is not None

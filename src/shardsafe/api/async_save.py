@@ -9,6 +9,7 @@ from typing import Any
 
 from ..engine.checkpointer import Checkpointer, StagingMode
 from ..engine.handle import SaveHandle
+from ..format.codec import Compression
 
 _default_lock = threading.Lock()
 _default: Checkpointer | None = None
@@ -41,6 +42,7 @@ def async_save(state: Mapping[str, Any], path: str, *, staging: StagingMode = "b
                overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
                storage_options: dict | None = None, process_group: Any = None,
                timeout: float | None = None, collective: bool | None = None,
+               compression: Compression | None = None,
                max_staging_bytes: int | None = None) -> SaveHandle:
     """Starts saving ``state`` to ``path``; returns a SaveHandle.
 
@@ -54,15 +56,18 @@ def async_save(state: Mapping[str, Any], path: str, *, staging: StagingMode = "b
     the planning runs on the calling thread, while the background part talks to the
     other ranks through the c10d Store only, never the training process group. With
     ``collective=False`` this rank alone saves its own state, with no communication (as
-    ``save(..., collective=False)``). With ``max_staging_bytes`` the save stages into at
-    most that many bytes of host memory: a larger state streams through them while it is
-    written, and the call returns once the last part is staged (it waits for the disk
-    for what does not fit). See ``Checkpointer.async_save`` for the arguments.
+    ``save(..., collective=False)``). With ``compression`` (as for ``save``) the
+    tensors are compressed in the background, after staging, so the stall does not grow.
+    With ``max_staging_bytes`` the save stages into at most that many bytes of host
+    memory: a larger state streams through them while it is written, and the call
+    returns once the last part is staged (it waits for the disk for what does not fit;
+    not combinable with ``compression`` yet). See ``Checkpointer.async_save`` for the
+    arguments.
     """
     return default_checkpointer().async_save(state, path, staging=staging, overwrite=overwrite,
                                              metadata=metadata, storage_options=storage_options,
                                              process_group=process_group, timeout=timeout,
-                                             collective=collective,
+                                             collective=collective, compression=compression,
                                              max_staging_bytes=max_staging_bytes)
 
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..format.codec import Compression
 from .async_save import default_checkpointer
 
 
 def save(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
          metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
          process_group: Any = None, timeout: float | None = None,
-         collective: bool | None = None) -> None:
+         collective: bool | None = None, compression: Compression | None = None) -> None:
     """Saves ``state`` to ``path`` and returns once the checkpoint is committed and durable.
 
     Waits first for an ``async_save`` still in flight (raising its error if it failed and
@@ -38,16 +39,24 @@ def save(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
             not call ``save``). Its index says world size 1, so it loads in a plain
             process or, with ``load(..., collective=False)``, on any rank. A DTensor whose
             mesh spans several ranks is refused (``TypeError``): save it collectively.
+        compression: None (default) stores raw bytes; ``"zstd"`` compresses every tensor
+            of at least 64 KiB with zstd; ``"auto"`` is float-aware (bf16/fp16/fp32 bytes
+            split into planes, see ``format.codec``). Each 16 MiB block is coded on its
+            own, in parallel; blocks that would not shrink stay raw. Compressed tensors go
+            to a block file (``data-r<rank>-000.blocks``, docs/FORMAT.md section 12)
+            instead of the safetensors file. Needs the ``zstandard`` package (extra
+            ``zstd``). Ranks of a collective save may choose differently.
 
     Raises:
         TypeError: A value cannot be saved safely (the message names its key path).
+        ValueError: ``compression`` is not one of None, ``"zstd"``, ``"auto"``.
         CheckpointError: The path holds something that must not be overwritten, or
             another rank of a collective save failed (nothing is committed then).
         CheckpointTimeoutError: Another rank did not answer within ``timeout``.
     """
     default_checkpointer().save(state, path, overwrite=overwrite, metadata=metadata,
                                 storage_options=storage_options, process_group=process_group,
-                                timeout=timeout, collective=collective)
+                                timeout=timeout, collective=collective, compression=compression)
 
 
 __all__ = ["save"]

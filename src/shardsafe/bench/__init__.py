@@ -3,7 +3,9 @@
 Cases: (a) large fp32 tensors (default 2 GiB in 64 MiB tensors), (b) 20,000 small
 tensors of 1-64 KiB, (c) a small transformer trained on the CPU with an async save every
 10 steps vs none, (d) case (a)'s state saved async within host-memory budgets of 1/8,
-1/4 and 1/2 of it vs none. The machine's limits (memcpy, direct-I/O write/read, buffered write)
+1/4 and 1/2 of it vs none; ``compression``: shardsafe's codecs against zstd on raw bytes
+and ZipNN on the same tensors (``bench.compression``). The machine's limits (memcpy,
+direct-I/O write/read, buffered write)
 are measured in the same run, and results are reported as ratios, which stay meaningful
 on shared machines where absolute times drift. Medians of ``--repeat`` rounds, after an
 unrecorded warm-up round.
@@ -44,7 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-size", type=parse_size, default=parse_size("64MiB"),
                    help="case (a) tensor size (default 64MiB)")
     p.add_argument("--small-count", type=int, default=20000, help="case (b) tensor count")
-    p.add_argument("--cases", default="a,b,c,d", help="comma-separated subset of a,b,c,d")
+    p.add_argument("--cases", default="a,b,c,d", help="comma-separated subset of a,b,c,d,compression")
+    p.add_argument("--compression-size", type=parse_size, default=parse_size("128MiB"),
+                   help="case compression: bytes of each tensor (default 128MiB; the end-to-end "
+                        "state holds 1.5x this)")
+    p.add_argument("--bandwidth", type=parse_size, default=100_000_000,
+                   help="case compression: bytes/s of the throttled link to the S3 server "
+                        "(default 100000000, i.e. 100 MB/s)")
     p.add_argument("--dir", default=None, help="directory for checkpoints (default: a temp dir)")
     p.add_argument("--repeat", type=int, default=3, help="recorded rounds per case (medians)")
     p.add_argument("--steps", type=int, default=60, help="case (c) training steps per variant")
@@ -64,9 +72,10 @@ def _cases(args: argparse.Namespace) -> list[str]:
     if args.quick:
         args.size, args.tensor_size, args.small_count = 4 << 20, 1 << 20, 100
         args.repeat, args.steps, args.every = 1, 4, 2
+        args.compression_size = 1 << 20
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    if not set(cases) <= {"a", "b", "c", "d"}:
-        raise ValueError(f"--cases takes a subset of a,b,c,d, got {args.cases!r}")
+    if not set(cases) <= {"a", "b", "c", "d", "compression"}:
+        raise ValueError(f"--cases takes a subset of a,b,c,d,compression, got {args.cases!r}")
     return cases
 
 
@@ -135,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.progress else None
     started = time.time()
     train_ratios = None
+    more_targets: list[report.Target] = []
     raw: dict[str, object] = {}
     try:
         results, lim = _io_cases(args, cases, directory, log)
@@ -148,6 +158,15 @@ def run(args: argparse.Namespace) -> int:
         if "c" in cases:
             table, train_ratios, raw["c"] = _training_case(args, directory)
             sections.append(table)
+        if "compression" in cases:
+            from . import compression, compression_e2e
+
+            table, more_targets, raw["compression"] = compression.section(
+                args.compression_size, args.repeat, log)
+            sections.append(table)
+            table, raw["compression_e2e"] = compression_e2e.section(
+                args.compression_size // 2, args.repeat, directory, args.bandwidth, log)
+            sections.append(table)
     finally:
         if own_dir:
             shutil.rmtree(directory, ignore_errors=True)
@@ -158,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         f"Run: {time.strftime('%Y-%m-%d %H:%M', time.localtime(started))}, "
         f"{time.time() - started:.0f} s, medians of {args.repeat} round(s)"
         + (" (--quick: tiny sizes, no warm-up; not a measurement)." if args.quick else " after a warm-up round."),
-        report.targets_table(report.targets(results, lim, train_ratios)),
+        report.targets_table(report.targets(results, lim, train_ratios) + more_targets),
         *sections,
         report.limits_table(lim, args.size) if lim else "",
     ]).rstrip()

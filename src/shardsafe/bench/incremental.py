@@ -1,8 +1,8 @@
 """Incremental saves: a frozen base plus a small trainable adapter, saved by a manager.
 
-``python -m shardsafe.bench.incremental [--base 64MiB] [--adapter 512KiB] [--saves 10]``
-saves the same run twice, with ``CheckpointManager(incremental=True)`` and without, both
-with ``max_to_keep=3`` and synchronous saves (so each ``save`` call's time is the whole
+``python -m shardsafe.bench.incremental [--base 64MiB] [--adapter 512KiB] [--saves 10]
+[--compression auto]`` saves the same run twice, with ``CheckpointManager(incremental=True)``
+and without, both with ``max_to_keep=3``, synchronous saves and the given compression (so each ``save`` call's time is the whole
 save: hashing, writing, fsync, commit and retention). It reports the bytes left on disk
 against the base's bytes, and the time of the first save against the later ones.
 """
@@ -24,7 +24,8 @@ def _disk_bytes(root: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
 
 
-def run_case(root: str, base_bytes: int, adapter_bytes: int, saves: int, incremental: bool) -> dict[str, Any]:
+def run_case(root: str, base_bytes: int, adapter_bytes: int, saves: int, incremental: bool,
+             compression: str | None = None) -> dict[str, Any]:
     """Saves ``saves`` steps (the adapter changes every step, the base never); returns sizes
     and per-save times."""
     import torch
@@ -37,7 +38,8 @@ def run_case(root: str, base_bytes: int, adapter_bytes: int, saves: int, increme
                          "b": torch.randn(adapter_bytes // 8, generator=g)},
              "step": 0}
     times = []
-    with shardsafe.CheckpointManager(root, max_to_keep=3, incremental=incremental, async_save=False) as mgr:
+    with shardsafe.CheckpointManager(root, max_to_keep=3, incremental=incremental, async_save=False,
+                                     compression=compression) as mgr:
         for step in range(saves):
             state["adapter"]["a"].add_(0.01)
             state["adapter"]["b"].mul_(0.99)
@@ -72,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", type=parse_size, default=parse_size("64MiB"), help="frozen base bytes")
     p.add_argument("--adapter", type=parse_size, default=parse_size("512KiB"), help="adapter bytes")
     p.add_argument("--saves", type=int, default=10)
+    p.add_argument("--compression", choices=["zstd", "auto"], default=None,
+                   help="compress the saves too (default: none)")
     p.add_argument("--dir", default=None, help="where to save (default: a temp dir)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     args = p.parse_args(argv)
@@ -79,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for incremental in (True, False):
             results.append(run_case(os.path.join(tmp, f"inc{int(incremental)}"), args.base,
-                                    args.adapter, args.saves, incremental))
+                                    args.adapter, args.saves, incremental, args.compression))
     print(f"frozen base {args.base / 2**20:.0f} MiB + adapter {args.adapter / 2**10:.0f} KiB, "
-          f"{args.saves} saves, max_to_keep=3, synchronous saves")
+          f"{args.saves} saves, max_to_keep=3, synchronous saves, compression={args.compression}")
     print("| incremental | on disk / base | first save | later saves (median) | hashing the state |")
     print("|---|---|---|---|---|")
     for r in results:

@@ -108,15 +108,16 @@ def own_bytes(index: Index) -> int:
 
 
 def referenced_bytes(index: Index) -> int:
-    """Bytes of the chunks stored in data files of sibling steps (references)."""
+    """Bytes the chunks stored in data files of sibling steps (references) occupy there
+    (compressed chunks: their stored bytes)."""
     ids = [i for i, f in enumerate(index.files) if f.reference is not None]
     if not ids:
         return 0
     if index.table is not None:  # v2: columns, no object per chunk
         t = index.table
-        return int(t.nbytes[np.isin(t.file, np.array(ids, dtype=np.int64))].sum())
+        return int(t.stored_nbytes()[np.isin(t.file, np.array(ids, dtype=np.int64))].sum())
     names = {index.files[i].name for i in ids}
-    return sum(c.nbytes for t in index.tensors for c in t.chunks if c.file in names)
+    return sum(c.stored_nbytes for t in index.tensors for c in t.chunks if c.file in names)
 
 
 def _final_name(name: str) -> str:

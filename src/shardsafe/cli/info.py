@@ -1,4 +1,7 @@
-"""``shardsafe info CKPT``: format version, writers, files and the tree of keys."""
+"""``shardsafe info CKPT``: format version, writers, files and the tree of keys.
+
+For compressed tensors it also shows the bytes they take in the checkpoint and their
+codecs (``stored_bytes`` and ``codecs`` in ``--json``; every tensor has them)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from . import EXIT_OK
 from ._common import (add_storage_options, human_bytes, local_time, open_checkpoint, own_bytes,
                       referenced_bytes, storage_options, table)
 from ._tensors import Leaf, leaves
-from ..format.index import Index
+from ..format.index import Index, TensorEntry
 
 _VALUE_WIDTH = 60  # plain values longer than this are shortened in the table
 
@@ -31,6 +34,7 @@ def _leaf_record(leaf: Leaf) -> dict[str, Any]:
     e = leaf.entry
     if e is not None:
         rec.update(kind=e.kind, dtype=e.dtype, shape=list(e.shape), bytes=e.nbytes,
+                   stored_bytes=sum(c.stored_nbytes for c in e.chunks), codecs=_codecs(e),
                    chunks=len(e.chunks), files=sorted({c.file for c in e.chunks}))
     elif leaf.kind in ("dict", "list", "tuple"):
         rec["value"] = [] if leaf.kind != "dict" else {}
@@ -39,6 +43,11 @@ def _leaf_record(leaf: Leaf) -> dict[str, Any]:
         if leaf.kind == "npscalar":
             rec["dtype"] = leaf.node["dtype"]
     return rec
+
+
+def _codecs(e: TensorEntry) -> list[str]:
+    """The codecs a tensor's blocks are stored with (``["raw"]`` when uncompressed)."""
+    return sorted({n for c in e.chunks for n in (c.stored.codecs if c.stored is not None else ("raw",))})
 
 
 def describe(index: Index, path: str) -> dict[str, Any]:
@@ -78,19 +87,26 @@ def _print_text(d: dict[str, Any], index: Index) -> None:
         steps = sorted({f["name"].split("/", 1)[0] for f in d["files"] if f["reference"]})
         print(f"references   {human_bytes(d['referenced_bytes'])} of unchanged chunks in "
               f"{len(d['files']) - len(own)} data file(s) of {', '.join(steps)} (incremental save)")
-    print(f"tensors      {len(tensors)} ({human_bytes(sum(r['bytes'] for r in tensors))}); "
+    raw, stored = sum(r["bytes"] for r in tensors), sum(r["stored_bytes"] for r in tensors)
+    compressed = any(r["codecs"] != ["raw"] for r in tensors)
+    print(f"tensors      {len(tensors)} ({human_bytes(raw)}); "
           f"other values {len(d['leaves']) - len(tensors)}")
+    if compressed:
+        print(f"compression  {human_bytes(raw)} of tensors stored in {human_bytes(stored)} "
+              f"({raw / max(stored, 1):.2f}x)")
     if d["metadata"]:
         print(f"metadata     {json.dumps(d['metadata'], sort_keys=True)}")
     print()
-    rows = [["KEY", "TYPE", "SHAPE", "BYTES", "CHUNKS", "VALUE"]]
-    for leaf in leaves(index):
+    extra = ["STORED", "CODECS"] if compressed else []
+    rows = [["KEY", "TYPE", "SHAPE", "BYTES", *extra, "CHUNKS", "VALUE"]]
+    for leaf, r in zip(leaves(index), d["leaves"]):  # describe() lists the same leaves in order
         e = leaf.entry
         if e is not None:
-            rows.append([leaf.dotted, e.dtype, str(list(e.shape)), human_bytes(e.nbytes),
+            more = [human_bytes(r["stored_bytes"]), ",".join(r["codecs"])] if compressed else []
+            rows.append([leaf.dotted, e.dtype, str(list(e.shape)), human_bytes(e.nbytes), *more,
                          str(len(e.chunks)), ""])
         else:
-            rows.append([leaf.dotted, leaf.kind, "", "", "", _short(leaf.value())])
+            rows.append([leaf.dotted, leaf.kind, "", "", *([""] * len(extra)), "", _short(leaf.value())])
     for line in table(rows):
         print(line)
 

@@ -4,6 +4,12 @@ Reads are coalesced: neighbouring chunks of a file are fetched as one byte range
 to ``MAX_READ`` bytes (one request on object stores instead of one per small tensor),
 and ranges are checked concurrently on the shared I/O pool. Memory stays at
 ``MAX_READ`` per I/O thread however large the checkpoint is.
+
+Compressed chunks (block files, docs/FORMAT.md section 12) are checked twice per block:
+the stored bytes against their CRC32C, then, decoded, against the raw CRC32C (a block
+decodes to at most ``block_size`` bytes, which an index with compressed chunks keeps at
+64 MiB or less). A block file's magic and its tiling by the chunks replace the
+safetensors header check.
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ import numpy as np
 from . import EXIT_FAILED, EXIT_OK
 from ._common import Entry, add_storage_options, checkpoints_at, progress, storage_options
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+from ..format.blockfile import DATA_START, MAGIC, decode_block, stored_span
 from ..format.checksum import crc32c, verify_blocks
 from ..format.datafile import parse_header
 from ..format.index import ChunkEntry, FileEntry, Index
+from ..format.index_common import split_reference
 from ..format.tree import render_path
 from ..plan.header_check import MAX_HEADER_BYTES, header_problems
 from ..plan.load_plan import coalesce
@@ -34,7 +42,8 @@ MAX_READ = 64 << 20
 
 @dataclass(frozen=True, slots=True)
 class Block:
-    """Checksum block ``number`` of ``chunk``: ``length`` bytes at ``offset`` of its data file."""
+    """Checksum block ``number`` of ``chunk``: ``length`` bytes at ``offset`` of its data file
+    (for a compressed chunk: the block's stored bytes)."""
 
     offset: int
     length: int
@@ -79,8 +88,11 @@ def plan_reads(index: Index, max_read: int = MAX_READ) -> list[ReadRange]:
         key = render_path(t.key)
         for c in t.chunks:
             for i in range(len(c.checksums)):
-                start = c.offset + i * index.block_size
-                length = min(index.block_size, c.nbytes - i * index.block_size)
+                if c.stored is not None:
+                    start, length = stored_span(c, i)
+                else:
+                    start = c.offset + i * index.block_size
+                    length = min(index.block_size, c.nbytes - i * index.block_size)
                 blocks.append(Block(start, max(length, 0), key, i, c))
     groups = coalesce(blocks, lambda b: (b.chunk.file, b.offset, b.length), max_read)
     return [ReadRange(g[0].chunk.file, g[0].offset, max(b.offset + b.length for b in g), g)
@@ -102,6 +114,11 @@ def _check_range(storage: Storage, path: str, r: ReadRange, block_size: int,
             continue
         lo = b.offset - r.start
         try:
+            if b.chunk.stored is not None:
+                raw = min(block_size, b.chunk.nbytes - b.number * block_size)
+                decode_block(b.chunk, b.number, memoryview(buf[lo : lo + b.length]),
+                             memoryview(np.empty(raw, dtype=np.uint8)), key=b.key)
+                continue
             verify_blocks(memoryview(buf[lo : lo + b.length]), block_size, b.chunk.checksums,
                           b.number, offset=b.offset, file=r.file, key=b.key)
         except CorruptCheckpointError as e:
@@ -149,10 +166,40 @@ def _read_header(storage: Storage, path: str, f: FileEntry) -> dict:
     return entries
 
 
+def _block_file_problem(storage: Storage, path: str, f: FileEntry, held: int) -> str | None:
+    """What is wrong with block file ``f`` beyond its blocks: its magic, and whether its
+    chunks (``held`` stored bytes) fill it exactly (the index keeps them apart, so their
+    sizes must add up)."""
+    magic = bytearray(len(MAGIC))
+    storage.read_into(data_file(storage, path, f.name), 0, memoryview(magic))
+    if bytes(magic) != MAGIC:
+        return f"block file does not start with {MAGIC!r}"
+    if split_reference(f.name) is not None:  # a reference: this index uses some of its chunks
+        return None if held <= f.size - f.data_start else (
+            f"the index places {held} bytes of chunks in a block file of {f.size - f.data_start}")
+    if held != f.size - f.data_start:
+        return f"block file holds {f.size - f.data_start} bytes of chunks, the index places {held}"
+    return None
+
+
 def _check_headers(storage: Storage, path: str, index: Index, label: str) -> list[Problem]:
-    """Each data file must stay a valid safetensors file saying exactly what the index says."""
+    """Each data file must stay a valid safetensors file saying exactly what the index says
+    (a block file: start with its magic and hold exactly its chunks)."""
     problems = []
+    held: dict[str, int] = {}
+    if any(f.data_start == DATA_START for f in index.files):
+        for t in index.tensors:
+            for c in t.chunks:
+                held[c.file] = held.get(c.file, 0) + c.stored_nbytes
     for f in index.files:
+        if f.data_start == DATA_START:
+            try:
+                msg = _block_file_problem(storage, path, f, held.get(f.name, 0))
+            except (OSError, EOFError, CheckpointError) as e:
+                msg = f"cannot read: {e}"
+            if msg is not None:
+                problems.append(Problem(label, msg, f.name))
+            continue
         try:
             entries = _read_header(storage, path, f)
         except (ValueError, EOFError) as e:

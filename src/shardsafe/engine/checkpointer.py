@@ -9,6 +9,11 @@ staged in order into at most that many bytes of unit-sized buffers, each written
 given back while later units are staged; the call returns once the last unit is staged. The background thread is a plain thread, not an I/O-pool worker: it
 waits for I/O-pool jobs, and a pool worker waiting for its own pool can deadlock.
 
+With ``compression=`` the larger items go to a block file (``engine.block_writer``): a
+sync save codes them on the I/O pool from per-block copies; an async save stages them
+like everything else and codes them from the staging buffers once staged, so the
+caller's stall is the copy alone.
+
 Invariants:
 - at most one save of a Checkpointer is in flight; a new save first waits for it;
 - a background failure reaches the caller: ``SaveHandle.result()``, else the next
@@ -30,8 +35,11 @@ import numpy as np
 
 from ..comm import Comm, SingleProcessComm, get_comm
 from ..errors import CheckpointError
+from ..format.codec import Compression, check_compression
+from ..plan.layout import FilePlan, block_file_name
 from .io_pool import io_threads
 from . import cuda, pipeline
+from .block_writer import BlockFileWrite
 from .buffers import BouncePool, HostBuffer, StagingArena, slot_count
 from .handle import SaveHandle
 from .incremental import Baseline
@@ -45,9 +53,10 @@ log = logging.getLogger("shardsafe")
 StagingMode = Literal["blocking", "background"]
 """How ``async_save`` copies the state: on the caller's thread, or in the background."""
 STAGING_MODES: tuple[StagingMode, ...] = get_args(StagingMode)
+_Write = FileWrite | BlockFileWrite
 _Stager = Callable[[int | None], None]
 """Copies the state into host buffers with that many threads (None: the default)."""
-_JobMaker = Callable[[], "tuple[list[FileWrite], _Stager]"]
+_JobMaker = Callable[[], "tuple[list[_Write], _Stager]"]
 BACKGROUND_COPY_THREADS = 1
 SLOW_WAIT_S = 1.0  # a new save waiting longer than this for the previous one logs a warning
 
@@ -100,7 +109,8 @@ class Checkpointer:
     def save(self, state: Mapping[str, Any], path: str, *, overwrite: bool = False,
              metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
              process_group: Any = None, timeout: float | None = None,
-             collective: bool | None = None, baseline: Baseline | None = None) -> None:
+             collective: bool | None = None, compression: Compression | None = None,
+             baseline: Baseline | None = None) -> None:
         """Saves ``state`` and returns once the checkpoint is committed and durable.
 
         Waits for an async save still in flight first (and raises its error if it failed
@@ -110,25 +120,29 @@ class Checkpointer:
         with self._lock:
             prep = self._prepare(state, path, overwrite=overwrite, metadata=metadata,
                                  storage_options=storage_options, process_group=process_group,
-                                 timeout=timeout, collective=collective, baseline=baseline)
+                                 timeout=timeout, collective=collective, compression=compression,
+                                 baseline=baseline)
             self._save_streamed(prep)
 
     def _prepare(self, state: Mapping[str, Any], path: str, *, overwrite: bool,
                  metadata: Mapping[str, Any] | None, storage_options: dict | None,
                  process_group: Any, timeout: float | None,
-                 collective: bool | None, baseline: Baseline | None = None) -> PreparedSave:
+                 collective: bool | None, compression: Compression | None,
+                 baseline: Baseline | None = None) -> PreparedSave:
         """With the lock held: waits for the save in flight, then flattens and plans."""
+        compression = check_compression(compression)  # before anything waits or is written
         self._check_open()
         self._wait_previous()
         comm = SingleProcessComm() if collective is False else self._comm(process_group)
         return pipeline.prepare(state, path, overwrite=overwrite, metadata=metadata,
                                 storage_options=storage_options, comm=comm, timeout=timeout,
-                                baseline=baseline)
+                                compression=compression, baseline=baseline)
 
     def async_save(self, state: Mapping[str, Any], path: str, *, staging: StagingMode = "blocking",
                    overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
                    storage_options: dict | None = None, process_group: Any = None,
                    timeout: float | None = None, collective: bool | None = None,
+                   compression: Compression | None = None,
                    baseline: Baseline | None = None,
                    max_staging_bytes: int | None = None) -> SaveHandle:
         """Starts saving ``state``; checksums, writes and commit run in the background.
@@ -146,6 +160,8 @@ class Checkpointer:
             process_group: As for ``shardsafe.save``: the group of a collective save.
             timeout: As for ``shardsafe.save``: how long ranks wait for each other.
             collective: As for ``shardsafe.save``: ``False`` saves this rank's state alone.
+            compression: As for ``shardsafe.save``. Compression runs in the background,
+                after staging: it does not lengthen the caller's stall.
             baseline: Incremental saves (``engine.incremental``): reference the chunks
                 unchanged since the baseline's save instead of writing them.
             max_staging_bytes: Host staging memory of this save (default: the
@@ -167,15 +183,20 @@ class Checkpointer:
             raise ValueError(f"staging must be one of {STAGING_MODES}, got {staging!r}")
         budget = self.max_staging_bytes if max_staging_bytes is None else max_staging_bytes
         slots = None if budget is None else slot_count(budget, self.unit_size)
+        if slots is not None and compression is not None:
+            # block files are coded from whole staged images, which a budget does not hold
+            raise ValueError("an async save cannot combine max_staging_bytes with compression "
+                             "(yet): drop one of them, or save synchronously")
         with self._lock:
             prep = self._prepare(state, path, overwrite=overwrite, metadata=metadata,
                                  storage_options=storage_options, process_group=process_group,
-                                 timeout=timeout, collective=collective, baseline=baseline)
+                                 timeout=timeout, collective=collective, compression=compression,
+                                 baseline=baseline)
             handle = SaveHandle(path, prep.nbytes)
             if slots is not None:
                 jobs = self._slotted_jobs(prep, handle, slots)
             else:
-                sizes = [p.layout.size for p in prep.plans]
+                sizes = [p.layout.size for p in prep.plans + prep.coded]
                 # Even the buffers are got (and, for a new layout, allocated and
                 # pre-faulted) in the writer thread with "background".
                 jobs = lambda: self._staged_jobs(prep, self.arena.get(sizes))  # noqa: E731
@@ -291,14 +312,20 @@ class Checkpointer:
                                   f"{type(err).__name__}: {err}") from err
 
     def _staged_jobs(self, prep: PreparedSave, buffers: list[HostBuffer]
-                     ) -> tuple[list[FileWrite], _Stager]:
-        """Writes of whole staged file images, and the stager that fills them."""
-        writes, tasks = [], []
+                     ) -> tuple[list[_Write], _Stager]:
+        """Writes of whole staged file images (block files coded once staged), and the stager."""
+        writes: list[_Write] = []
+        tasks = []
         for plan, buf in zip(prep.plans, buffers):
             units = FileUnits(plan, self.unit_size, BLOCK_SIZE)
             fw = FileWrite(units, prep.storage, prep.file_path(plan), staged=buf)
             writes.append(fw)
             tasks.append(StageTask(units, buf.array, fw.unit_ready))
+        for plan, buf in zip(prep.coded, buffers[len(prep.plans):]):  # compressed after staging
+            units = FileUnits(plan, self.unit_size, BLOCK_SIZE)
+            bw = _block_write(prep, plan, staged=buf.array, nunits=units.nunits)
+            writes.append(bw)
+            tasks.append(StageTask(units, buf.array, bw.unit_ready))
         return writes, lambda threads: stage_files(tasks, threads=threads)
 
     def _slotted_jobs(self, prep: PreparedSave, handle: SaveHandle, count: int) -> _JobMaker:
@@ -344,15 +371,18 @@ class Checkpointer:
     def _save_streamed(self, prep: PreparedSave) -> None:
         """Sync save: stage per unit through bounce buffers (or gather), write, commit."""
         pipeline.begin(prep)
-        writes: list[FileWrite] = []
+        writes: list[_Write] = []
         scratch: list[HostBuffer] = []
         try:
             for plan in prep.plans:
                 units = FileUnits(plan, self.unit_size, BLOCK_SIZE)
                 path = prep.file_path(plan)
                 writes.append(self._file_write(prep, units, path, scratch))
-            sums = [fw.finish() for fw in writes]
-            pipeline.commit_save(prep, sums)
+            for plan in prep.coded:  # compressed on the I/O pool from per-block copies
+                bw = _block_write(prep, plan, sources=host_sources(plan, device=False))
+                writes.append(bw)
+                bw.all_ready()
+            _commit(prep, _finish_all(writes))
         except BaseException as e:
             for fw in writes:
                 fw.cancel()
@@ -394,9 +424,33 @@ class Checkpointer:
         return fw
 
 
+def _block_write(prep: PreparedSave, plan: FilePlan, **source: Any) -> BlockFileWrite:
+    """The writer of the block files of ``plan`` (one of ``prep.coded``), named
+    ``data-r<rank>-<part>.blocks``; ``source``: ``staged=`` and ``nunits=``, or ``sources=``."""
+    assert prep.compression is not None  # prep.coded is empty without compression
+    return BlockFileWrite(plan, prep.storage, prep.path_of, lambda part: block_file_name(prep.comm.rank, part),
+                          prep.compression, BLOCK_SIZE, **source)
+
+
+def _finish_all(writes: list[_Write]) -> list[Any]:
+    """Every write's result, in list order. Block files are finished first: their coding
+    runs while ``finish`` drives it, on the I/O pool next to the data files' writes,
+    which are already queued."""
+    order = sorted(range(len(writes)), key=lambda k: not isinstance(writes[k], BlockFileWrite))
+    results: dict[int, Any] = {k: writes[k].finish() for k in order}
+    return [results[k] for k in range(len(writes))]
+
+
+def _commit(prep: PreparedSave, results: list[Any]) -> None:
+    """Commits a save from what its writes returned: ``prep.plans``' block checksums,
+    then, per plan of ``prep.coded``, its ``CodedFile``s (the order ``writes`` lists them in)."""
+    n = len(prep.plans)
+    pipeline.commit_save(prep, results[:n], [f for files in results[n:] for f in files])
+
+
 def _background(prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, stage: bool) -> None:
     """Body of the writer thread: [stage,] write, commit; the outcome goes to ``handle``."""
-    writes: list[FileWrite] = []
+    writes: list[_Write] = []
     try:
         writes, stage_state = jobs()
         pipeline.begin(prep)
@@ -413,8 +467,7 @@ def _background(prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, stage: 
                     fw.fail(e)
                 raise
             handle.mark_staged()
-        sums = [fw.finish() for fw in writes]
-        pipeline.commit_save(prep, sums)
+        _commit(prep, _finish_all(writes))
     # Everything the save raises is delivered to the caller through the handle (result(),
     # the next save, close(), or the exit hook); nothing here swallows it.
     except BaseException as e:  # noqa: BLE001

@@ -81,7 +81,7 @@ def _first_key_beyond(index: Index, file: str, size: int) -> str | None:
     """The first key with bytes at or past ``size`` in ``file`` (what a truncation lost)."""
     for t in index.tensors:
         for c in t.chunks:
-            if c.file == file and c.offset + c.nbytes > size:
+            if c.file == file and c.offset + c.stored_nbytes > size:
                 return render_path(t.key)
     return None
 

@@ -1,6 +1,7 @@
 """Each rank's part of the index as columns, and the v2 chunk table built from all parts.
 
-A rank describes the chunks it wrote as a few numpy arrays (``Entries``); a collective
+A rank describes the chunks it wrote, and those it references in earlier steps' files
+(``ChunkRef``, incremental saves), as a few numpy arrays (``Entries``); a collective
 save sends them to rank 0 as compact binary (``encode``/``decode``: a small JSON head
 for the file list, then little-endian columns), and rank 0 concatenates every rank's
 columns, orders the chunks and builds the v2 ``ChunkTable`` directly (``columnar_index``)
@@ -18,18 +19,45 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import CheckpointError
+from ..format.blockfile import DATA_START as BLOCK_FILE_DATA_START
+from ..format.blockfile import BlockCoding, block_raw_sizes
 from ..format.chunk_table import ChunkTable, Split, detect_split
+from ..format.codec import CODECS
 from ..format.dtypes import lookup
-from ..format.index_common import FileEntry
+from ..format.index_common import FileEntry, split_reference
 from ..format.index_v2 import ColumnarIndex, TensorInfo
 from ..format.tree import render_path
 from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
-from .incremental import ChunkRef, reference_files
 
 I64 = np.dtype("<i8")
-_COLS = ("item", "file", "offset", "nsums", "pos", "extent", "sums")
+_COLS = ("item", "file", "offset", "nsums", "pos", "extent", "sums", "codec", "stored", "stored_sums")
+_U4 = ("sums", "stored_sums")
+_CODING = ("codec", "stored", "stored_sums")  # sent empty when the rank compressed nothing
 _HEAD = struct.Struct("<Q")
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkRef:
+    """Where the bytes of a chunk are stored already.
+
+    Attributes:
+        file: The data file, named ``<step directory>/<file>`` (relative to the manager
+            directory), with its size, data start and rank.
+        offset: Byte offset of the chunk in that file.
+        checksums: The chunk's block checksums (CRC32C of the raw bytes), as in the index
+            that wrote it.
+        codec, stored, stored_checksums: Per block, for a chunk stored in a block file
+            (docs/FORMAT.md section 12): codec id (``format.codec.CODECS``), stored size and
+            CRC32C of the stored bytes; empty for a chunk stored raw in a safetensors file.
+    """
+
+    file: FileEntry
+    offset: int
+    checksums: tuple[int, ...]
+    codec: tuple[int, ...] = ()
+    stored: tuple[int, ...] = ()
+    stored_checksums: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -41,6 +69,9 @@ class Entries:
         item, file, offset, nsums: Per chunk: item id, file, byte offset, checksum count.
         pos, extent: Flat starts / shapes of the chunks (each chunk has its item's ndim).
         sums: Block checksums of every chunk, chunk by chunk (uint32).
+        codec, stored, stored_sums: Per block (aligned with ``sums``): codec id
+            (``format.codec.CODECS``), stored size and CRC32C of the stored bytes. Raw
+            blocks (codec 0) leave the other two 0: ``columnar_index`` derives them.
     """
 
     files: list[FileEntry]
@@ -51,12 +82,16 @@ class Entries:
     pos: np.ndarray
     extent: np.ndarray
     sums: np.ndarray
+    codec: np.ndarray
+    stored: np.ndarray
+    stored_sums: np.ndarray
 
 
 def from_plans(plans: Sequence[FilePlan], checksums: Sequence[Sequence[Sequence[int]]], rank: int,
                refs: Sequence[tuple[TensorItem, ChunkRef]] = ()) -> Entries:
     """The entries of the files this rank wrote, given each file's per-item block checksums,
-    plus the chunks it references in earlier steps' files (``refs``, incremental saves)."""
+    plus the chunks it references in earlier steps' files (``refs``, incremental saves;
+    a referenced compressed chunk keeps its coding columns)."""
     item, file, offset, nsums, pos, extent, sums = [], [], [], [], [], [], []
     rows = [(f, it, off, s) for f, (plan, per_item) in enumerate(zip(plans, checksums))
             for it, off, s in zip(plan.items, plan.layout.offsets, per_item)]
@@ -73,15 +108,86 @@ def from_plans(plans: Sequence[FilePlan], checksums: Sequence[Sequence[Sequence[
         sums.extend(s)
     files = [FileEntry(p.name, p.layout.size, p.layout.data_start, rank) for p in plans] + ref_files
     a = [np.array(x, dtype=I64) for x in (item, file, offset, nsums, pos, extent)]
-    return Entries(files, *a, np.array(sums, dtype=np.uint32))
+    codec, stored, stored_sums = (np.zeros(len(sums), dtype=I64) for _ in range(3))
+    if any(r.codec for _, r in refs):  # referenced compressed chunks keep their coding
+        at = len(sums) - sum(len(r.checksums) for _, r in refs)
+        for _, r in refs:
+            n = len(r.checksums)
+            if r.codec:
+                codec[at : at + n], stored[at : at + n], stored_sums[at : at + n] = (
+                    r.codec, r.stored, r.stored_checksums)
+            at += n
+    return Entries(files, *a, np.array(sums, dtype=np.uint32), codec, stored,
+                   stored_sums.astype(np.uint32))
+
+
+def reference_files(refs: Sequence[tuple[TensorItem, ChunkRef]]) -> list[FileEntry]:
+    """The distinct files ``refs`` point at, in first-use order (each a reference name)."""
+    seen: dict[str, FileEntry] = {}
+    for _, ref in refs:
+        if split_reference(ref.file.name) is None:
+            raise ValueError(f"{ref.file.name!r} is not a reference name")
+        seen.setdefault(ref.file.name, ref.file)
+    return list(seen.values())
+
+
+@dataclass(slots=True)
+class CodedFile:
+    """A block file as written (``engine.block_writer``): per item, where its chunk
+    starts and how each of its blocks is stored.
+
+    Attributes:
+        name: The file's name.
+        size: Bytes of the file.
+        items: The items whose chunks it holds, in file order.
+        offsets: Absolute offset of each item's compressed chunk.
+        sums, codec, stored, stored_sums: Per item, per block: raw CRC32C, codec id,
+            stored size, stored CRC32C.
+    """
+
+    name: str
+    size: int
+    items: list[TensorItem]
+    offsets: list[int]
+    sums: list[list[int]]
+    codec: list[list[int]]
+    stored: list[list[int]]
+    stored_sums: list[list[int]]
+
+
+def from_block_files(written: Sequence[CodedFile], rank: int) -> Entries:
+    """The entries of the block files this rank wrote."""
+    cols: dict[str, list[int]] = {c: [] for c in _COLS}
+    files = []
+    for f, w in enumerate(written):
+        files.append(FileEntry(w.name, w.size, BLOCK_FILE_DATA_START, rank))
+        for i, it in enumerate(w.items):
+            cols["item"].append(it.id)
+            cols["file"].append(f)
+            cols["offset"].append(w.offsets[i])
+            cols["nsums"].append(len(w.sums[i]))
+            cols["pos"].extend(it.offsets)
+            cols["extent"].extend(it.local_shape)
+            for c in ("sums", "codec", "stored", "stored_sums"):
+                cols[c].extend(getattr(w, c)[i])
+    return Entries(files, **{c: np.array(v, dtype=np.uint32 if c in _U4 else I64) for c, v in cols.items()})
+
+
+def join(parts: Sequence[Entries]) -> Entries:
+    """One rank's entries from several groups of its files (file ids renumbered)."""
+    files, cols = _concat(parts)
+    return Entries(files, **cols)
 
 
 def encode(e: Entries) -> bytes:
-    """Bytes of one rank's entries: u64 head length, JSON head, then the columns."""
+    """Bytes of one rank's entries: u64 head length, JSON head, then the columns (the
+    coding columns empty when every block is raw: an uncompressed save sends no more)."""
+    skip = () if e.codec.any() else _CODING
+    arrays = {c: getattr(e, c)[:0] if c in skip else getattr(e, c) for c in _COLS}
     head = json.dumps({"files": [[f.name, f.size, f.data_start, f.rank] for f in e.files],
-                       "lengths": [len(getattr(e, c)) for c in _COLS]},
+                       "lengths": [len(arrays[c]) for c in _COLS]},
                       separators=(",", ":")).encode("utf-8")
-    cols = [np.ascontiguousarray(getattr(e, c), dtype="<u4" if c == "sums" else I64).tobytes()
+    cols = [np.ascontiguousarray(arrays[c], dtype="<u4" if c in _U4 else I64).tobytes()
             for c in _COLS]
     return b"".join([_HEAD.pack(len(head)), head, *cols])
 
@@ -97,12 +203,15 @@ def decode(data: bytes) -> Entries:
         head = json.loads(data[_HEAD.size : _HEAD.size + n].decode("utf-8"))
         at, cols = _HEAD.size + n, {}
         for c, length in zip(_COLS, head["lengths"], strict=True):
-            dt = np.dtype("<u4" if c == "sums" else I64)
+            dt = np.dtype("<u4" if c in _U4 else I64)
             cols[c] = np.frombuffer(data, dtype=dt, count=length, offset=at).astype(
-                np.uint32 if c == "sums" else np.int64)
+                np.uint32 if c in _U4 else np.int64)
             at += length * dt.itemsize
         if at != len(data):
             raise ValueError("trailing bytes")
+        for c in _CODING:
+            if len(cols[c]) == 0 and len(cols["sums"]):  # every block raw (see encode)
+                cols[c] = np.zeros(len(cols["sums"]), dtype=cols[c].dtype)
         return Entries([FileEntry(*f) for f in head["files"]], **cols)
     except (ValueError, KeyError, TypeError, struct.error) as e:
         raise CheckpointError(f"a rank sent malformed chunk entries: {e}") from None
@@ -115,7 +224,8 @@ def _concat(parts: Sequence[Entries]) -> tuple[list[FileEntry], dict[str, np.nda
         for c in _COLS:
             cols[c].append(p.file + len(files) if c == "file" else getattr(p, c))
         files.extend(p.files)
-    return files, {c: np.concatenate(v) if v else np.zeros(0, dtype=np.int64) for c, v in cols.items()}
+    return files, {c: np.concatenate(v) if v else np.zeros(0, dtype=np.uint32 if c in _U4 else np.int64)
+                   for c, v in cols.items()}
 
 
 def _padded(flat: np.ndarray, ndim: np.ndarray, width: int, fill: int) -> np.ndarray:
@@ -167,15 +277,35 @@ def columnar_index(items: Sequence[TensorItem], parts: Sequence[Entries], block_
         splits.append(split)
         general[a:b] = split is None
     keep = general[:, None] & (np.arange(width) < ndims[t_sorted][:, None])
+    itemsizes = [lookup(it.dtype).itemsize for it in items]
+    sums = _gather_runs(c["sums"], c["nsums"], order)
     table = ChunkTable.build(
-        [it.shape for it in items], [lookup(it.dtype).itemsize for it in items], splits,
+        [it.shape for it in items], itemsizes, splits,
         counts.tolist(), c["offset"][order], file[general], pos[keep], ext[keep],
-        _gather_runs(c["sums"], c["nsums"], order), block_size,
+        sums, block_size,
         np.array([f.size for f in files], dtype=np.int64),
         np.array([f.data_start for f in files], dtype=np.int64),
-        lambda t: render_path(items[t].path))
+        lambda t: render_path(items[t].path),
+        _coding(c, order, sums, np.prod(ext, axis=1, dtype=np.int64) * np.asarray(itemsizes, dtype=np.int64)[t_sorted]
+                if len(order) else np.zeros(0, dtype=np.int64), block_size))
     infos = tuple(TensorInfo(it.path, it.kind, it.dtype, tuple(it.shape)) for it in items)
     return ColumnarIndex(tensors=infos, files=tuple(files), chunks=table, **header)  # type: ignore[arg-type]
+
+
+def _coding(c: dict[str, np.ndarray], order: np.ndarray, sums: np.ndarray, nbytes: np.ndarray,
+            block_size: int) -> BlockCoding | None:
+    """The table's ``BlockCoding`` (None when no block is compressed): the ranks' per-block
+    columns in chunk order, with raw blocks' stored size and checksum filled in."""
+    codec = _gather_runs(c["codec"], c["nsums"], order)
+    if not codec.any():
+        return None
+    stored = _gather_runs(c["stored"], c["nsums"], order)
+    stored_sums = _gather_runs(c["stored_sums"], c["nsums"], order)
+    raw = codec == 0
+    block_start = np.concatenate([[0], np.cumsum(c["nsums"][order])])
+    stored[raw] = block_raw_sizes(nbytes, block_start, block_size)[raw]
+    stored_sums[raw] = sums[raw]
+    return BlockCoding(CODECS, codec, stored, stored_sums)
 
 
 def _check_coverage(items: Sequence[TensorItem], t_sorted: np.ndarray, ext: np.ndarray) -> None:

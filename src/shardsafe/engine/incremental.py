@@ -22,7 +22,10 @@ be hashed, one tensor at a time.)
 
 A reference always names the file that really holds the bytes (``step_N/<file>``, a
 name relative to the manager directory): a chunk referenced by the previous save keeps
-that save's reference, so chains never form. The baseline lives in memory only: after
+that save's reference, so chains never form. A compressed chunk (``compression=``) is
+referenced in its block file with its coding (codec, stored size and stored CRC32C per
+block), so an unchanged chunk is neither written nor coded again; hashing compares the
+raw bytes, whatever their coding. The baseline lives in memory only: after
 a restart the first save writes everything (see README, "Incremental saves").
 """
 
@@ -36,12 +39,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import tensors
-from ..format.index_common import FileEntry, split_reference
+from ..format.blockfile import DATA_START as BLOCK_FILE_DATA_START
+from ..format.index_common import FileEntry
 from ..format.tree import KeyPath
 from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
 from .commit import split_path
+from .entries import ChunkRef, CodedFile
 from .io_pool import io_pool, wait_all
+
 
 DIGEST_SIZE = 32  # bytes: 256-bit digests
 PIECE = 16 << 20  # bytes hashed by one I/O-pool job
@@ -50,22 +56,6 @@ _CALIBRATION = 4 << 20  # bytes each candidate hashes once to pick the faster
 _chosen: list[str] = []
 
 ChunkKey = tuple[KeyPath, str, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkRef:
-    """Where the bytes of a chunk are stored already.
-
-    Attributes:
-        file: The data file, named ``<step directory>/<file>`` (relative to the manager
-            directory), with its size, data start and rank.
-        offset: Byte offset of the chunk in that file.
-        checksums: The chunk's block checksums (CRC32C), as in the index that wrote it.
-    """
-
-    file: FileEntry
-    offset: int
-    checksums: tuple[int, ...]
 
 
 @dataclass(slots=True)
@@ -187,11 +177,13 @@ class Baseline:
         return out
 
     def advance(self, path: str, plans: Sequence[FilePlan],
-                checksums: Sequence[Sequence[Sequence[int]]], split: Split, rank: int) -> None:
+                checksums: Sequence[Sequence[Sequence[int]]], split: Split, rank: int,
+                coded: Sequence[CodedFile] = ()) -> None:
         """After the save to ``path`` committed: its chunks become the baseline.
 
-        ``plans``/``checksums``: the files this rank wrote and their per-item block
-        checksums; ``split``: what it hashed and referenced.
+        ``plans``/``checksums``: the safetensors files this rank wrote and their per-item
+        block checksums; ``coded``: the block files it wrote (compressed chunks, with their
+        coding); ``split``: what it hashed and referenced.
         """
         parent, step_dir = split_path(path)
         chunks: dict[ChunkKey, tuple[bytes, ChunkRef]] = {}
@@ -200,17 +192,15 @@ class Baseline:
             for it, off, sums in zip(plan.items, plan.layout.offsets, per_item):
                 if it.id in split.digests:
                     chunks[chunk_key(it)] = (split.digests[it.id], ChunkRef(f, off, tuple(sums)))
+        for w in coded:
+            f = FileEntry(f"{step_dir}/{w.name}", w.size, BLOCK_FILE_DATA_START, rank)
+            for i, it in enumerate(w.items):
+                if it.id in split.digests:
+                    chunks[chunk_key(it)] = (split.digests[it.id], ChunkRef(
+                        f, w.offsets[i], tuple(w.sums[i]), tuple(w.codec[i]), tuple(w.stored[i]),
+                        tuple(w.stored_sums[i])))
         for it, ref in split.refs:
             chunks[chunk_key(it)] = (split.digests[it.id], ref)
         with self._lock:
             self._parent, self._source, self._chunks = parent, step_dir, chunks
 
-
-def reference_files(refs: Sequence[tuple[TensorItem, ChunkRef]]) -> list[FileEntry]:
-    """The distinct files ``refs`` point at, in first-use order (each a reference name)."""
-    seen: dict[str, FileEntry] = {}
-    for _, ref in refs:
-        if split_reference(ref.file.name) is None:
-            raise ValueError(f"{ref.file.name!r} is not a reference name")
-        seen.setdefault(ref.file.name, ref.file)
-    return list(seen.values())

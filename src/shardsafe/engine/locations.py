@@ -2,7 +2,7 @@
 
 An incremental save (``CheckpointManager(incremental=True)``) references unchanged data
 in a data file of an earlier step of the same manager directory: its index names the
-file ``<step directory>/<file>`` (docs/FORMAT.md section 12). This module is the one
+file ``<step directory>/<file>`` (docs/FORMAT.md section 13). This module is the one
 place that turns an index's file name into a backend path; readers, size checks,
 ``verify`` and ``export`` all go through it, so a reference is resolved explicitly
 against the checkpoint's parent (``Storage.sibling_file``) and never by handing a path

@@ -5,6 +5,9 @@ tensor is returned: a corrupt checkpoint never yields a tensor, and nothing need
 hook tensor access later. The saving is memory (the page cache is the only copy; no
 anonymous memory is allocated) rather than I/O: every byte is read once to verify it.
 
+Compressed chunks (docs/FORMAT.md section 12) cannot be mapped: they are decoded from
+the mapping into new memory, each block checked before and after decoding.
+
 The mappings are private copy-on-write (``MAP_PRIVATE``): writing to a returned tensor
 changes only this process's copy, never the checkpoint. A file changed by someone else
 after verification may still show through pages not yet copied; checkpoints are
@@ -21,9 +24,10 @@ import numpy as np
 
 from .. import tensors
 from ..errors import CorruptCheckpointError
+from ..format.blockfile import decode_block, stored_span
 from ..format.checksum import blocks
 from ..format.dtypes import lookup
-from ..format.index import Index
+from ..format.index import ChunkEntry, Index
 from ..format.tree import KeyPath, Node, build, render_path
 from ..storage.files import open_regular
 from ..storage.local import LocalStorage
@@ -37,7 +41,7 @@ def _map(path: str, name: str, size: int) -> mmap.mmap:
     fd, actual = open_regular(data_file(LocalStorage(), path, name))
     try:
         if size == 0:
-            raise CorruptCheckpointError("empty data file cannot hold a safetensors header", file=name)
+            raise CorruptCheckpointError("empty data file cannot hold a header", file=name)
         if actual != size:  # mapping past the end would fault (SIGBUS) on access
             raise CorruptCheckpointError(f"data file has {actual} bytes, index says {size}", file=name)
         return mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
@@ -51,6 +55,8 @@ def _verify_all(index: Index, maps: dict[str, mmap.mmap]) -> None:
     for t in index.tensors:
         key = render_path(t.key)
         for c in t.chunks:
+            if c.stored is not None:  # checked while it is decoded (_decoded)
+                continue
             view = memoryview(maps[c.file])[c.offset : c.offset + c.nbytes]
             for j, block in enumerate(blocks(view, b)):  # every block in parallel
                 jobs.append(io_pool().submit(verify, c, block, b, key, j))
@@ -65,15 +71,33 @@ def _view(maps: dict[str, mmap.mmap], index: Index, node: Node) -> Any:
     c = e.chunks[0]
     d = lookup(e.dtype)
     count = c.nbytes // d.itemsize
+    buf: Any = maps[c.file]
+    offset = c.offset
+    if c.stored is not None:
+        buf, offset = _decoded(maps[c.file], c, index.block_size, render_path(e.key)), 0
     if e.kind == "numpy" or not tensors.HAVE_TORCH:
         if d.numpy is None:
             raise TypeError(f"dtype {e.dtype} needs torch to be loaded (numpy cannot represent it)")
-        return np.frombuffer(maps[c.file], dtype=d.numpy, count=count, offset=c.offset).reshape(e.shape)
+        return np.frombuffer(buf, dtype=d.numpy, count=count, offset=offset).reshape(e.shape)
     torch = tensors.torch
     dtype = getattr(torch, d.name)
     if count == 0:
         return torch.empty(e.shape, dtype=dtype)
-    return torch.frombuffer(maps[c.file], dtype=dtype, count=count, offset=c.offset).view(e.shape)
+    return torch.frombuffer(buf, dtype=dtype, count=count, offset=offset).view(e.shape)
+
+
+def _decoded(mapped: mmap.mmap, c: ChunkEntry, block_size: int, key: str) -> np.ndarray:
+    """A compressed chunk decoded from its mapped file into new memory, block by block in
+    parallel, each block checked before and after decoding."""
+    out = np.empty(c.nbytes, dtype=np.uint8)
+    view, dest = memoryview(mapped), memoryview(out)
+    jobs = []
+    for j in range(len(c.checksums)):
+        offset, size = stored_span(c, j)
+        jobs.append(io_pool().submit(decode_block, c, j, view[offset : offset + size],
+                                     dest[j * block_size : (j + 1) * block_size], key=key))
+    wait_all(jobs)
+    return out
 
 
 def load_mapped(path: str, index: Index) -> Any:

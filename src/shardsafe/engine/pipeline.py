@@ -24,13 +24,14 @@ from typing import Any
 
 from .. import knobs
 from ..comm import Comm, get_comm
-from ..plan.flatten import flatten
-from ..plan.layout import data_file_name, plan_file
+from ..plan.flatten import TensorItem, flatten
+from ..plan.layout import FilePlan, block_file_name, data_file_name, plan_file
 from ..plan.sharding import localize
 from ..storage import storage_for
 from . import commit, plan_exchange, two_phase_commit
+from .entries import CodedFile
 from .incremental import Baseline
-from .prepared import PreparedSave, build_index, check_metadata, local_entries
+from .prepared import PreparedSave, build_index, check_metadata, local_entries, split_coded
 
 log = logging.getLogger("shardsafe")
 
@@ -38,13 +39,17 @@ log = logging.getLogger("shardsafe")
 def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
             metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
             comm: Comm | None = None, timeout: float | None = None,
-            baseline: Baseline | None = None) -> PreparedSave:
+            baseline: Baseline | None = None, compression: str | None = None) -> PreparedSave:
     """Phases (a) and (b): flattens ``state`` and plans the save; writes nothing.
+
+    With ``compression`` (already checked by ``format.codec.check_compression``), this
+    rank's larger items are planned into a block file (``prepared.split_coded``).
 
     With ``comm`` of more than one rank (default: the initialised torch.distributed
     world, if any) this is a collective call: every rank must make it. With a
     ``baseline`` (incremental saves) the chunks this rank would write are hashed, and
-    those unchanged since the baseline's save are referenced instead of written.
+    those unchanged since the baseline's save are referenced instead of written (a
+    compressed one in its block file, with its coding); only the written items are coded.
 
     Raises:
         TypeError: a value cannot be saved (the message names its key path).
@@ -59,16 +64,24 @@ def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
         p = plan_exchange.plan_collective(state, storage, spath, comm, overwrite=overwrite,
                                           metadata=md, timeout=wait)
         split = baseline.split(p.mine, spath) if baseline is not None else None
-        mine = split.write if split is not None else p.mine
-        return PreparedSave(storage, p.txn, p.tree, p.items, [plan_file(data_file_name(comm.rank), mine)],
-                            md, comm, comm.channel(p.token), wait, baseline=baseline, split=split)
+        plain, coded = split_coded(split.write if split is not None else p.mine, compression)
+        return PreparedSave(storage, p.txn, p.tree, p.items, [plan_file(data_file_name(comm.rank), plain)],
+                            md, comm, comm.channel(p.token), wait, baseline=baseline, split=split,
+                            compression=compression, coded=_block_plans(comm.rank, coded))
     tree, items = flatten(state)
     localize(items, comm.group_rank)  # DTensors on a one-rank mesh: their local tensor
     check_metadata(md)
     txn = commit.plan_transaction(storage, spath, overwrite=overwrite, token=uuid.uuid4().hex[:16])
     split = baseline.split(items, spath) if baseline is not None else None
-    plans = [plan_file(data_file_name(comm.rank), split.write if split is not None else items)]
-    return PreparedSave(storage, txn, tree, items, plans, md, comm, baseline=baseline, split=split)
+    plain, coded = split_coded(split.write if split is not None else items, compression)
+    plans = [plan_file(data_file_name(comm.rank), plain)]
+    return PreparedSave(storage, txn, tree, items, plans, md, comm, baseline=baseline, split=split,
+                        compression=compression, coded=_block_plans(comm.rank, coded))
+
+
+def _block_plans(rank: int, items: Sequence[TensorItem]) -> list[FilePlan]:
+    """The block file of this rank's compressed items (none without any)."""
+    return [plan_file(block_file_name(rank), items)] if items else []
 
 
 def begin(prep: PreparedSave) -> None:
@@ -79,8 +92,12 @@ def begin(prep: PreparedSave) -> None:
         commit.begin(prep.txn)
 
 
-def commit_save(prep: PreparedSave, sums: Sequence[list[list[int]]]) -> None:
+def commit_save(prep: PreparedSave, sums: Sequence[list[list[int]]],
+                coded: Sequence[CodedFile] = ()) -> None:
     """Phase (e): the coordinator publishes the index once every rank's files are durable.
+
+    ``sums``: the block checksums of each of ``prep.plans``; ``coded``: what each block
+    file written for ``prep.coded`` holds.
 
     Collective saves use the store-only two-phase commit of ``engine.two_phase_commit``
     (safe on a background thread).
@@ -90,11 +107,11 @@ def commit_save(prep: PreparedSave, sums: Sequence[list[list[int]]]) -> None:
         CheckpointTimeoutError: another rank did not answer within the timeout.
     """
     if prep.channel is None:
-        commit.finish(prep.txn, build_index(prep, [local_entries(prep, sums)]))
+        commit.finish(prep.txn, build_index(prep, [local_entries(prep, sums, coded)]))
     else:
-        two_phase_commit.commit_save(prep, local_entries(prep, sums))
+        two_phase_commit.commit_save(prep, local_entries(prep, sums, coded))
     if prep.baseline is not None and prep.split is not None:  # committed: the next save compares with it
-        prep.baseline.advance(prep.txn.final, prep.plans, sums, prep.split, prep.comm.rank)
+        prep.baseline.advance(prep.txn.final, prep.plans, sums, prep.split, prep.comm.rank, coded)
 
 
 def abort(prep: PreparedSave, error: BaseException | None = None) -> None:

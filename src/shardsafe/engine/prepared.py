@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._version import __version__
@@ -23,12 +23,13 @@ from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
 from ..storage import Storage
 from . import commit
-from .entries import Entries, columnar_index, from_plans
+from .entries import CodedFile, Entries, columnar_index, from_block_files, from_plans, join
 from .incremental import Baseline, Split
 
 BLOCK_SIZE = 16 << 20  # checksum block: partial (resharded) reads verify whole blocks
 UNIT_SIZE = 16 << 20  # write/staging unit: big enough for full-speed direct I/O, small
 #                       enough that writes start while later units are still staged
+CODED_MIN = 64 << 10  # with compression, items from this size go to the block file
 
 
 @dataclass(slots=True)
@@ -49,6 +50,11 @@ class PreparedSave:
         baseline: The manager's record of its previous save (incremental saves), advanced
             once this save commits.
         split: This rank's chunks divided into written and referenced (incremental saves).
+        compression: How this rank codes the items of ``coded`` (None: nothing is coded).
+        coded: The items this rank compresses, one plan per block file it begins
+            (``engine.block_writer`` writes them, in parts if large); a plan's layout
+            places its items in the staging image only (a block file has no safetensors
+            header).
     """
 
     storage: Storage
@@ -63,15 +69,21 @@ class PreparedSave:
     reported: bool = False
     baseline: Baseline | None = None
     split: Split | None = None
+    compression: str | None = None
+    coded: list[FilePlan] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
-        """Bytes this rank writes (data files, headers included)."""
-        return sum(p.layout.size for p in self.plans)
+        """Bytes this rank writes (data files, headers included; compressed items at their raw size)."""
+        return sum(p.layout.size for p in self.plans) + sum(p.layout.size for p in self.coded)
 
     def file_path(self, plan: FilePlan) -> str:
         """Where the data file of ``plan`` is written (inside the working directory)."""
-        return self.storage.join(self.txn.workdir, plan.name)
+        return self.path_of(plan.name)
+
+    def path_of(self, name: str) -> str:
+        """Where the data file ``name`` is written (inside the working directory)."""
+        return self.storage.join(self.txn.workdir, name)
 
 
 def check_metadata(metadata: Mapping[str, Any]) -> None:
@@ -80,9 +92,26 @@ def check_metadata(metadata: Mapping[str, Any]) -> None:
                                block_size=BLOCK_SIZE, metadata=dict(metadata)))
 
 
-def local_entries(prep: PreparedSave, sums: Sequence[list[list[int]]]) -> Entries:
-    """This rank's chunk and file entries (columns), given the block checksums of its files."""
-    return from_plans(prep.plans, sums, prep.comm.rank, prep.split.refs if prep.split else ())
+def local_entries(prep: PreparedSave, sums: Sequence[list[list[int]]],
+                  coded: Sequence[CodedFile] = ()) -> Entries:
+    """This rank's chunk and file entries (columns), given the block checksums of its data
+    files and what its block files hold, plus the chunks it references (incremental saves)."""
+    plain = from_plans(prep.plans, sums, prep.comm.rank, prep.split.refs if prep.split else ())
+    if not coded:
+        return plain
+    return join([plain, from_block_files(coded, prep.comm.rank)])
+
+
+def split_coded(items: Sequence[TensorItem], compression: str | None) -> tuple[list[TensorItem], list[TensorItem]]:
+    """This rank's items as (stored raw in its safetensors file, compressed in its block file).
+
+    With compression, every item of at least ``CODED_MIN`` bytes is compressed; smaller
+    ones stay raw (coding them saves next to nothing, and they stay memory-mappable).
+    An incremental save passes only the items it writes (``Split.write``).
+    """
+    if compression is None:
+        return list(items), []
+    return ([it for it in items if it.nbytes < CODED_MIN], [it for it in items if it.nbytes >= CODED_MIN])
 
 
 def build_index(prep: PreparedSave, parts: Sequence[Entries]) -> bytes:

@@ -12,6 +12,11 @@ target's memory:
 - a piece of a chunk (resharded load): only the checksum blocks covering the piece are
   read and verified, then the region is copied.
 
+A compressed chunk (docs/FORMAT.md section 12) is read block by block whatever its size:
+each block's stored bytes are checked, decoded straight into the target (or, for a
+piece, into a temporary of the chunk's size of which only the needed blocks are
+touched) and checked again (``format.blockfile.decode_block``).
+
 Nothing is handed to the caller before its bytes pass their checksums: a failing block
 raises ``CorruptCheckpointError`` naming the file and the key.
 """
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import CorruptCheckpointError
+from ..format.blockfile import decode_block, stored_span
 from ..format.checksum import verify_blocks
 from ..format.dtypes import lookup
 from ..format.index import ChunkEntry, Index, TensorEntry
@@ -104,8 +110,18 @@ class Reader:
     def _read_block(self, chunk: ChunkEntry, j: int, dest: np.ndarray, key: str) -> None:
         lo, hi = j * self.block, min((j + 1) * self.block, chunk.nbytes)
         out = memoryview(dest)[lo:hi]
+        if chunk.stored is not None:
+            self._decode_block(chunk, j, out, key)
+            return
         self._read(chunk, chunk.offset + lo, out, key)
         verify(chunk, out, self.block, key, first=j)
+
+    def _decode_block(self, chunk: ChunkEntry, j: int, out: memoryview, key: str) -> None:
+        """Reads block ``j`` of a compressed chunk and decodes it into ``out`` (its raw bytes)."""
+        offset, size = stored_span(chunk, j)  # validated: size <= len(out) <= block_size
+        stored = memoryview(_scratch_buffer(size))
+        self._read(chunk, offset, stored, key)
+        decode_block(chunk, j, stored, out, key=key)
 
     def _read_small(self, group: Sequence[_Small]) -> None:
         start = group[0].chunk.offset
@@ -127,8 +143,12 @@ class Reader:
         # np.empty of a large size is mapped lazily: only the pages read below are touched.
         tmp = np.empty(c.nbytes, dtype=np.uint8)
         span = memoryview(tmp)[start:stop]
-        self._read(c, c.offset + start, span, key)
-        verify(c, span, self.block, key, first=b0)
+        if c.stored is not None:  # decode only the blocks that hold the piece
+            for j in range(b0, b1 + 1):
+                self._decode_block(c, j, span[(j - b0) * self.block : (j - b0 + 1) * self.block], key)
+        else:
+            self._read(c, c.offset + start, span, key)
+            verify(c, span, self.block, key, first=b0)
         src = _as_bytes_nd(tmp, c.shape, itemsize)
         dst = _as_bytes_nd(job.dest, job.shape, itemsize)
         dst[_slices(p.dst)] = src[_slices(p.src)]
@@ -152,7 +172,7 @@ class Reader:
             for p in pieces:
                 if not (p.whole_chunk and p.dst == full):
                     tasks.append((self._read_piece, (p, job, key)))
-                elif p.chunk.nbytes >= SPLIT_MIN:
+                elif p.chunk.nbytes >= SPLIT_MIN or p.chunk.stored is not None:
                     for j in range(len(p.chunk.checksums)):
                         tasks.append((self._read_block, (p.chunk, j, job.dest, key)))
                 else:

@@ -1,7 +1,7 @@
 """Mark and sweep: remove the data files that no committed checkpoint of a directory uses.
 
 With incremental saves a checkpoint references data files of sibling checkpoints (the
-``<step directory>/<file>`` names of docs/FORMAT.md section 12), so deleting a step may
+``<step directory>/<file>`` names of docs/FORMAT.md section 13), so deleting a step may
 not remove all of its files. Deleting is therefore two steps, each safe under SIGKILL:
 
 1. un-commit: remove the step's index (``commit.uncommit``); from then on no reader,

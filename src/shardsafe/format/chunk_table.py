@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import CorruptCheckpointError
 from . import INDEX_NAME
+from .blockfile import RAW, BlockCoding, check_coding
 
 I64 = np.int64
 
@@ -96,6 +97,7 @@ class ChunkTable:
         checksums: CRC32C of every block (uint32), chunk by chunk.
         block_start: ``(rows + 1,)`` first checksum of each chunk.
         block_size: Checksum block size in bytes.
+        coding: How each block is stored, when some chunk is compressed (else None).
     """
 
     shapes: tuple[tuple[int, ...], ...]
@@ -111,6 +113,7 @@ class ChunkTable:
     checksums: np.ndarray
     block_start: np.ndarray
     block_size: int
+    coding: BlockCoding | None = None
 
     @property
     def num_chunks(self) -> int:
@@ -122,12 +125,31 @@ class ChunkTable:
         arrays = ("itemsizes", "tensor_start", "file", "offset", "nbytes", "pos", "extent",
                   "general_start", "checksums", "block_start")
         return (self.shapes == other.shapes and self.splits == other.splits
-                and self.block_size == other.block_size
+                and self.block_size == other.block_size and self.coding == other.coding
                 and all(np.array_equal(getattr(self, a), getattr(other, a)) for a in arrays))
 
     def chunk_checksums(self, row: int) -> np.ndarray:
         """The block checksums of chunk ``row``."""
         return self.checksums[self.block_start[row] : self.block_start[row + 1]]
+
+    def stored_nbytes(self) -> np.ndarray:
+        """Bytes each chunk occupies in its file (``nbytes`` unless compressed)."""
+        return self.nbytes if self.coding is None else self.coding.chunk_nbytes
+
+    def chunk_coding(self, row: int) -> tuple[tuple[str, ...], np.ndarray, np.ndarray] | None:
+        """Chunk ``row``'s (codec names, stored sizes, stored checksums) per block, or None
+        when every block of it is stored raw (it then reads like an uncompressed chunk)."""
+        cd = self.coding
+        if cd is None:
+            return None
+        a, b = int(self.block_start[row]), int(self.block_start[row + 1])
+        ids = cd.codec[a:b]
+        if not ids.any() and cd.codecs[0] == RAW:
+            return None
+        names = tuple(cd.codecs[i] for i in ids.tolist())
+        if all(n == RAW for n in names):
+            return None
+        return names, cd.stored[a:b], cd.checksums[a:b]
 
     def tensor_chunks(self, t: int) -> TensorChunks:
         """Tensor ``t``'s chunks as arrays (positions of a split tensor are computed here)."""
@@ -146,7 +168,8 @@ class ChunkTable:
               splits: Sequence[Split | None], counts: Sequence[int], offset: np.ndarray,
               general_file: np.ndarray, pos: np.ndarray, extent: np.ndarray,
               checksums: np.ndarray, block_size: int, file_sizes: np.ndarray,
-              data_starts: np.ndarray, name: Callable[[int], str] = str) -> ChunkTable:
+              data_starts: np.ndarray, name: Callable[[int], str] = str,
+              coding: BlockCoding | None = None) -> ChunkTable:
         """Assembles and validates a table from its stored columns.
 
         ``offset`` and ``checksums`` cover every chunk; ``general_file``, ``pos`` and
@@ -159,7 +182,7 @@ class ChunkTable:
         Checks: column lengths agree with the counts; general chunks lie inside their
         tensor, do not overlap and tile it; every chunk names a listed file and its bytes
         lie inside that file's data section without overlapping another chunk's; there is
-        one checksum per block.
+        one checksum per block; with ``coding``, the rules of ``blockfile.check_coding``.
 
         Raises:
             CorruptCheckpointError: naming the first inconsistency found.
@@ -192,15 +215,18 @@ class ChunkTable:
                            tensor_start, file, np.asarray(offset, dtype=I64),
                            nbytes, np.asarray(pos, dtype=I64), np.asarray(extent, dtype=I64),
                            general_start, np.asarray(checksums, dtype=np.uint32),
-                           np.zeros(n + 1, dtype=I64), block_size)
+                           np.zeros(n + 1, dtype=I64), block_size, coding)
         _check_general(table, name)  # also fills the general chunks' nbytes
-        _check_byte_ranges(table, np.asarray(file_sizes, dtype=I64),
-                           np.asarray(data_starts, dtype=I64), name)
         blocks = num_blocks(nbytes, block_size)
         np.cumsum(blocks, out=table.block_start[1:])
         if int(table.block_start[-1]) != len(table.checksums):
             raise _bad(f"{len(table.checksums)} checksums, the chunks have "
                        f"{int(table.block_start[-1])} blocks")
+        if coding is not None:
+            check_coding(coding, table.nbytes, table.block_start, table.tensor_start, table.file,
+                         table.checksums, block_size, np.asarray(data_starts, dtype=I64), name)
+        _check_byte_ranges(table, np.asarray(file_sizes, dtype=I64),
+                           np.asarray(data_starts, dtype=I64), name)
         return table
 
 
@@ -352,7 +378,7 @@ def _check_disjoint(t: int, c: TensorChunks, vol: np.ndarray, shape: Sequence[in
 def _check_byte_ranges(table: ChunkTable, sizes: np.ndarray, starts: np.ndarray,
                        name: Callable[[int], str]) -> None:
     """Files exist; non-empty chunks sit inside their file's data section and don't overlap."""
-    file, off, nb = table.file, table.offset, table.nbytes
+    file, off, nb = table.file, table.offset, table.stored_nbytes()
     if len(file) == 0:
         return
 

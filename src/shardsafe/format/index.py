@@ -106,6 +106,9 @@ def encode_index(index: Index, version: int | None = None) -> bytes:
     """
     if (version or index.format_version) == 2:
         return index_v2.encode(index_v2.from_index(index))
+    if any(c.stored is not None for t in index.tensors for c in t.chunks):
+        raise ValueError("compressed chunks need index format version 2 (version 1 has no "
+                         "place for their codecs and stored sizes)")
     body = {
         "format_version": version or index.format_version,
         "library": index.library,

@@ -29,7 +29,7 @@ MAX_EXTENT_BYTES = 1 << 62
 TENSOR_KINDS = ("torch", "numpy")
 # fullmatch, not match + "$": "$" also matches before a trailing newline
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-# A reference (incremental saves, docs/FORMAT.md section 12): "<sibling directory>/<file>",
+# A reference (incremental saves, docs/FORMAT.md section 13): "<sibling directory>/<file>",
 # both parts plain names as above, so neither can be "." or ".." nor hold a separator.
 REFERENCE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,127})/([A-Za-z0-9][A-Za-z0-9._-]{0,127})")
 
@@ -72,6 +72,39 @@ def valid_file_name(name: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredBlocks:
+    """How a compressed chunk's checksum blocks are stored (docs/FORMAT.md section 12).
+
+    The chunk's bytes in its file are its blocks' stored forms back to back, from the
+    chunk's ``offset``; block ``i`` decodes to the ``i``-th ``block_size`` slice of the
+    chunk's raw bytes.
+
+    Attributes:
+        codecs: Codec name of each block (``"raw"``: stored as is).
+        sizes: Stored size of each block in bytes.
+        checksums: CRC32C of each block's stored bytes (checked before decoding).
+    """
+
+    codecs: tuple[str, ...]
+    sizes: tuple[int, ...]
+    checksums: tuple[int, ...]
+
+    @property
+    def starts(self) -> tuple[int, ...]:
+        """Where each block's stored bytes begin, relative to the chunk's offset."""
+        out, pos = [], 0
+        for n in self.sizes:
+            out.append(pos)
+            pos += n
+        return tuple(out)
+
+    @property
+    def nbytes(self) -> int:
+        """Stored bytes of the whole chunk."""
+        return sum(self.sizes)
+
+
+@dataclass(frozen=True, slots=True)
 class ChunkEntry:
     """A contiguous, row-major block of a tensor stored in one data file.
 
@@ -81,7 +114,9 @@ class ChunkEntry:
         nbytes: Number of bytes (``prod(shape) * itemsize``).
         offsets: Position of the chunk in the global tensor, one entry per dimension.
         shape: Shape of the chunk.
-        checksums: CRC32C of each ``block_size`` slice of the chunk's bytes.
+        checksums: CRC32C of each ``block_size`` slice of the chunk's (decoded) bytes.
+        stored: How the blocks are coded, for a compressed chunk; None for a chunk stored
+            raw (its ``nbytes`` bytes at ``offset``).
     """
 
     file: str
@@ -90,6 +125,12 @@ class ChunkEntry:
     offsets: tuple[int, ...]
     shape: tuple[int, ...]
     checksums: tuple[int, ...]
+    stored: StoredBlocks | None = None
+
+    @property
+    def stored_nbytes(self) -> int:
+        """Bytes the chunk occupies in its file."""
+        return self.nbytes if self.stored is None else self.stored.nbytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

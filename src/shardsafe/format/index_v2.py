@@ -29,9 +29,11 @@ import numpy as np
 from ..errors import CorruptCheckpointError
 from . import INDEX_NAME, tree
 from .checksum import ALGORITHM, crc32c
+from .blockfile import RAW, BlockCoding
+from .codec import CODECS
 from .chunk_table import ChunkTable, Split, check_tensor_rows, detect_split
 from .dtypes import lookup
-from .index_common import (IndexHeader, MAX_DIM, MAX_INDEX_BYTES, FileEntry, bad, check_int, check_tree,
+from .index_common import (IndexHeader, MAX_DIM, MAX_INDEX_BYTES, FileEntry, StoredBlocks, bad, check_int, check_tree,
                            decode_files, finite_float, header_fields, reject_constant,
                            tensor_header, unique_members)
 
@@ -39,6 +41,9 @@ MAGIC = b"SSAFEIDX"
 VERSION = 2
 HEADER = struct.Struct("<8sIIQQ")
 COLUMNS = ("offset", "file", "pos", "extent", "crc32c")
+# Present only in an index with compressed chunks, after COLUMNS (FORMAT.md 12.2): per block,
+# its codec (index into the JSON member "codecs"), stored size and stored CRC32C.
+CODED_COLUMNS = ("codec", "stored", "stored_crc32c")
 WIDTHS = ("<u1", "<u2", "<u4", "<u8")
 
 
@@ -98,15 +103,19 @@ def stored_columns(ct: ChunkTable) -> dict[str, np.ndarray]:
     for t, s in enumerate(ct.splits):
         if s is None:
             general[ct.tensor_start[t] : ct.tensor_start[t + 1]] = True
-    return {"offset": ct.offset, "file": ct.file[general], "pos": ct.pos, "extent": ct.extent,
+    cols = {"offset": ct.offset, "file": ct.file[general], "pos": ct.pos, "extent": ct.extent,
             "crc32c": ct.checksums}
+    if ct.coding is not None:
+        cols.update(codec=ct.coding.codec, stored=ct.coding.stored, stored_crc32c=ct.coding.checksums)
+    return cols
 
 
 def encode(index: ColumnarIndex) -> bytes:
     """The bytes of a v2 index."""
     ct = index.chunks
     cols = stored_columns(ct)
-    kinds = {n: ("<u4" if n == "crc32c" else _narrowest(a)) for n, a in cols.items()}
+    kinds = {n: ("<u4" if n.endswith("crc32c") else _narrowest(a)) for n, a in cols.items()}
+    names = COLUMNS + (CODED_COLUMNS if ct.coding is not None else ())
     tensors = []
     for t, info in enumerate(index.tensors):
         row: dict[str, Any] = {"key": list(info.key), "kind": info.kind, "dtype": info.dtype,
@@ -120,12 +129,14 @@ def encode(index: ColumnarIndex) -> bytes:
             "checksum": ALGORITHM, "block_size": ct.block_size, "metadata": index.metadata,
             "files": [{"name": f.name, "size": f.size, "data_start": f.data_start, "rank": f.rank}
                       for f in index.files],
-            "tensors": tensors, "columns": {n: [kinds[n], len(cols[n])] for n in COLUMNS},
-            "tree": index.tree}
+            "tensors": tensors, "columns": {n: [kinds[n], len(cols[n])] for n in names}}
+    if ct.coding is not None:
+        body["codecs"] = list(ct.coding.codecs)
+    body["tree"] = index.tree
     js = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
     parts = [b"", js, b"\0" * _pad8(len(js))]
     clen = 0
-    for n in COLUMNS:
+    for n in names:
         raw = np.ascontiguousarray(cols[n], dtype=kinds[n]).tobytes()
         parts += [raw, b"\0" * _pad8(len(raw))]
         clen += len(raw) + _pad8(len(raw))
@@ -145,6 +156,7 @@ class _Chunk(Protocol):
     offsets: tuple[int, ...]
     shape: tuple[int, ...]
     checksums: tuple[int, ...]
+    stored: Any  # format.index_common.StoredBlocks | None
 
 
 class _Tensor(Protocol):
@@ -178,6 +190,7 @@ def from_index(index: _Index) -> ColumnarIndex:
     file_id = {f.name: i for i, f in enumerate(index.files)}
     splits: list[Split | None] = []
     offsets, gfile, pos, ext, sums = [], [], [], [], []
+    coded: list[tuple[str, int | None, int]] = []  # per block: codec, stored size, stored CRC
     for t in index.tensors:
         nd = len(t.shape)
         if any(c.file not in file_id for c in t.chunks):
@@ -193,6 +206,10 @@ def from_index(index: _Index) -> ColumnarIndex:
             ext.append(e.reshape(-1))
         offsets.append(np.array([c.offset for c in t.chunks], dtype=np.int64))
         sums.extend(s for c in t.chunks for s in c.checksums)
+        for c in t.chunks:
+            st = c.stored
+            coded.extend(zip(*(st.codecs, st.sizes, st.checksums)) if st is not None else
+                         [(RAW, None, s) for s in c.checksums])
 
     def cat(parts: list[np.ndarray]) -> np.ndarray:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -204,24 +221,50 @@ def from_index(index: _Index) -> ColumnarIndex:
         [len(t.chunks) for t in index.tensors], cat(offsets), cat(gfile), cat(pos), cat(ext),
         np.array(sums, dtype=np.uint32), index.block_size,
         np.array([f.size for f in files], dtype=np.int64),
-        np.array([f.data_start for f in files], dtype=np.int64))
+        np.array([f.data_start for f in files], dtype=np.int64),
+        coding=_coding_of(coded, [t.chunks for t in index.tensors], index.block_size))
     return ColumnarIndex(tree=index.tree, tensors=infos, files=files, chunks=table,
                          world_size=index.world_size, created=index.created,
                          metadata=index.metadata, library=index.library)
 
 
-ChunkRow = tuple[str, int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+def _coding_of(blocks: list[tuple[str, int | None, int]], chunks: list[Any],
+               block_size: int) -> BlockCoding | None:
+    """The ``BlockCoding`` of ``from_index``'s blocks (None when no chunk is compressed)."""
+    if all(c.stored is None for cs in chunks for c in cs):
+        return None
+    raw = [min(block_size, c.nbytes - j * block_size) for cs in chunks for c in cs
+           for j in range(len(c.checksums))]
+    for name, _, _ in blocks:
+        if name not in CODECS:
+            raise ValueError(f"unknown codec {name!r}")
+    return BlockCoding(CODECS, np.array([CODECS.index(n) for n, _, _ in blocks], dtype=np.int64),
+                       np.array([r if n is None else n for (_, n, _), r in zip(blocks, raw)], dtype=np.int64),
+                       np.array([s for _, _, s in blocks], dtype=np.uint32))
+
+
+ChunkRow = tuple[str, int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...], Any]
 
 
 def chunk_rows(index: ColumnarIndex, t: int) -> list[ChunkRow]:
-    """Tensor ``t``'s chunks as v1 ``ChunkEntry`` fields: (file, offset, nbytes, offsets,
-    shape, checksums). Builds Python objects: for compatibility, not for planning at scale."""
+    """Tensor ``t``'s chunks as ``ChunkEntry`` fields: (file, offset, nbytes, offsets,
+    shape, checksums, stored). Builds Python objects: for compatibility, not for planning at scale."""
     ct = index.chunks
     c = ct.tensor_chunks(t)
     names = [index.files[i].name for i in c.file.tolist()]
     return [(names[i], int(c.offset[i]), int(c.nbytes[i]), tuple(c.pos[i].tolist()),
-             tuple(c.extent[i].tolist()), tuple(ct.chunk_checksums(c.start + i).tolist()))
+             tuple(c.extent[i].tolist()), tuple(ct.chunk_checksums(c.start + i).tolist()),
+             stored_blocks(ct, c.start + i))
             for i in range(len(names))]
+
+
+def stored_blocks(ct: ChunkTable, row: int) -> StoredBlocks | None:
+    """Chunk ``row``'s ``StoredBlocks`` (None unless some block of it is compressed)."""
+    coding = ct.chunk_coding(row)
+    if coding is None:
+        return None
+    codecs, sizes, sums = coding
+    return StoredBlocks(codecs, tuple(sizes.tolist()), tuple(sums.tolist()))
 
 
 # ----------------------------------------------------------------------------- decoding
@@ -280,13 +323,15 @@ def _tensor(t: Any) -> tuple[TensorInfo, int, int, Split | None]:
 
 def _columns(raw: Any, section: memoryview, expected: dict[str, int | None]) -> dict[str, np.ndarray]:
     """Views of the stored columns; their lengths must be the ones the tensor rows imply."""
-    if not isinstance(raw, dict) or sorted(raw) != sorted(COLUMNS):
-        raise bad(f"columns must describe exactly {list(COLUMNS)}")
+    names = COLUMNS + (CODED_COLUMNS if isinstance(raw, dict) and "codec" in raw else ())
+    if not isinstance(raw, dict) or sorted(raw) != sorted(names):
+        raise bad(f"columns must describe exactly {list(COLUMNS)}, optionally followed by "
+                  f"{list(CODED_COLUMNS)} (compressed chunks)")
     out, at = {}, 0
-    for n in COLUMNS:
+    for n in names:
         desc = raw[n]
         if (not isinstance(desc, list) or len(desc) != 2 or desc[0] not in WIDTHS
-                or (n == "crc32c" and desc[0] != "<u4")):
+                or (n.endswith("crc32c") and desc[0] != "<u4")):
             raise bad(f"column {n}: bad descriptor {desc!r}")
         count = check_int(desc[1], f"length of column {n}", 0, len(section))
         if expected.get(n) is not None and count != expected[n]:
@@ -299,7 +344,7 @@ def _columns(raw: Any, section: memoryview, expected: dict[str, int | None]) -> 
             raise bad(f"column {n}: padding must be zero bytes")
         if desc[0] == "<u8" and count and int(arr.max()) > MAX_DIM:
             raise bad(f"column {n} holds a value above 2^62")
-        out[n] = arr.astype(np.int64) if n != "crc32c" else arr
+        out[n] = arr.astype(np.int64) if not n.endswith("crc32c") else arr
         at += size + _pad8(size)
     if at != len(section):
         raise bad("bytes after the last column")
@@ -326,12 +371,20 @@ def decode(data: bytes) -> ColumnarIndex:
     cols = _columns(raw.get("columns"), section, {
         "offset": sum(counts), "file": sum(c for c, _ in general),
         "pos": sum(c * d for c, d in general), "extent": sum(c * d for c, d in general),
-        "crc32c": None})
+        "crc32c": None, "codec": None, "stored": None, "stored_crc32c": None})
+    coding = None
+    if "codec" in cols:
+        codecs = raw.get("codecs")
+        if not isinstance(codecs, list) or not all(isinstance(c, str) for c in codecs) or len(codecs) > 255:
+            raise bad("codecs must be a list of at most 255 codec names")
+        coding = BlockCoding(tuple(codecs), cols["codec"], cols["stored"], cols["stored_crc32c"])
+    elif "codecs" in raw:
+        raise bad("codecs listed without the coding columns")
     table = ChunkTable.build(
         [i.shape for i in infos], [r[1] for r in rows], splits, counts, cols["offset"], cols["file"],
         cols["pos"], cols["extent"], cols["crc32c"], block_size,
         np.array([f.size for f in files], dtype=np.int64),
-        np.array([f.data_start for f in files], dtype=np.int64), name)
+        np.array([f.data_start for f in files], dtype=np.int64), name, coding)
     check_tree(raw.get("tree"), [i.key for i in infos])
     return ColumnarIndex(tree=raw["tree"], tensors=infos, files=files, chunks=table,
                          **header_fields(raw))

@@ -17,7 +17,7 @@ import numpy as np
 
 from .chunk_table import Split
 from .index_common import ChunkEntry
-from .index_v2 import ColumnarIndex, chunk_rows
+from .index_v2 import ColumnarIndex, chunk_rows, stored_blocks
 
 
 class LazyChunks(Sequence[ChunkEntry]):
@@ -103,4 +103,4 @@ class LazyChunks(Sequence[ChunkEntry]):
         ct = self._index.chunks
         return ChunkEntry(self._index.files[int(ct.file[row])].name, int(ct.offset[row]),
                           int(ct.nbytes[row]), tuple(pos.tolist()), tuple(extent.tolist()),
-                          tuple(ct.chunk_checksums(row).tolist()))
+                          tuple(ct.chunk_checksums(row).tolist()), stored_blocks(ct, row))

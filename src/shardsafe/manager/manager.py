@@ -277,7 +277,8 @@ class CheckpointManager:
             job = saving.start_save(self._saver, state, url,
                                     metadata=manager_metadata(step, now, metrics),
                                     storage_options=self._opts.storage_options,
-                                    background=self._opts.async_save, baseline=self._incr.baseline)
+                                    background=self._opts.async_save, baseline=self._incr.baseline,
+                                    compression=self._opts.compression)
         except OSError as e:
             raise CheckpointError(f"saving step {step} to {url!r} failed: {e}") from e
         self._last_started, self._last_save_time = step, now

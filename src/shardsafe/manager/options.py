@@ -17,6 +17,7 @@ from typing import Any, Literal, get_args
 
 from ..engine.buffers import slot_count
 from ..engine.prepared import UNIT_SIZE
+from ..format.codec import Compression, check_compression
 
 BestFn = Callable[[Mapping[str, Any]], float]
 
@@ -136,7 +137,7 @@ class ManagerOptions:
     incremental: bool = False
     """Write only the chunks that changed since this manager's previous committed save;
     the new step's index references the unchanged ones in the earlier step's data files
-    (exact: BLAKE2b-128 of the bytes plus key, dtype and shape equality). Step
+    (exact: a 256-bit hash of the bytes plus key, dtype and shape equality). Step
     directories are then no longer self-contained: retention and ``delete`` keep the
     files a kept step references, and ``shardsafe export`` copies one step out. After a
     restart the first save writes everything. See README, "Incremental saves"."""
@@ -159,6 +160,10 @@ class ManagerOptions:
     expected_mtbf_seconds: float | None = None
     """Mean time between failures, for ``save_interval_steps="auto"``."""
 
+    compression: Compression | None = None
+    """Lossless compression of the saved tensors: None, ``"zstd"`` or ``"auto"`` (see
+    ``shardsafe.save``). Pays where writing is slow or storage costs; costs CPU."""
+
     def __post_init__(self) -> None:
         # frozen: normalised values are written with object.__setattr__
         set_ = object.__setattr__
@@ -168,10 +173,14 @@ class ManagerOptions:
         _positive_int("keep_period", self.keep_period)
         if self.max_staging_bytes is not None:
             slot_count(self.max_staging_bytes, UNIT_SIZE)
+            if self.compression is not None and self.async_save:
+                raise ValueError("max_staging_bytes cannot be combined with compression in "
+                                 "asynchronous saves (yet): drop one, or async_save=False")
         set_(self, "save_on_steps", _steps(self.save_on_steps))
         set_(self, "save_interval_seconds", _seconds("save_interval_seconds", self.save_interval_seconds))
         set_(self, "keep_time_interval", _seconds("keep_time_interval", self.keep_time_interval))
         set_(self, "preemption_signals", _signals(self.preemption_signals))
+        set_(self, "compression", check_compression(self.compression))
         if self.best_fn is not None and not callable(self.best_fn):
             raise ValueError(f"best_fn must be callable (metrics -> float), got {self.best_fn!r}")
         if self.best_mode not in BEST_MODES:

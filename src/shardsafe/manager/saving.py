@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from ..engine.checkpointer import Checkpointer
 from ..engine.incremental import Baseline
+from ..format.codec import Compression
 from .lock import DirectoryLock
 
 log = logging.getLogger("shardsafe")
@@ -44,7 +45,8 @@ class _Finished:
 
 def start_save(saver: Checkpointer, state: Mapping[str, Any], path: str, *,
                metadata: Mapping[str, Any], storage_options: Mapping[str, Any] | None,
-               background: bool, baseline: Baseline | None = None) -> SaveJob:
+               background: bool, compression: Compression | None = None,
+               baseline: Baseline | None = None) -> SaveJob:
     """Starts saving ``state`` to ``path``; returns when the caller may mutate ``state``.
 
     With a ``baseline`` (incremental saves) unchanged chunks are referenced, not written.
@@ -54,10 +56,11 @@ def start_save(saver: Checkpointer, state: Mapping[str, Any], path: str, *,
     """
     opts = dict(storage_options) if storage_options is not None else None
     if not background:
-        saver.save(state, path, metadata=metadata, storage_options=opts, baseline=baseline)
+        saver.save(state, path, metadata=metadata, storage_options=opts, compression=compression,
+                   baseline=baseline)
         return _Finished()
     return saver.async_save(state, path, staging="blocking", metadata=metadata, storage_options=opts,
-                            baseline=baseline)
+                            compression=compression, baseline=baseline)
 
 
 class Incremental:

@@ -25,6 +25,11 @@ def data_file_name(rank: int, part: int = 0) -> str:
     return f"data-r{rank:05d}-{part:03d}.safetensors"
 
 
+def block_file_name(rank: int, part: int = 0) -> str:
+    """Name of a block file (compressed chunks; docs/FORMAT.md section 12)."""
+    return f"data-r{rank:05d}-{part:03d}.blocks"
+
+
 PARTS_KEY = "shardsafe.parts"  # __metadata__ entry describing the partial chunks of a data file
 
 

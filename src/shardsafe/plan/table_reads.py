@@ -59,8 +59,12 @@ def even_shard_reads(table: ChunkTable, tensors: Sequence[int], rank: int, world
     rank ``m`` taking rows ``[m*q, min((m+1)*q, rows))`` (possibly none).
 
     Raises:
-        ValueError: a tensor is not split along dimension 0 (see ``row_split_tensors``).
+        ValueError: a tensor is not split along dimension 0 (see ``row_split_tensors``),
+            or the checkpoint has compressed chunks (their bytes are not byte ranges of
+            the raw tensor: ``engine.reader`` reads them block by block).
     """
+    if table.coding is not None:
+        raise ValueError("even_shard_reads plans raw byte ranges; this checkpoint has compressed chunks")
     ts = np.asarray(tensors, dtype=I64)
     if any(table.splits[t] is None or table.splits[t].dim != 0 for t in ts.tolist()):  # type: ignore[union-attr]
         raise ValueError("even_shard_reads needs tensors split along dimension 0")

@@ -1,0 +1,195 @@
+"""Where compression pays end to end: save and load with ``compression=None`` vs ``"auto"``.
+
+One training-like state (bf16 weights and the fp32 AdamW moments of
+``bench.compression``) is saved and loaded by ``shardsafe.save``/``shardsafe.load`` to a
+local directory and to an S3 server on loopback (moto, a subprocess) reached through
+``bench.throttle.ThrottledProxy``, a bandwidth limit standing in for a network link.
+Each load is checked against the state. Medians of ``repeat`` rounds after a warm-up.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import shardsafe
+
+from ..demo.compare import differences
+from .compression import MiB, adamw_state, weights
+from .measure import remove
+from .report import _f
+from .throttle import ThrottledProxy
+
+COMPRESSIONS: tuple[str | None, ...] = (None, "auto")
+_KEY, _SECRET, _REGION = "shardsafe-bench", "shardsafe-bench-secret", "us-west-2"
+
+
+@dataclass
+class Target:
+    """Where checkpoints go: a path prefix, its fsspec options and a sizer."""
+
+    label: str
+    prefix: str
+    storage_options: dict | None = None
+    fs: Any = None  # an fsspec filesystem for object stores
+
+    def stored_bytes(self, path: str) -> int:
+        if self.fs is not None:
+            return int(self.fs.du(path))
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+    def remove(self, path: str) -> None:
+        shardsafe.delete(path, storage_options=self.storage_options)
+        if self.fs is None:
+            remove(path)
+
+
+@dataclass
+class Row:
+    target: str
+    compression: str | None
+    stored: int = 0
+    save_s: list[float] = field(default_factory=list)
+    load_s: list[float] = field(default_factory=list)
+
+
+def state(nbytes: int) -> dict[str, Any]:
+    """bf16 weights of ``nbytes`` and the two fp32 AdamW moments (``nbytes`` each)."""
+    avg, sq = adamw_state(nbytes)
+    return {"model": {"weight": weights(nbytes, torch.bfloat16)},
+            "optim": {"exp_avg": avg, "exp_avg_sq": sq}, "step": 10}
+
+
+def measure(st: dict[str, Any], target: Target, repeat: int,
+            log: Callable[[str], None] | None = None) -> list[Row]:
+    """Saves and loads ``st`` with each compression, ``repeat`` rounds after a warm-up."""
+    rows = [Row(target.label, c) for c in COMPRESSIONS]
+    for r in range(repeat + 1):
+        for row in rows:
+            path = f"{target.prefix}/e2e-{row.compression or 'none'}-{r}"
+            t0 = time.perf_counter()
+            shardsafe.save(st, path, compression=row.compression, storage_options=target.storage_options)
+            t1 = time.perf_counter()
+            back = shardsafe.load(path, storage_options=target.storage_options)
+            t2 = time.perf_counter()
+            diff = differences(st, back)
+            if diff:
+                raise AssertionError(f"{target.label}: the loaded state differs: {diff[:3]}")
+            del back
+            row.stored = target.stored_bytes(path)
+            target.remove(path)
+            if r:
+                row.save_s.append(t1 - t0)
+                row.load_s.append(t2 - t1)
+            if log:
+                log(f"  compression e2e {target.label} {row.compression}: save {t1 - t0:.2f}s, "
+                    f"load {t2 - t1:.2f}s")
+    return rows
+
+
+# --- the S3 server ------------------------------------------------------------------
+
+@contextmanager
+def s3_target(rate: float) -> Iterator[Target | str]:
+    """A fresh bucket on a moto S3 server on loopback behind a ``rate`` bytes/s proxy;
+    yields a sentence saying why instead when moto or s3fs is missing or it won't start."""
+    try:
+        import moto.server  # noqa: F401
+        import s3fs
+    except ImportError:
+        yield "S3 skipped: needs moto[server] and s3fs (extras dev, s3)"
+        return
+    from ..comm import free_loopback_port
+
+    port = free_loopback_port()
+    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proxy = None
+    try:
+        if not _ready(proc, f"http://127.0.0.1:{port}"):
+            yield "S3 skipped: the moto server did not start"
+            return
+        proxy = ThrottledProxy(("127.0.0.1", port), rate)
+        opts = {"endpoint_url": proxy.endpoint, "key": _KEY, "secret": _SECRET,
+                "client_kwargs": {"region_name": _REGION}}
+        fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **opts)
+        bucket = f"bench-{uuid.uuid4().hex[:8]}"
+        fs.mkdir(bucket)
+        yield Target(f"S3 (moto on loopback, {rate / 1e6:.0f} MB/s link)", f"s3://{bucket}", opts, fs)
+    finally:
+        if proxy is not None:
+            proxy.close()
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _ready(proc: subprocess.Popen, endpoint: str, timeout: float = 90.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2):
+                return True
+        except urllib.error.HTTPError:
+            return True  # it answered
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+# --- the table ----------------------------------------------------------------------
+
+def _med(v: list[float]) -> float | None:
+    return statistics.median(v) if v else None
+
+
+def table(rows: list[Row], nbytes: int, notes: list[str]) -> str:
+    out = [f"### Case compression, end to end: save + load of a {nbytes / MiB:.0f} MiB state", "",
+           "bf16 weights plus the fp32 AdamW moments; `shardsafe.save` (durable) and "
+           "`shardsafe.load` (a new state, checked against the saved one); medians, seconds. "
+           "*speed-up*: the time with compression=None over this row's.", "",
+           "| storage | compression | stored MiB | ratio | save s | load s | save speed-up | load speed-up |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
+    base = {r.target: r for r in rows if r.compression is None}
+    for r in rows:
+        b = base[r.target]
+        s, ld, bs, bl = _med(r.save_s), _med(r.load_s), _med(b.save_s), _med(b.load_s)
+        out.append(f"| {r.target} | {r.compression or 'None'} | {r.stored / MiB:.1f} | "
+                   f"{nbytes / r.stored:.3f}x | {_f(s)} | {_f(ld)} | "
+                   f"{_f(bs / s if s and bs else None, '{:.2f}x')} | {_f(bl / ld if ld and bl else None, '{:.2f}x')} |")
+    out += [f"\n{n}" for n in notes]
+    return "\n".join(out)
+
+
+def section(nbytes: int, repeat: int, directory: str, rate: float,
+            log: Callable[[str], None] | None = None) -> tuple[str, dict[str, Any]]:
+    """Runs the end-to-end part: its table and raw samples."""
+    st = state(nbytes)
+    total = sum(t.numel() * t.element_size() for part in ("model", "optim")
+                for t in st[part].values())
+    rows = measure(st, Target("local disk", os.path.join(directory, "e2e")), repeat, log)
+    notes = []
+    with s3_target(rate) as target:
+        if isinstance(target, str):
+            notes.append(target)
+        else:
+            rows += measure(st, target, repeat, log)
+    raw = {f"{r.target} {r.compression}": {"stored": r.stored, "save_s": r.save_s, "load_s": r.load_s}
+           for r in rows}
+    return table(rows, total, notes), raw

@@ -1,0 +1,206 @@
+"""Write a rank's block files: compress every checksum block on the I/O pool, then write.
+
+Block files (docs/FORMAT.md section 12) hold a rank's compressed chunks. Each 16 MiB
+checksum block is coded on its own (``format.blockfile.code_block``), so all I/O threads
+compress at once. A block file's size is only known once its blocks are coded, so each
+file is written in one ``Storage.write`` (one upload on object stores) once complete.
+Memory stays bounded: at most one block per I/O thread (plus one) is being coded ahead
+of the writer, and
+a file is closed, written and a new part (``data-r<rank>-001.blocks``, ...) begun once it
+holds ``PART_BYTES`` stored bytes, so a save holds at most about ``PART_BYTES`` of
+stored bytes at once, whatever the size of the state.
+
+Two sources of bytes, as for ``engine.writer.FileWrite``:
+- *staged* (async saves): the staging image laid out by the plan; coding starts once
+  every unit is staged (``unit_ready``), on the background thread's time, so the
+  training stall is the copy alone;
+- *sources* (sync saves): the items' host bytes. Each block is first copied into a
+  per-thread buffer and checksummed and coded from that copy, so the checksums describe
+  the stored bytes even if another thread changes the state meanwhile.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+
+import numpy as np
+
+from ..format.blockfile import MAGIC, RAW, CodedBlock, code_block
+from ..format.checksum import crc32c
+from ..format.codec import CODECS
+from ..plan.flatten import TensorItem
+from ..plan.layout import FilePlan
+from ..storage.base import Storage
+from ..storage.files import with_path
+from .entries import CodedFile
+from .io_pool import io_pool, io_threads
+
+PART_BYTES = 1 << 30  # a block file is written (and a new part begun) once it holds this much
+
+_scratch = threading.local()
+
+
+def _copy_of(src: np.ndarray) -> memoryview:
+    """``src`` copied into this thread's reusable buffer."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < src.size:
+        buf = _scratch.buf = np.empty(src.size, dtype=np.uint8)
+    buf[: src.size] = src
+    return memoryview(buf[: src.size])
+
+
+def _code(src: np.ndarray, dtype: str, compression: str, copy: bool) -> CodedBlock:
+    """Codes one block; with ``copy``, from a private copy, and owns every byte it returns."""
+    if src.size == 0:
+        crc = crc32c(b"")
+        return CodedBlock(RAW, b"", crc, crc)
+    raw = _copy_of(src) if copy else memoryview(src)
+    b = code_block(raw, dtype, compression)  # type: ignore[arg-type]
+    if copy or (b.codec != RAW and isinstance(b.data, memoryview)):
+        return CodedBlock(b.codec, bytes(b.data), b.raw_crc, b.stored_crc)
+    return b
+
+
+class _Part:
+    """A block file being filled: its items' chunks and the stored bytes, in order."""
+
+    def __init__(self, name: str) -> None:
+        self.out = CodedFile(name, len(MAGIC), [], [], [], [], [], [])
+        self.buffers: list[bytes | memoryview] = [MAGIC]
+
+    def add(self, item: TensorItem, blocks: list[CodedBlock]) -> None:
+        o = self.out
+        o.items.append(item)
+        o.offsets.append(o.size)
+        o.sums.append([c.raw_crc for c in blocks])
+        o.codec.append([CODECS.index(c.codec) for c in blocks])
+        o.stored.append([0 if c.codec == RAW else len(c.data) for c in blocks])
+        o.stored_sums.append([0 if c.codec == RAW else c.stored_crc for c in blocks])
+        for c in blocks:
+            self.buffers.append(c.data)
+            o.size += len(c.data)
+
+
+class BlockFileWrite:
+    """Codes and writes the block file(s) of ``plan`` (the protocol of ``FileWrite``).
+
+    Args:
+        plan: The items to compress; its layout places them in ``staged``.
+        storage: Backend.
+        path_of: The storage path of a file name (inside the save's working directory).
+        name_of: The name of block file part ``k`` (``plan.name`` is part 0).
+        compression: ``"zstd"`` or ``"auto"`` (see ``format.codec``).
+        block_size: Raw bytes per coded block (the checkpoint's checksum block).
+        staged: The staging image (async saves), complete once ``nunits`` units are ready.
+        sources: Per-item flat uint8 host views (sync saves), complete at ``all_ready``.
+        nunits: Units of the staging image (staged mode).
+    """
+
+    def __init__(self, plan: FilePlan, storage: Storage, path_of: Callable[[str], str],
+                 name_of: Callable[[int], str], compression: str, block_size: int, *,
+                 staged: np.ndarray | None = None, sources: Sequence[np.ndarray] | None = None,
+                 nunits: int = 0) -> None:
+        if (staged is None) == (sources is None):
+            raise ValueError("give exactly one of staged= and sources=")
+        self.plan, self.storage, self.path_of, self.name_of = plan, storage, path_of, name_of
+        self.compression, self.block_size = compression, block_size
+        if staged is not None:
+            sources = [staged[o : o + it.nbytes] for o, it in zip(plan.layout.offsets, plan.items)]
+        self._sources = list(sources)  # type: ignore[arg-type]
+        self._copy = staged is None
+        self._left = nunits
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._failed: BaseException | None = None
+        self._inflight: set[Future[CodedBlock]] = set()  # submitted, not yet taken by finish()
+        self._cancelled = False
+
+    def start(self) -> None:
+        """Nothing to open before a file's size is known (kept for ``FileWrite``'s protocol)."""
+
+    def unit_ready(self, k: int) -> None:
+        """Notes that a unit of the staging image is in place."""
+        with self._lock:
+            self._left -= 1
+            if self._left == 0:
+                self._ready.set()
+
+    def all_ready(self) -> None:
+        """Every source byte is final (sync saves: from the start)."""
+        self._ready.set()
+
+    def fail(self, exc: BaseException) -> None:
+        """Staging failed: ``finish`` raises ``exc``."""
+        self._failed = exc
+        self._ready.set()
+
+    def _blocks(self) -> Iterator[tuple[int, Future[CodedBlock]]]:
+        """(item number, coding job) of every block in file order, at most one per I/O
+        thread (plus one) ahead of the caller: enough to keep every thread coding."""
+        pool, b = io_pool(), self.block_size
+        jobs = ((i, src[j : j + b], it.dtype) for i, (it, src) in enumerate(zip(self.plan.items, self._sources))
+                for j in range(0, max(len(src), 1), b))
+        window = io_threads() + 1
+        pending: deque[tuple[int, Future[CodedBlock]]] = deque()
+        for i, view, dtype in jobs:
+            with self._lock:
+                if self._cancelled:
+                    return
+                fut = pool.submit(_code, view, dtype, self.compression, self._copy)
+                self._inflight.add(fut)
+            pending.append((i, fut))
+            if len(pending) >= window:
+                yield self._taken(pending.popleft())
+        while pending:
+            yield self._taken(pending.popleft())
+
+    def _taken(self, job: tuple[int, Future[CodedBlock]]) -> tuple[int, Future[CodedBlock]]:
+        with self._lock:
+            self._inflight.discard(job[1])
+        return job
+
+    def finish(self, timeout: float | None = None) -> list[CodedFile]:
+        """Codes every block, writes each part durably, returns what each part holds."""
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"{self.plan.name}: staging did not finish")
+        if self._failed is not None:
+            raise self._failed
+        done: list[CodedFile] = []
+        part, item, blocks = _Part(self.name_of(0)), 0, []
+        try:
+            for i, fut in self._blocks():
+                if i != item:  # item `item` is complete
+                    part.add(self.plan.items[item], blocks)
+                    item, blocks = i, []
+                    if part.out.size >= PART_BYTES:
+                        done.append(self._write(part))
+                        part = _Part(self.name_of(len(done)))
+                blocks.append(fut.result())
+            part.add(self.plan.items[item], blocks)
+            done.append(self._write(part))
+        finally:
+            self.cancel()
+        return done
+
+    def _write(self, part: _Part) -> CodedFile:
+        path = self.path_of(part.out.name)
+        try:
+            self.storage.write(path, [memoryview(x) for x in part.buffers])
+        except OSError as e:  # e.g. disk full: say which file
+            raise with_path(e, path) from None
+        return part.out
+
+    def cancel(self) -> None:
+        """Stops coding: cancels queued jobs and waits for running ones."""
+        with self._lock:
+            self._cancelled = True
+            futures = list(self._inflight)
+            self._inflight.clear()
+        for f in futures:
+            f.cancel()
+        for f in futures:
+            if not f.cancelled():
+                f.exception()
