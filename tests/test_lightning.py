@@ -90,6 +90,18 @@ def test_class_objects_are_stored_by_name_and_map_location_moves_tensors(tmp_pat
     assert RNG_KEY not in shardsafe.load(str(tmp_path / "c.ckpt"))
 
 
+@pytest.mark.parametrize("async_save", [False, True])
+def test_compressed_checkpoints(tmp_path, async_save) -> None:  # noqa: ANN001
+    io = ShardsafeCheckpointIO(rng=False, async_save=async_save, compression="auto")
+    w = torch.randn(256, 256).mul_(0.02).to(torch.bfloat16)
+    io.save_checkpoint({"state_dict": {"w": w}, "epoch": 3}, tmp_path / "c.ckpt")
+    got = io.load_checkpoint(tmp_path / "c.ckpt")
+    assert torch.equal(got["state_dict"]["w"], w) and got["epoch"] == 3
+    assert (tmp_path / "c.ckpt" / "data-r00000-000.blocks").exists()
+    with pytest.raises(ValueError, match="compression"):
+        ShardsafeCheckpointIO(compression="gzip")
+
+
 def test_async_saves_are_waited_for_before_teardown_and_removal(tmp_path) -> None:  # noqa: ANN001
     io = ShardsafeCheckpointIO(async_save=True)
     t, ckpt = trainer(str(tmp_path), 2, io)

@@ -32,6 +32,7 @@ from .api.load import load
 from .api.save import save
 from .engine.handle import SaveHandle
 from .errors import CheckpointNotFoundError
+from .format.codec import Compression, check_compression
 from .rng import RNGState
 
 log = logging.getLogger("shardsafe")
@@ -89,6 +90,8 @@ class ShardsafeCheckpointIO(CheckpointIO):
             generators are saved and every rank restores them (exact when every rank
             seeds alike, e.g. ``seed_everything(seed)``, as Lightning recommends).
         storage_options: Passed to fsspec for URL paths.
+        compression: None, ``"zstd"`` or ``"auto"``: store the checkpoints' tensors
+            losslessly compressed (see ``shardsafe.save``).
 
     On load the generators are restored whatever the load is for, ``validate`` and
     ``test`` with a ``ckpt_path`` included (Lightning does not tell a CheckpointIO why
@@ -96,10 +99,11 @@ class ShardsafeCheckpointIO(CheckpointIO):
     """
 
     def __init__(self, *, async_save: bool = False, rng: bool = True,
-                 storage_options: dict | None = None) -> None:
+                 storage_options: dict | None = None, compression: Compression | None = None) -> None:
         self.async_save = async_save
         self.rng = rng
         self.storage_options = storage_options
+        self.compression = check_compression(compression)
         self._handle: SaveHandle | None = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
@@ -115,7 +119,8 @@ class ShardsafeCheckpointIO(CheckpointIO):
         if self.rng:
             state[RNG_KEY] = RNGState().state_dict()
         options = storage_options or self.storage_options
-        kwargs = {"overwrite": True, "storage_options": options, "collective": False}
+        kwargs = {"overwrite": True, "storage_options": options, "collective": False,
+                  "compression": self.compression}
         try:
             if self.async_save:
                 self._handle = _async_save(state, os.fspath(path), **kwargs)

@@ -99,3 +99,15 @@ def test_block_file_entries_carry_their_coding_into_the_index() -> None:
     assert s.stored is None and s.checksums == (7,)
     raw_block = index.table.coding.codec.tolist().index(CODECS.index("raw"))
     assert index.table.coding.stored[raw_block] == 6 and index.table.coding.checksums[raw_block] == 7
+
+
+def test_uncompressed_entries_send_no_coding_columns() -> None:
+    import json
+    import struct
+
+    plain = from_plans([plan_file(data_file_name(0), _items(0, 2))], [[[1], [2], [3], [4]]], 0)
+    data = encode(plain)
+    (n,) = struct.unpack_from("<Q", data)
+    assert json.loads(data[8 : 8 + n])["lengths"][-3:] == [0, 0, 0]
+    back = decode(data)
+    assert back.codec.tolist() == back.stored.tolist() == back.stored_sums.tolist() == [0, 0, 0, 0]

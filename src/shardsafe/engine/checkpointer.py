@@ -31,10 +31,10 @@ from typing import Any, Literal, get_args
 
 from ..comm import Comm, SingleProcessComm, get_comm
 from ..errors import CheckpointError
+from ..format.codec import Compression, check_compression
+from ..plan.layout import FilePlan, block_file_name
 from .io_pool import io_threads
 from . import cuda, pipeline
-from ..format.codec import Compression, check_compression
-from ..plan.layout import block_file_name
 from .block_writer import BlockFileWrite
 from .buffers import BouncePool, HostBuffer, StagingArena
 from .handle import SaveHandle
@@ -275,8 +275,7 @@ class Checkpointer:
             tasks.append(StageTask(units, buf.array, fw.unit_ready))
         for plan, buf in zip(prep.coded, buffers[len(prep.plans):]):  # compressed after staging
             units = FileUnits(plan, self.unit_size, BLOCK_SIZE)
-            bw = BlockFileWrite(plan, prep.storage, prep.path_of, _part_names(prep),
-                                prep.compression or "", BLOCK_SIZE, staged=buf.array, nunits=units.nunits)
+            bw = _block_write(prep, plan, staged=buf.array, nunits=units.nunits)
             writes.append(bw)
             tasks.append(StageTask(units, buf.array, bw.unit_ready))
         return writes, tasks
@@ -300,9 +299,7 @@ class Checkpointer:
                 path = prep.file_path(plan)
                 writes.append(self._file_write(prep, units, path, scratch))
             for plan in prep.coded:  # compressed on the I/O pool from per-block copies
-                bw = BlockFileWrite(plan, prep.storage, prep.path_of, _part_names(prep),
-                                    prep.compression or "", BLOCK_SIZE,
-                                    sources=host_sources(plan, device=False))
+                bw = _block_write(prep, plan, sources=host_sources(plan, device=False))
                 writes.append(bw)
                 bw.all_ready()
             _commit(prep, _finish_all(writes))
@@ -347,9 +344,12 @@ class Checkpointer:
         return fw
 
 
-def _part_names(prep: PreparedSave) -> Callable[[int], str]:
-    """Names of this rank's block file parts (``data-r<rank>-<part>.blocks``)."""
-    return lambda part: block_file_name(prep.comm.rank, part)
+def _block_write(prep: PreparedSave, plan: FilePlan, **source: Any) -> BlockFileWrite:
+    """The writer of the block files of ``plan`` (one of ``prep.coded``), named
+    ``data-r<rank>-<part>.blocks``; ``source``: ``staged=`` and ``nunits=``, or ``sources=``."""
+    assert prep.compression is not None  # prep.coded is empty without compression
+    return BlockFileWrite(plan, prep.storage, prep.path_of, lambda part: block_file_name(prep.comm.rank, part),
+                          prep.compression, BLOCK_SIZE, **source)
 
 
 def _finish_all(writes: list[_Write]) -> list[Any]:

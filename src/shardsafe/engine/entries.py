@@ -32,6 +32,7 @@ from ..plan.layout import FilePlan
 I64 = np.dtype("<i8")
 _COLS = ("item", "file", "offset", "nsums", "pos", "extent", "sums", "codec", "stored", "stored_sums")
 _U4 = ("sums", "stored_sums")
+_CODING = ("codec", "stored", "stored_sums")  # sent empty when the rank compressed nothing
 _HEAD = struct.Struct("<Q")
 
 
@@ -130,11 +131,14 @@ def join(parts: Sequence[Entries]) -> Entries:
 
 
 def encode(e: Entries) -> bytes:
-    """Bytes of one rank's entries: u64 head length, JSON head, then the columns."""
+    """Bytes of one rank's entries: u64 head length, JSON head, then the columns (the
+    coding columns empty when every block is raw: an uncompressed save sends no more)."""
+    skip = () if e.codec.any() else _CODING
+    arrays = {c: getattr(e, c)[:0] if c in skip else getattr(e, c) for c in _COLS}
     head = json.dumps({"files": [[f.name, f.size, f.data_start, f.rank] for f in e.files],
-                       "lengths": [len(getattr(e, c)) for c in _COLS]},
+                       "lengths": [len(arrays[c]) for c in _COLS]},
                       separators=(",", ":")).encode("utf-8")
-    cols = [np.ascontiguousarray(getattr(e, c), dtype="<u4" if c in _U4 else I64).tobytes()
+    cols = [np.ascontiguousarray(arrays[c], dtype="<u4" if c in _U4 else I64).tobytes()
             for c in _COLS]
     return b"".join([_HEAD.pack(len(head)), head, *cols])
 
@@ -156,6 +160,9 @@ def decode(data: bytes) -> Entries:
             at += length * dt.itemsize
         if at != len(data):
             raise ValueError("trailing bytes")
+        for c in _CODING:
+            if len(cols[c]) == 0 and len(cols["sums"]):  # every block raw (see encode)
+                cols[c] = np.zeros(len(cols["sums"]), dtype=cols[c].dtype)
         return Entries([FileEntry(*f) for f in head["files"]], **cols)
     except (ValueError, KeyError, TypeError, struct.error) as e:
         raise CheckpointError(f"a rank sent malformed chunk entries: {e}") from None

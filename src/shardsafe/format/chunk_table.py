@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import CorruptCheckpointError
 from . import INDEX_NAME
-from .blockfile import RAW, BlockCoding, block_raw_sizes, check_coding
+from .blockfile import RAW, BlockCoding, check_coding
 
 I64 = np.int64
 
