@@ -167,6 +167,7 @@ def expect_codec_error(name: str, stored: bytes, size: int, match: str | None = 
         tracemalloc.stop()
     assert time.perf_counter() - t0 < 2.0
     assert peak < 8 * size + (1 << 20), peak
+    assert not any(out)  # nothing was written before the stream was found bad
 
 
 def test_zstd_frame_declaring_a_huge_size_is_rejected_before_allocating():

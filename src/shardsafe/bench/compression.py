@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..engine.prepared import BLOCK_SIZE as BLOCK  # the engine codes one checksum block at a time
 from ..format import codec
 
-BLOCK = 16 << 20  # the engine's block (engine.prepared.BLOCK_SIZE)
 THREADS = 2
 MiB = 1 << 20
 ZIPNN_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}

@@ -154,8 +154,9 @@ def decode(codec: str, stored: memoryview, out: memoryview) -> None:
     """Decodes ``stored`` (a block of codec ``codec``) into exactly ``len(out)`` bytes.
 
     Raises CodecError for an unknown codec or a stream that is malformed, truncated,
-    or decodes to anything but ``len(out)`` bytes; never allocates or writes more than
-    a small multiple of ``len(out)``, whatever the stream declares.
+    or decodes to anything but ``len(out)`` bytes, before writing to ``out``; never
+    writes beyond ``out`` or allocates more than a small multiple of ``len(out)``,
+    whatever the stream declares.
     """
     stored = memoryview(stored).cast("B")
     out = memoryview(out).cast("B")
