@@ -31,20 +31,17 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, get_args
 
-import numpy as np
-
 from ..comm import Comm, SingleProcessComm, get_comm
 from ..errors import CheckpointError
 from ..format.codec import Compression, check_compression
-from ..plan.layout import FilePlan, block_file_name
 from .io_pool import io_threads
-from . import cuda, pipeline
-from .block_writer import BlockFileWrite
+from . import async_jobs, cuda, pipeline
+from .async_jobs import JobMaker, Stager, Write
 from .buffers import BouncePool, HostBuffer, StagingArena, slot_count
 from .handle import SaveHandle
 from .incremental import Baseline
 from .prepared import BLOCK_SIZE, UNIT_SIZE, PreparedSave
-from .staging import StageTask, host_sources, stage_files, stage_through
+from .staging import StageTask, host_sources, stage_files
 from .units import FileUnits
 from .writer import FileWrite
 
@@ -53,10 +50,6 @@ log = logging.getLogger("shardsafe")
 StagingMode = Literal["blocking", "background"]
 """How ``async_save`` copies the state: on the caller's thread, or in the background."""
 STAGING_MODES: tuple[StagingMode, ...] = get_args(StagingMode)
-_Write = FileWrite | BlockFileWrite
-_Stager = Callable[[int | None], None]
-"""Copies the state into host buffers with that many threads (None: the default)."""
-_JobMaker = Callable[[], "tuple[list[_Write], _Stager]"]
 BACKGROUND_COPY_THREADS = 1
 SLOW_WAIT_S = 1.0  # a new save waiting longer than this for the previous one logs a warning
 
@@ -209,7 +202,7 @@ class Checkpointer:
             return handle
 
     def _stage_blocking(self, prep: PreparedSave, handle: SaveHandle,
-                        jobs: tuple[list[FileWrite], _Stager], *, overlap: bool) -> None:
+                        jobs: tuple[list[Write], Stager], *, overlap: bool) -> None:
         """Copies the state on the caller's thread, then hands the writes to the writer thread.
 
         With ``overlap`` the writer thread starts first and writes units as they are staged.
@@ -311,46 +304,14 @@ class Checkpointer:
             raise CheckpointError(f"the previous async save to {h.path!r} failed: "
                                   f"{type(err).__name__}: {err}") from err
 
-    def _staged_jobs(self, prep: PreparedSave, buffers: list[HostBuffer]
-                     ) -> tuple[list[_Write], _Stager]:
-        """Writes of whole staged file images (block files coded once staged), and the stager."""
-        writes: list[_Write] = []
-        tasks = []
-        for plan, buf in zip(prep.plans, buffers):
-            units = FileUnits(plan, self.unit_size, BLOCK_SIZE)
-            fw = FileWrite(units, prep.storage, prep.file_path(plan), staged=buf)
-            writes.append(fw)
-            tasks.append(StageTask(units, buf.array, fw.unit_ready))
-        for plan, buf in zip(prep.coded, buffers[len(prep.plans):]):  # compressed after staging
-            units = FileUnits(plan, self.unit_size, BLOCK_SIZE)
-            bw = _block_write(prep, plan, staged=buf.array, nunits=units.nunits)
-            writes.append(bw)
-            tasks.append(StageTask(units, buf.array, bw.unit_ready))
-        return writes, lambda threads: stage_files(tasks, threads=threads)
+    def _staged_jobs(self, prep: PreparedSave, buffers: list[HostBuffer]) -> tuple[list[Write], Stager]:
+        return async_jobs.staged(prep, buffers, self.unit_size)
 
-    def _slotted_jobs(self, prep: PreparedSave, handle: SaveHandle, count: int) -> _JobMaker:
-        """Writes fed unit by unit from at most ``count`` buffers, and their stager.
-
-        The stager stops (and raises) once a write failed or the writer thread gave up
-        (``handle`` settled early), instead of waiting for buffers nobody will free.
-        """
+    def _slotted_jobs(self, prep: PreparedSave, handle: SaveHandle, count: int) -> JobMaker:
+        """Jobs streaming through ``count`` unit buffers of the arena (``async_jobs.slotted``)."""
         slots = self.arena.slots(self.unit_size, count)
         self._bounce.close()  # idle sync-save buffers: the budget bounds every host buffer
-        writes, tasks = [], []
-        for plan in prep.plans:
-            units = FileUnits(plan, self.unit_size, BLOCK_SIZE)
-            fw = FileWrite(units, prep.storage, prep.file_path(plan), slots=slots)
-            writes.append(fw)
-            tasks.append(StageTask(units, np.empty(0, np.uint8), fw.unit_ready))
-
-        def failed() -> BaseException | None:
-            if handle.done():
-                return handle.exception(0)
-            return next((e for fw in writes if (e := fw.error()) is not None), None)
-
-        def stage(threads: int | None) -> None:
-            stage_through(tasks, slots, threads=threads, failed=failed)
-
+        writes, stage = async_jobs.slotted(prep, handle, slots, self.unit_size)
         return lambda: (writes, stage)
 
     def _sync_bounce(self) -> BouncePool:
@@ -360,7 +321,7 @@ class Checkpointer:
         count = slot_count(self.max_staging_bytes, self.unit_size)
         return self.arena.slots(self.unit_size, count)
 
-    def _start(self, prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, *, stage: bool) -> None:
+    def _start(self, prep: PreparedSave, handle: SaveHandle, jobs: JobMaker, *, stage: bool) -> None:
         self._inflight = handle
         self._thread = threading.Thread(target=_background, args=(prep, handle, jobs, stage),
                                         name="shardsafe-writer", daemon=False)
@@ -371,7 +332,7 @@ class Checkpointer:
     def _save_streamed(self, prep: PreparedSave) -> None:
         """Sync save: stage per unit through bounce buffers (or gather), write, commit."""
         pipeline.begin(prep)
-        writes: list[_Write] = []
+        writes: list[Write] = []
         scratch: list[HostBuffer] = []
         try:
             for plan in prep.plans:
@@ -379,10 +340,10 @@ class Checkpointer:
                 path = prep.file_path(plan)
                 writes.append(self._file_write(prep, units, path, scratch))
             for plan in prep.coded:  # compressed on the I/O pool from per-block copies
-                bw = _block_write(prep, plan, sources=host_sources(plan, device=False))
+                bw = pipeline.block_file_write(prep, plan, sources=host_sources(plan, device=False))
                 writes.append(bw)
                 bw.all_ready()
-            _commit(prep, _finish_all(writes))
+            pipeline.finish_and_commit(prep, writes)
         except BaseException as e:
             for fw in writes:
                 fw.cancel()
@@ -424,33 +385,9 @@ class Checkpointer:
         return fw
 
 
-def _block_write(prep: PreparedSave, plan: FilePlan, **source: Any) -> BlockFileWrite:
-    """The writer of the block files of ``plan`` (one of ``prep.coded``), named
-    ``data-r<rank>-<part>.blocks``; ``source``: ``staged=`` and ``nunits=``, or ``sources=``."""
-    assert prep.compression is not None  # prep.coded is empty without compression
-    return BlockFileWrite(plan, prep.storage, prep.path_of, lambda part: block_file_name(prep.comm.rank, part),
-                          prep.compression, BLOCK_SIZE, **source)
-
-
-def _finish_all(writes: list[_Write]) -> list[Any]:
-    """Every write's result, in list order. Block files are finished first: their coding
-    runs while ``finish`` drives it, on the I/O pool next to the data files' writes,
-    which are already queued."""
-    order = sorted(range(len(writes)), key=lambda k: not isinstance(writes[k], BlockFileWrite))
-    results: dict[int, Any] = {k: writes[k].finish() for k in order}
-    return [results[k] for k in range(len(writes))]
-
-
-def _commit(prep: PreparedSave, results: list[Any]) -> None:
-    """Commits a save from what its writes returned: ``prep.plans``' block checksums,
-    then, per plan of ``prep.coded``, its ``CodedFile``s (the order ``writes`` lists them in)."""
-    n = len(prep.plans)
-    pipeline.commit_save(prep, results[:n], [f for files in results[n:] for f in files])
-
-
-def _background(prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, stage: bool) -> None:
+def _background(prep: PreparedSave, handle: SaveHandle, jobs: JobMaker, stage: bool) -> None:
     """Body of the writer thread: [stage,] write, commit; the outcome goes to ``handle``."""
-    writes: list[_Write] = []
+    writes: list[Write] = []
     try:
         writes, stage_state = jobs()
         pipeline.begin(prep)
@@ -467,7 +404,7 @@ def _background(prep: PreparedSave, handle: SaveHandle, jobs: _JobMaker, stage: 
                     fw.fail(e)
                 raise
             handle.mark_staged()
-        _commit(prep, _finish_all(writes))
+        pipeline.finish_and_commit(prep, writes)
     # Everything the save raises is delivered to the caller through the handle (result(),
     # the next save, close(), or the exit hook); nothing here swallows it.
     except BaseException as e:  # noqa: BLE001

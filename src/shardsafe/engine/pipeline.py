@@ -29,9 +29,10 @@ from ..plan.layout import FilePlan, block_file_name, data_file_name, plan_file
 from ..plan.sharding import localize
 from ..storage import storage_for
 from . import commit, plan_exchange, two_phase_commit
+from .block_writer import BlockFileWrite
 from .entries import CodedFile
 from .incremental import Baseline
-from .prepared import PreparedSave, build_index, check_metadata, local_entries, split_coded
+from .prepared import BLOCK_SIZE, PreparedSave, build_index, check_metadata, local_entries, split_coded
 
 log = logging.getLogger("shardsafe")
 
@@ -129,3 +130,26 @@ def abort(prep: PreparedSave, error: BaseException | None = None) -> None:
         commit.abort(prep.txn)
     except OSError as e:
         log.warning("could not remove the unfinished save %s: %s", prep.txn.workdir, e)
+
+
+def block_file_write(prep: PreparedSave, plan: FilePlan, **source: Any) -> BlockFileWrite:
+    """The writer of the block files of ``plan`` (one of ``prep.coded``), named
+    ``data-r<rank>-<part>.blocks``; ``source``: ``staged=`` and ``nunits=``, or ``sources=``."""
+    assert prep.compression is not None  # prep.coded is empty without compression
+    return BlockFileWrite(plan, prep.storage, prep.path_of, lambda part: block_file_name(prep.comm.rank, part),
+                          prep.compression, BLOCK_SIZE, **source)
+
+
+def finish_and_commit(prep: PreparedSave, writes: Sequence[Any]) -> None:
+    """Phase (e) after the writes: finishes every write, then commits from their results.
+
+    ``writes`` lists the ``FileWrite`` of each of ``prep.plans`` (their block checksums),
+    then the ``BlockFileWrite`` of each of ``prep.coded`` (their ``CodedFile``s). Block
+    files are finished first: their coding runs while ``finish`` drives it, on the I/O
+    pool next to the data files' writes, which are already queued.
+    """
+    order = sorted(range(len(writes)), key=lambda k: not isinstance(writes[k], BlockFileWrite))
+    results: dict[int, Any] = {k: writes[k].finish() for k in order}
+    n = len(prep.plans)
+    commit_save(prep, [results[k] for k in range(n)],
+                [f for k in range(n, len(writes)) for f in results[k]])

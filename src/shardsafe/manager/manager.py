@@ -105,7 +105,8 @@ class CheckpointManager:
                 # keeps its staging buffers from one save to the next
                 self._saver = Checkpointer(max_staging_bytes=self._opts.max_staging_bytes)
                 self._tiers = Tiers(self._opts, writable=True)  # the local tier, if any
-            self._last_save_time = self._initial_save_time()
+            self._last_save_time = (time.time() if self._opts.save_interval_seconds is None or self._opts.read_only
+                                    else self._records.newest_time())
             built = True
         finally:
             if not built:  # a constructor that raised must not leave handlers or a lock behind
@@ -166,21 +167,6 @@ class CheckpointManager:
                          self._opts.best_mode)
 
     # ------------------------------------------------------------------ saving
-    def _initial_save_time(self) -> float:
-        """Reference of ``save_interval_seconds``: the newest checkpoint's time, or now."""
-        now = time.time()
-        if self._opts.save_interval_seconds is None or self._opts.read_only:
-            return now
-        committed = self._dir.committed()
-        if not committed:
-            return now
-        step, name = next(reversed(committed.items()))
-        try:
-            return min(now, self._records.get(step, name).time)
-        except CheckpointError as e:
-            log.warning("cannot read the save time of step %d in %s: %s", step, self._url, e)
-            return now
-
     def _preempted(self) -> bool:
         return self._watcher.received is not None or self._peer_preempted
 

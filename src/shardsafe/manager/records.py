@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 
-from ..errors import CheckpointNotFoundError, CorruptCheckpointError
+from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from .policy import StepRecord
 from .steps import StepDirectory
 
@@ -70,3 +71,16 @@ class StepRecords:
         with self._lock:
             for key in [k for k in self._cache if k[0] == step or (and_newer and k[0] > step)]:
                 del self._cache[key]
+
+    def newest_time(self) -> float:
+        """Save time of the newest committed step (the reference of a time interval), or now."""
+        now = time.time()
+        committed = self._dir.committed()
+        if not committed:
+            return now
+        step, name = next(reversed(committed.items()))
+        try:
+            return min(now, self.get(step, name).time)
+        except CheckpointError as e:
+            log.warning("cannot read the save time of step %d in %s: %s", step, self._url, e)
+            return now
