@@ -23,7 +23,7 @@ from .errors import (
     CorruptCheckpointError,
     StateMismatchError,
 )
-from .manager import CheckpointManager, ManagerOptions
+from .manager import CheckpointManager, ManagerOptions, RestoreInfo
 from .per_rank import PerRank
 from .rng import RNGState
 
@@ -51,6 +51,7 @@ __all__ = [
     "ModelOptimizerState",
     "CheckpointManager",
     "ManagerOptions",
+    "RestoreInfo",
     "CheckpointError",
     "CorruptCheckpointError",
     "CheckpointNotFoundError",

@@ -5,12 +5,15 @@ decisions), ``policy`` (pure retention rules), ``steps`` (step directories, list
 the commit rule, metadata), ``records`` (what is known about each step, cached),
 ``recovery`` (restore with fallback, rollback), ``lock`` (one writable manager per
 directory), ``preemption`` (signal handlers), ``saving`` (the seam to the save engine),
-``manager`` (the class). Rank coordination lives in ``comm.agreement``.
+``manager`` (the class). The local tier: ``local_tier`` (per-rank checkpoints on the
+node), ``local_view`` (DTensors as local shards), ``peer_copy`` (a checkpoint as a
+message), ``tier_restore`` (agreeing on a step across tiers), ``interval`` (Young/Daly). Rank coordination lives in ``comm.agreement``.
 """
 
 from __future__ import annotations
 
 from .manager import CheckpointManager
 from .options import ManagerOptions
+from .tier_restore import RestoreInfo
 
-__all__ = ["CheckpointManager", "ManagerOptions"]
+__all__ = ["CheckpointManager", "ManagerOptions", "RestoreInfo"]

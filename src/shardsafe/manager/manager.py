@@ -39,11 +39,14 @@ from ..storage import storage_for
 from . import recovery, saving
 from .lock import DirectoryLock
 from .options import ManagerOptions
+from .interval import AutoInterval
+from .local_tier import LocalTier
 from .policy import best_step, policy_from_options, steps_to_delete
 from .preemption import PreemptionWatcher
 from .records import StepRecords
 from .save_policy import SaveContext, save_policy_from_options, varies_between_ranks
 from .steps import StepDirectory, encode_metrics, manager_metadata, step_name
+from .tier_restore import RestoreInfo, restore_local
 
 log = logging.getLogger("shardsafe")
 
@@ -105,6 +108,10 @@ class CheckpointManager:
         self._worker: ThreadPoolExecutor | None = None
         self._saver: Checkpointer | None = None
         self._owner_lock: DirectoryLock | None = None
+        self._tier: LocalTier | None = None
+        self._last_restore: RestoreInfo | None = None
+        self._auto = (AutoInterval(self._opts.expected_mtbf_seconds, self._agree_interval)
+                      if self._opts.expected_mtbf_seconds is not None else None)
         self._watcher = PreemptionWatcher(self._opts.preemption_signals)  # main thread check first
         built = False
         try:
@@ -115,6 +122,7 @@ class CheckpointManager:
                 agreement.leader_decides(self._take_directory, what=f"locking {self._url!r}")
                 self._worker = ThreadPoolExecutor(1, thread_name_prefix="shardsafe-manager")
                 self._saver = Checkpointer()  # keeps its staging buffers from one save to the next
+                self._tier = self._make_tier()
             self._last_save_time = self._initial_save_time()
             built = True
         finally:
@@ -204,7 +212,7 @@ class CheckpointManager:
         latest = self._latest_known() if self._opts.initial_save else None
         ctx = SaveContext(step=step, now=time.time(), last_save_time=self._last_save_time,
                           latest_step=latest, preempted=self._due_by_preemption())
-        due = self._save_policy.should_save(ctx)
+        due = self._save_policy.should_save(ctx) or (self._auto is not None and self._auto.due(step))
         if agreement.world_size() > 1 and varies_between_ranks(self._opts):
             due, peer_signal = agreement.any_rank([due, self._preempted()])
             if peer_signal and not self._preempted():
@@ -258,9 +266,20 @@ class CheckpointManager:
         Raises:
             CheckpointError: ``force`` and ``step`` exists or is older than the newest step,
                 the manager is read-only or closed, or the previous background save failed
-                (its error).
+                (its error); also the previous local-tier save's error (``local_directory``),
+                raised after this step's saves have started.
             TypeError: A value in ``state`` or ``metrics`` cannot be saved (names the key).
         """
+        t0 = time.monotonic()
+        saved = self._save_persistent(step, state, metrics=metrics, force=force)
+        if saved and self._auto is not None:
+            self._auto.saved(step, time.monotonic() - t0)
+        if self._tier is not None and self._tier.due(step):
+            self._tier.save(step, state)
+        return saved
+
+    def _save_persistent(self, step: int, state: Mapping[str, Any], *,
+                         metrics: Mapping[str, Any] | None, force: bool) -> bool:
         self._check_writable("save")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
@@ -340,12 +359,14 @@ class CheckpointManager:
         """
         fut = self._inflight.future
         if fut is None:
+            self._wait_local()
             return
         try:
             fut.result()  # errors of the write and of retention arrive wrapped, naming the step
         finally:
             self._inflight.future = None
             self._inflight.step = None
+            self._wait_local()
 
     def reached_preemption(self, step: int) -> bool:
         """True once a preemption signal has arrived and a checkpoint answers it.
@@ -416,6 +437,12 @@ class CheckpointManager:
             recovery.check_rollback(self._dir, self._url, step)
         if not self._opts.read_only:
             self.wait_until_finished()
+        t0 = time.monotonic()
+        if step is None and self._tier is not None:
+            got = restore_local(self._tier, state, at_least=self.latest_step())
+            if got is not None:
+                self._last_restore = got
+                return got.step
         if step is not None:
             name = self._dir.committed().get(step, step_name(step))
             recovery.load_step(self._dir, self._url, step, name, state, self._opts.storage_options,
@@ -426,11 +453,13 @@ class CheckpointManager:
                 self._records.forget(step, and_newer=True)
                 if self._last_started is not None and self._last_started > step:
                     self._last_started = step
+            self._restored(step, t0, forget=rollback)
             return step
         out = recovery.restore_newest(self._dir, self._url, state, fallback=self._opts.restore_fallback,
                                       storage_options=self._opts.storage_options, agree=agreement.worst)
         if out.step is not None:
             self._set_aside(out.corrupt, out.step)
+        self._restored(out.step, t0)
         return out.step
 
     def _set_aside(self, corrupt: Mapping[int, tuple[str, str]], restored: int) -> None:
@@ -462,6 +491,8 @@ class CheckpointManager:
                 self._worker.shutdown(wait=True)
             if self._saver is not None:
                 self._saver.close()  # frees the staging buffers; its saves were collected above
+            if self._tier is not None:
+                self._tier.close()
             self._finalizer.detach()
             if self._owner_lock is not None:
                 self._owner_lock.release_quietly()
@@ -483,3 +514,49 @@ class CheckpointManager:
     def __repr__(self) -> str:
         mode = "read-only" if self._opts.read_only else "writable"
         return f"CheckpointManager({self._url!r}, {mode})"
+
+    # ------------------------------------------------------------------ tiers
+    def _make_tier(self) -> LocalTier | None:
+        """The local tier the options ask for (collective with ``local_replication``)."""
+        o = self._opts
+        if o.local_directory is None:
+            return None
+        interval = o.local_save_interval_steps or 1
+        return LocalTier(o.local_directory, interval=interval, max_to_keep=o.local_max_to_keep,
+                         replication=o.local_replication)
+
+    def _wait_local(self) -> None:
+        if self._tier is not None:
+            self._tier.wait()
+
+    def _restored(self, step: int | None, t0: float, forget: bool = True) -> None:
+        """Records a persistent restore; with ``forget`` local steps newer than it are
+        dropped (training continues from ``step``: they would never be restored)."""
+        self._last_restore = RestoreInfo(step, "persistent", time.monotonic() - t0)
+        if forget and self._tier is not None and step is not None:
+            self._tier.forget_newer(step)
+
+    @staticmethod
+    def _agree_interval(value: int) -> int:
+        return int(agreement.leader_decides(lambda: value, what="agreeing on the save interval"))
+
+    def local_steps(self) -> list[int]:
+        """This rank's committed local-tier steps, oldest first (empty without a local tier).
+
+        They are never listed by ``all_steps()``, which lists the persistent tier only.
+        """
+        return self._tier.steps() if self._tier is not None else []
+
+    @property
+    def last_restore(self) -> RestoreInfo | None:
+        """Step, tier and duration of the last ``restore`` (None before the first)."""
+        return self._last_restore
+
+    @property
+    def current_interval_steps(self) -> int | None:
+        """The persistent save interval in force: ``save_interval_steps``, or with
+        ``"auto"`` the Young/Daly interval (None until the first save was measured)."""
+        if self._auto is not None:
+            return self._auto.interval
+        iv = self._opts.save_interval_steps
+        return iv if isinstance(iv, int) else None

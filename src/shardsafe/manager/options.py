@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import signal
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -72,9 +73,10 @@ class ManagerOptions:
     keeps what any of its rules keeps (``policy``).
     """
 
-    save_interval_steps: int | None = 1
+    save_interval_steps: int | Literal["auto"] | None = 1
     """Save when ``step % save_interval_steps == 0``; None disables step-based saving
-    (e.g. to save by time only)."""
+    (e.g. to save by time only); ``"auto"`` chooses the interval from the measured save
+    cost and step time and ``expected_mtbf_seconds`` (Young/Daly, see ``interval``)."""
 
     save_on_steps: frozenset[int] = frozenset()
     """Steps that are always saved (any iterable of non-negative ints)."""
@@ -123,10 +125,30 @@ class ManagerOptions:
     storage_options: Mapping[str, Any] | None = None
     """Passed to the storage backend (fsspec URLs)."""
 
+    local_directory: str | None = None
+    """A fast directory on this node (e.g. ``/dev/shm/run``) for the local tier: each rank
+    saves its own state there every ``local_save_interval_steps`` (see ``local_tier``).
+    Survives process crashes, not the loss of the node."""
+
+    local_save_interval_steps: int | None = None
+    """Local saves when ``step % local_save_interval_steps == 0`` (needs ``local_directory``;
+    default: every step that ``save`` is called for)."""
+
+    local_max_to_keep: int = 2
+    """Keep this many newest local checkpoints (and peer copies) per rank."""
+
+    local_replication: bool = False
+    """Also keep each rank's local checkpoint on a rank of another node, sent over a
+    dedicated gloo group (see ``comm.p2p``), so a lost node's ranks restore from peers."""
+
+    expected_mtbf_seconds: float | None = None
+    """Mean time between failures, for ``save_interval_steps="auto"``."""
+
     def __post_init__(self) -> None:
         # frozen: normalised values are written with object.__setattr__
         set_ = object.__setattr__
-        _positive_int("save_interval_steps", self.save_interval_steps)
+        if self.save_interval_steps != "auto":
+            _positive_int("save_interval_steps", self.save_interval_steps)
         _positive_int("max_to_keep", self.max_to_keep)
         _positive_int("keep_period", self.keep_period)
         set_(self, "save_on_steps", _steps(self.save_on_steps))
@@ -150,3 +172,26 @@ class ManagerOptions:
             raise ValueError("a read_only manager cannot handle preemption_signals (it never saves)")
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise ValueError(f"storage_options must be a mapping, got {self.storage_options!r}")
+        self._check_tiers()
+
+    def _check_tiers(self) -> None:
+        """Cross-field checks of the local tier and the automatic interval."""
+        set_ = object.__setattr__
+        set_(self, "expected_mtbf_seconds", _seconds("expected_mtbf_seconds", self.expected_mtbf_seconds))
+        if (self.save_interval_steps == "auto") != (self.expected_mtbf_seconds is not None):
+            raise ValueError('save_interval_steps="auto" and expected_mtbf_seconds go together '
+                             "(the interval is computed from the failure rate)")
+        _positive_int("local_save_interval_steps", self.local_save_interval_steps)
+        _positive_int("local_max_to_keep", self.local_max_to_keep)
+        if self.local_max_to_keep is None:
+            raise ValueError("local_max_to_keep must be a positive int")
+        if not isinstance(self.local_replication, bool):
+            raise ValueError(f"local_replication must be a bool, got {self.local_replication!r}")
+        if self.local_directory is not None:
+            if not isinstance(self.local_directory, (str, os.PathLike)):
+                raise ValueError(f"local_directory must be a path, got {self.local_directory!r}")
+            set_(self, "local_directory", os.fspath(self.local_directory))
+            if "://" in self.local_directory:
+                raise ValueError(f"local_directory must be a local path, got {self.local_directory!r}")
+        elif self.local_save_interval_steps is not None or self.local_replication:
+            raise ValueError("local_save_interval_steps and local_replication need local_directory")

@@ -107,7 +107,7 @@ class AnySavePolicy:
 def save_policy_from_options(opts: ManagerOptions) -> AnySavePolicy:
     """The save policy ``opts`` describe (interval, steps, seconds, initial, preemption)."""
     policies: list[SaveDecisionPolicy] = []
-    if opts.save_interval_steps is not None:
+    if isinstance(opts.save_interval_steps, int):  # "auto" is decided by the manager (interval)
         policies.append(FixedIntervalSteps(opts.save_interval_steps))
     if opts.save_on_steps:
         policies.append(SpecificSteps(opts.save_on_steps))
