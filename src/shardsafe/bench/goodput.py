@@ -46,6 +46,7 @@ from .goodput_strategies import STRATEGIES, Intervals
 from .goodput_trainer import TrainerConfig, state_bytes
 
 LOCAL_MISSING = "local tier not built"
+BATCH = 8
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Outcome:
     strategy: str
     ettr: float
     wall_s: float
+    executed_steps: int
     steps_lost: int
     recovery_s: float | None
     blocked_s: float
@@ -72,7 +74,7 @@ def outcome(run: JobRun, steps: int, useful_s: float) -> Outcome:
     done = sum(len(a.steps) for a in run.attempts)
     recoveries = [a.steps[0][1] - a.go for a in run.attempts[1:] if a.steps]
     return Outcome(
-        strategy=run.strategy, ettr=useful_s / wall, wall_s=wall, steps_lost=done - steps,
+        strategy=run.strategy, ettr=useful_s / wall, wall_s=wall, executed_steps=done, steps_lost=done - steps,
         recovery_s=statistics.mean(recoveries) if recoveries else None,
         blocked_s=sum(b for a in run.attempts for _, _, b in a.steps),
         restores=[(a.restored_step or 0, a.tier or "?") for a in run.attempts[1:]])
@@ -110,7 +112,6 @@ def plot(runs: list[JobRun], failures: list[Failure], path: str, title: str) -> 
 
     fig, ax = plt.subplots(figsize=(9, 5), dpi=110)
     marks = {"kill": ("x", "process killed"), "node": ("v", "node lost")}
-    labelled: set[str] = set()
     for run in runs:
         xs: list[float] = []
         ys: list[float] = []
@@ -126,12 +127,12 @@ def plot(runs: list[JobRun], failures: list[Failure], path: str, title: str) -> 
         for a in run.attempts:
             if a.killed_at is None or a.failure is None:
                 continue
-            marker, text = marks[a.failure.kind]
             last = a.steps[-1][0] if a.steps else (a.restored_step or 0)
-            ax.plot([a.killed_at - run.start], [last], marker=marker, color=line.get_color(),
-                    markersize=9, linestyle="none",
-                    label=None if text in labelled else text, markeredgecolor="black")
-            labelled.add(text)
+            ax.plot([a.killed_at - run.start], [last], marker=marks[a.failure.kind][0],
+                    color=line.get_color(), markersize=9, linestyle="none", markeredgecolor="black")
+    for marker, text in marks.values():
+        ax.plot([], [], marker=marker, color="white", markeredgecolor="black", linestyle="none",
+                markersize=9, label=text)
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("completed step")
     ax.set_title(title, fontsize=10)
@@ -145,10 +146,10 @@ def plot(runs: list[JobRun], failures: list[Failure], path: str, title: str) -> 
 
 def _defaults(args: argparse.Namespace) -> None:
     """Fills the scenario options ``--quick`` (or the full run) decides."""
-    quick = dict(steps=300, step_time=0.1, width=512, failures=3, node_losses=1, every=25,
-                 local_every=5)
-    full = dict(steps=1200, step_time=0.25, width=2048, failures=6, node_losses=2, every=50,
-                local_every=10)
+    quick = dict(steps=300, step_time=0.1, width=512, failures=3, node_losses=1, every=20,
+                 local_every=4)
+    full = dict(steps=1000, step_time=0.2, width=2048, failures=6, node_losses=2, every=40,
+                local_every=8)
     for k, v in (quick if args.quick else full).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -172,61 +173,94 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", help="persistent directory parent (default: a temp dir)")
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Runs the benchmark described by ``args``; prints the report; returns the JSON object."""
+@dataclass
+class Report:
+    """One benchmark run: the scenario, the calibration, each strategy's job and metrics."""
+
+    description: str
+    useful_s: float
+    failures: list[Failure]
+    runs: list[JobRun]
+    outcomes: dict[str, Outcome | str]  # a string: why the strategy is unavailable
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON object of the last line: ``{strategy: {"ettr", "steps_lost", ...}}``."""
+        return {s: ({"unavailable": o} if isinstance(o, str) else o.summary())
+                for s, o in self.outcomes.items()}
+
+
+CALIBRATION_STEPS = 100
+
+
+def run(args: argparse.Namespace) -> Report:
+    """Runs the benchmark described by parsed ``args`` (see ``add_arguments``)."""
     _defaults(args)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = set(strategies) - set(STRATEGIES)
     if unknown:
-        raise SystemExit(f"unknown strategies {sorted(unknown)}; choose from {', '.join(STRATEGIES)}")
+        raise ValueError(f"unknown strategies {sorted(unknown)}; choose from {', '.join(STRATEGIES)}")
     failures = failure_schedule(args.seed, args.steps, args.failures, args.node_losses)
     base = tempfile.mkdtemp(prefix="shardsafe-goodput-", dir=args.dir)
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    local = tempfile.mkdtemp(prefix="shardsafe-goodput-local-", dir=shm)
-    started = time.time()
+    local = tempfile.mkdtemp(prefix="shardsafe-goodput-local-",
+                             dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
 
-    def config(strategy: str) -> TrainerConfig:
+    def config(strategy: str, steps: int) -> TrainerConfig:
         iv = Intervals(os.path.join(base, strategy.replace("+", "_")), os.path.join(local, "tier"),
                        args.every, args.local_every)
-        return TrainerConfig(strategy, iv, args.steps, args.step_time, args.width, 8)
+        return TrainerConfig(strategy, iv, steps, args.step_time, args.width, BATCH)
 
+    outcomes: dict[str, Outcome | str] = {}
+    runs: list[JobRun] = []
     try:
-        calib = supervise(config("none"), [])
-        useful = calib.end - calib.start
-        outcomes: list[Outcome | str] = []
-        runs: list[JobRun] = []
+        # useful time: the job's steps at the pace of an uninterrupted run without checkpoints
+        n = min(args.steps, CALIBRATION_STEPS)
+        calib = supervise(config("none", n), [])
+        useful = (calib.end - calib.start) * args.steps / n
         for s in strategies:
             if s == "shardsafe+local" and not local_tier_available():
-                outcomes.append(LOCAL_MISSING)
+                outcomes[s] = LOCAL_MISSING
                 continue
-            print(f"running {s} ...", file=sys.stderr, flush=True)
-            runs.append(supervise(config(s), failures))
-            outcomes.append(outcome(runs[-1], args.steps, useful))
+            print(f"goodput: running {s} ...", file=sys.stderr, flush=True)
+            runs.append(supervise(config(s, args.steps), failures))
+            outcomes[s] = outcome(runs[-1], args.steps, useful)
     finally:
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(local, ignore_errors=True)
-    mib = state_bytes(args.width) / (1 << 20)
-    desc = (f"{args.steps} steps of {args.step_time} s, {mib:.0f} MiB state, failures "
+    desc = (f"{args.steps} steps of {args.step_time} s, "
+            f"{state_bytes(args.width) / (1 << 20):.0f} MiB state; failures "
             + ", ".join(f"{f.kind}@{f.step}+{f.frac:.2f}" for f in failures)
             + f"; persistent every {args.every}, local every {args.local_every} steps")
     plot(runs, failures, args.out, desc)
-    print(f"Goodput: {desc}. Uninterrupted run without checkpoints: {useful:.2f} s "
-          f"(useful time). Benchmark took {time.time() - started:.0f} s; plot: {args.out}\n")
-    print(table(outcomes, strategies))
-    result = {s: ({"unavailable": o} if isinstance(o, str) else o.summary())
-              for s, o in zip(strategies, outcomes)}
-    print(json.dumps(result))
-    return result
+    return Report(desc, useful, failures, runs, outcomes)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m shardsafe.bench.goodput``."""
+def render(rep: Report, out: str, seconds: float) -> str:
+    """What the command prints: a header line, the table, and last the JSON line."""
+    return (f"Goodput: {rep.description}. Useful time (uninterrupted, no checkpoints): "
+            f"{rep.useful_s:.2f} s. Took {seconds:.0f} s; plot: {out}\n\n"
+            + table(list(rep.outcomes.values()), list(rep.outcomes)) + "\n"
+            + json.dumps(rep.summary()))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line of ``python -m shardsafe.bench.goodput``."""
     p = argparse.ArgumentParser(prog="python -m shardsafe.bench.goodput",
                                 description=__doc__.split("\n\n")[0])
     add_arguments(p)
-    run(p.parse_args(argv))
-    return 0
+    return p.parse_args(argv)
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m shardsafe.bench.goodput``: runs, prints the table, then the JSON line."""
+    args = parse_args(argv)
+    started = time.time()
+    try:
+        rep = run(args)
+    except ValueError as e:  # a scenario that cannot be built (e.g. failures that do not fit)
+        print(f"goodput: {e}", file=sys.stderr)
+        return 2
+    print(render(rep, args.out, time.time() - started))
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

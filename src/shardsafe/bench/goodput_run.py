@@ -47,6 +47,8 @@ def failure_schedule(seed: int, steps: int, count: int, node_losses: int) -> lis
     of them node losses; at least 5% of the job apart and never in its first or last 10%."""
     rng = random.Random(seed)
     lo, hi, gap = max(1, steps // 10), steps - max(1, steps // 10), max(1, steps // 20)
+    if not 0 <= node_losses <= count:
+        raise ValueError(f"{node_losses} node losses among {count} failures")
     if hi - lo < count * gap:
         raise ValueError(f"{count} failures do not fit into {steps} steps")
     while True:
@@ -69,6 +71,7 @@ class Attempt:
     steps: list[tuple[int, float, float]] = field(default_factory=list)  # (step, end, blocked)
     killed_at: float | None = None
     failure: Failure | None = None
+    exit_code: int | None = None  # the process's return code (-9: SIGKILL)
 
 
 @dataclass
@@ -154,6 +157,7 @@ def _follow(tp: TrainerProcess, att: Attempt, failure: Failure | None, step_s: f
             if kill_at is None:
                 raise RuntimeError(f"trainer made no progress for {timeout:.0f} s")
             att.killed_at, att.failure = tp.kill(), failure
+            att.exit_code = tp.proc.returncode
             return False
         word, *rest = line.split()
         if word == "restored":
@@ -164,6 +168,7 @@ def _follow(tp: TrainerProcess, att: Attempt, failure: Failure | None, step_s: f
             if failure is not None and kill_at is None and step == failure.step:
                 kill_at = time.monotonic() + failure.frac * step_s
         elif word == "done":
+            att.exit_code = tp.proc.wait()
             return True
 
 
