@@ -163,7 +163,7 @@ class DcpAsync:
             return
         self._collect()
         path = os.path.join(self.iv.persistent_dir, f"step_{step}")
-        fut = self.dcp.async_save(_full_state(self.model, self.opt), checkpoint_id=path)
+        fut = self.dcp.async_save(self._state(), checkpoint_id=path)
         self.pending = getattr(fut, "upload_completion", fut)
 
     def finish(self) -> None:
