@@ -42,6 +42,12 @@ def test_outcome_counts_recomputed_steps_recovery_and_blocking() -> None:
     assert set(o.summary()) == {"ettr", "steps_lost", "recovery_s", "blocked_s"}
 
 
+def test_step_period_is_the_median_pace_from_go() -> None:
+    steps = [(1, 10.1, 0.0), (2, 10.2, 0.0), (3, 10.9, 0.0), (4, 11.0, 0.0)]  # one slow step
+    run = JobRun("none", 10.0, 11.0, [Attempt(go=10.0, steps=steps)])
+    assert goodput.step_period(run) == pytest.approx(0.1)
+
+
 def test_table_marks_an_unavailable_strategy() -> None:
     text = goodput.table(["local tier not built"], ["shardsafe+local"])
     assert "| shardsafe+local | unavailable: local tier not built |" in text

@@ -10,11 +10,12 @@ restarts the trainer from a warm standby.
 
 Metrics, per strategy:
 
-- ``ettr`` (effective training time ratio) = useful time / wall time. *Useful time* is the
-  wall time of the same job in an uninterrupted calibration run with no checkpoints (run
-  first, in the same invocation); *wall time* runs from the first trainer's ``go`` to the
-  end of the job's last step, restarts and restores included. 1.0 is a job that neither
-  fails nor checkpoints.
+- ``ettr`` (effective training time ratio) = useful time / wall time. *Useful time* is
+  what the job's steps take uninterrupted and without checkpoints: ``steps`` x the median
+  step period (end of one step to the end of the next) of a calibration run of 100
+  failure-free steps without checkpoints, run first in the same invocation. *Wall time*
+  runs from the first trainer's ``go`` to the end of the job's last step, restarts and
+  restores included. 1.0 is a job that neither fails nor checkpoints.
 - ``steps_lost``: steps computed more than once (completed steps in all trainer processes
   minus the job's steps), i.e. the work the failures threw away.
 - ``recovery_s``: mean over failures of the time from the restart (``go`` to the
@@ -81,6 +82,13 @@ def outcome(run: JobRun, steps: int, useful_s: float) -> Outcome:
         restores=[(a.restored_step or 0, a.tier or "?") for a in run.attempts[1:]])
 
 
+def step_period(run: JobRun) -> float:
+    """The median time from one step's end to the next's in ``run`` (the first step counts
+    from ``go``): the pace of an uninterrupted job, robust to a passing spike of load."""
+    ends = [run.start] + [end for a in run.attempts for _, end, _ in a.steps]
+    return statistics.median(b - a for a, b in zip(ends, ends[1:]))
+
+
 def local_tier_available() -> bool:
     """Whether this shardsafe's ``CheckpointManager`` has a local tier (``local_directory``)."""
     from ..manager.options import ManagerOptions
@@ -106,7 +114,7 @@ def table(outcomes: list[Outcome | str], strategies: Sequence[str]) -> str:
 
 def _defaults(args: argparse.Namespace) -> None:
     """Fills the scenario options ``--quick`` (or the full run) decides."""
-    quick = dict(steps=300, step_time=0.1, width=768, failures=3, node_losses=1, every=20,
+    quick = dict(steps=300, step_time=0.1, width=512, failures=3, node_losses=1, every=20,
                  local_every=4)
     full = dict(steps=1000, step_time=0.2, width=2048, failures=6, node_losses=2, every=40,
                 local_every=8)
@@ -118,7 +126,7 @@ def _defaults(args: argparse.Namespace) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The benchmark's options."""
     p.add_argument("--quick", action="store_true",
-                   help="the few-minute scenario (300 steps of 0.1 s, a 13 MiB state, 3 failures)")
+                   help="the few-minute scenario (300 steps of 0.1 s, a 6 MiB state, 3 failures)")
     p.add_argument("--out", default=os.path.join("docs", "goodput.png"), help="the PNG plot")
     p.add_argument("--seed", type=int, default=0, help="seed of the failure schedule")
     p.add_argument("--strategies", default=",".join(STRATEGIES),
@@ -173,9 +181,8 @@ def run(args: argparse.Namespace) -> Report:
     runs: list[JobRun] = []
     try:
         # useful time: the job's steps at the pace of an uninterrupted run without checkpoints
-        n = min(args.steps, CALIBRATION_STEPS)
-        calib = supervise(config("none", n), [])
-        useful = (calib.end - calib.start) * args.steps / n
+        calib = supervise(config("none", min(args.steps, CALIBRATION_STEPS)), [])
+        useful = step_period(calib) * args.steps
         for s in strategies:
             if s == "shardsafe+local" and not local_tier_available():
                 outcomes[s] = LOCAL_MISSING
