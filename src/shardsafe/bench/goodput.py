@@ -163,6 +163,10 @@ CALIBRATION_STEPS = 100
 def run(args: argparse.Namespace) -> Report:
     """Runs the benchmark described by parsed ``args`` (see ``add_arguments``)."""
     _defaults(args)
+    try:  # fail before the minutes of training, not after them
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError("the plot needs matplotlib: pip install 'shardsafe[bench]'") from None
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = set(strategies) - set(STRATEGIES)
     if unknown:
