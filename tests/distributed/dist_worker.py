@@ -290,6 +290,15 @@ def s_async(out: str) -> dict[str, Any]:
             "budget_peak": budgeted.arena.peak_nbytes, "staged": handles[-1].nbytes}
 
 
+def flip_near_end(path: str) -> None:
+    """Inverts the third-last byte of ``path`` (tensor data a checksum must catch)."""
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) - 3)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
 def s_manager(out: str) -> dict[str, Any]:
     """CheckpointManager on every rank: retention, a signal only rank 1 gets, fallback."""
     res: dict[str, Any] = {}
@@ -312,12 +321,7 @@ def s_manager(out: str) -> dict[str, Any]:
     res["steps_after_retention"] = shardsafe.CheckpointManager(directory, read_only=True).all_steps()
     dist.barrier()
     if RANK == 0:  # damage a chunk of step 7 that only rank 2 reads
-        victim = os.path.join(directory, "step_00000007", "data-r00002-000.safetensors")
-        with open(victim, "r+b") as f:
-            f.seek(os.path.getsize(victim) - 3)
-            b = f.read(1)
-            f.seek(-1, os.SEEK_CUR)
-            f.write(bytes([b[0] ^ 0xFF]))
+        flip_near_end(os.path.join(directory, "step_00000007", "data-r00002-000.safetensors"))
     dist.barrier()
     model2, opt2 = build_fsdp(1234)
     state2 = {"app": shardsafe.ModelOptimizerState(model2, opt2), "step": 0}

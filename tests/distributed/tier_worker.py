@@ -83,12 +83,7 @@ def damage(out: str) -> None:
     dist.barrier()
     if RANK == 1:
         step = os.path.join(out, "node0", "rank_1", "step_00000006")
-        data = max((os.path.join(step, n) for n in os.listdir(step)), key=os.path.getsize)
-        with open(data, "r+b") as f:
-            f.seek(os.path.getsize(data) - 3)
-            b = f.read(1)
-            f.seek(-1, os.SEEK_CUR)
-            f.write(bytes([b[0] ^ 0xFF]))
+        dw.flip_near_end(max((os.path.join(step, n) for n in os.listdir(step)), key=os.path.getsize))
     dist.barrier()
 
 
