@@ -16,22 +16,18 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
 
-from shardsafe.comm import free_loopback_port
+from shardsafe.bench import moto_server
 
 KEY = "shardsafe-test-key"
 SECRET = "shardsafe-test-secret"
 REGION = "us-west-2"  # not us-east-1: s3fs sends it as a LocationConstraint, which S3 rejects
-_START_TIMEOUT = 90.0  # moto imports slowly on a busy 2-core machine
 
 
 @dataclass(frozen=True)
@@ -82,54 +78,22 @@ class S3Location:
                 child.wait(30)
 
 
-def _wait_ready(proc: subprocess.Popen, endpoint: str) -> bool:
-    deadline = time.monotonic() + _START_TIMEOUT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        try:
-            with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2):
-                return True
-        except urllib.error.HTTPError:
-            return True  # the server answered
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            time.sleep(0.2)
-    return False
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Runs moto's S3 server in a subprocess; yields its endpoint URL."""
     pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")
-    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
     # the server logs every request: to a file, since an unread pipe would fill and block it
     log = tmp_path_factory.mktemp("moto") / "server.log"
     with open(log, "wb") as out:
-        for _attempt in range(3):  # the free port can be taken between probe and bind
-            port = free_loopback_port()
-            endpoint = f"http://127.0.0.1:{port}"
-            proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                                     "-p", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
-            if _wait_ready(proc, endpoint):
-                break
-            _stop(proc)
-        else:
+        started = moto_server.start(out)
+        if started is None:
             pytest.fail(f"moto server did not start: {log.read_text(errors='replace')[-2000:]}")
+        proc, endpoint = started
         try:
             yield endpoint
         finally:
-            _stop(proc)
+            moto_server.stop(proc)
 
 
 @pytest.fixture

@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,6 +24,7 @@ import shardsafe
 
 from ..demo.compare import differences
 from .compression import MiB, adamw_state, weights
+from . import moto_server
 from .measure import remove
 from .report import _f
 from .throttle import ThrottledProxy
@@ -111,18 +108,14 @@ def s3_target(rate: float) -> Iterator[Target | str]:
     except ImportError:
         yield "S3 skipped: needs moto[server] and s3fs (extras dev, s3)"
         return
-    from ..comm import free_loopback_port
-
-    port = free_loopback_port()
-    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = moto_server.start()
+    if started is None:
+        yield "S3 skipped: the moto server did not start"
+        return
+    proc, endpoint = started
     proxy = None
     try:
-        if not _ready(proc, f"http://127.0.0.1:{port}"):
-            yield "S3 skipped: the moto server did not start"
-            return
-        proxy = ThrottledProxy(("127.0.0.1", port), rate)
+        proxy = ThrottledProxy(("127.0.0.1", int(endpoint.rsplit(":", 1)[1])), rate)
         opts = {"endpoint_url": proxy.endpoint, "key": _KEY, "secret": _SECRET,
                 "client_kwargs": {"region_name": _REGION}}
         fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **opts)
@@ -132,25 +125,7 @@ def s3_target(rate: float) -> Iterator[Target | str]:
     finally:
         if proxy is not None:
             proxy.close()
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
-def _ready(proc: subprocess.Popen, endpoint: str, timeout: float = 90.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2):
-                return True
-        except urllib.error.HTTPError:
-            return True  # it answered
-        except OSError:
-            time.sleep(0.2)
-    return False
+        moto_server.stop(proc)
 
 
 # --- the table ----------------------------------------------------------------------
