@@ -299,3 +299,19 @@ def _from_columns(ci: index_v2.ColumnarIndex, version: int) -> Index:
     return Index(tree=ci.tree, tensors=tensors, files=ci.files, block_size=ci.block_size,
                  world_size=ci.world_size, created=ci.created, metadata=ci.metadata,
                  library=ci.library, format_version=version, table=ci.chunks)
+
+
+def encode_renamed(index: Index, names: Sequence[str]) -> bytes:
+    """The v2 bytes of ``index`` with data file row ``i`` renamed to ``names[i]`` (the chunk
+    table names files by row, so nothing else changes). The result is decoded once to
+    check it: names must be valid and unique (section 2)."""
+    if index.table is None or len(names) != len(index.files):
+        raise ValueError("encode_renamed needs a decoded index and one name per data file")
+    ci = index_v2.ColumnarIndex(
+        tree=index.tree, tensors=tuple(index_v2.TensorInfo(t.key, t.kind, t.dtype, t.shape) for t in index.tensors),
+        files=tuple(FileEntry(n, f.size, f.data_start, f.rank) for n, f in zip(names, index.files)),
+        chunks=index.table, world_size=index.world_size, created=index.created,
+        metadata=index.metadata, library=index.library)
+    data = index_v2.encode(ci)
+    decode_index(data)
+    return data

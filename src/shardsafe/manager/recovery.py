@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.load import load
+from ..engine.detach import detach
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from .steps import StepDirectory
 
@@ -141,10 +142,15 @@ def check_rollback(steps: StepDirectory, base_url: str, step: int | None) -> Non
 
 
 def roll_back_after(steps: StepDirectory, base_url: str, step: int) -> None:
-    """Moves every committed step newer than ``step`` aside (kept, no longer listed)."""
+    """Moves every committed step newer than ``step`` aside (kept, no longer listed).
+
+    Each is first made self-contained (``engine.detach``): a step that references another
+    moved step still loads where it lies and when it is renamed back.
+    """
     now = time.time()
-    for s, name in steps.committed().items():
-        if s > step:
-            new = steps.roll_back(s, name, now)
-            log.warning("rolled back to step %d in %s: step %d moved aside to %s",
-                        step, base_url, s, new)
+    newer = {s: name for s, name in steps.committed().items() if s > step}
+    for s, name in newer.items():
+        detach(steps.storage, steps.step_path(s, name))
+    for s, name in newer.items():
+        new = steps.roll_back(s, name, now)
+        log.warning("rolled back to step %d in %s: step %d moved aside to %s", step, base_url, s, new)
