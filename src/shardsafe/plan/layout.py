@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..format.datafile import METADATA_KEY, Layout, Slot, layout
-from ..format.index import ChunkEntry
 from ..format.tree import render_path
 from .flatten import TensorItem
 
@@ -66,11 +65,3 @@ def plan_file(name: str, items: Sequence[TensorItem]) -> FilePlan:
     meta = {PARTS_KEY: json.dumps(parts, separators=(",", ":"))} if parts else None
     return FilePlan(name, tuple(items), layout(slots, meta))
 
-
-def chunk_entries(plan: FilePlan, checksums: Sequence[Sequence[int]]) -> list[tuple[int, ChunkEntry]]:
-    """``(item id, chunk entry)`` for each item of a written file, given its block checksums."""
-    return [
-        (it.id, ChunkEntry(file=plan.name, offset=off, nbytes=it.nbytes, offsets=it.offsets,
-                           shape=it.local_shape, checksums=tuple(sums)))
-        for it, off, sums in zip(plan.items, plan.layout.offsets, checksums)
-    ]
