@@ -6,12 +6,19 @@ import numpy as np
 
 from shardsafe.format.datafile import parse_header
 from shardsafe.plan.flatten import TensorItem, flatten
-from shardsafe.plan.layout import data_file_name, plan_file
+from shardsafe.plan.layout import block_file_name, data_file_name, is_data_file_name, plan_file
 
 
 def test_data_file_name() -> None:
     assert data_file_name(0) == "data-r00000-000.safetensors"
     assert data_file_name(12345, 7) == "data-r12345-007.safetensors"
+
+
+def test_data_and_block_file_names_are_recognised() -> None:
+    assert is_data_file_name(data_file_name(3, 1)) and is_data_file_name(block_file_name(3, 1))
+    for other in ("index.json", "data-r00000-000.safetensors.tmp", "xdata-r00000-000.blocks",
+                  "data-r00000-000.pt", "data-rx-000.safetensors"):
+        assert not is_data_file_name(other), other
 
 
 def test_colliding_and_reserved_names_get_suffixes() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,13 +21,23 @@ class FilePlan:
     layout: Layout
 
 
+DATA_SUFFIX = ".safetensors"  # a data file of raw tensor bytes
+BLOCK_SUFFIX = ".blocks"  # a block file of compressed chunks (docs/FORMAT.md section 12)
+_DATA_NAME = re.compile(r"data-r\d+-\d+(" + re.escape(DATA_SUFFIX) + "|" + re.escape(BLOCK_SUFFIX) + ")")
+
+
 def data_file_name(rank: int, part: int = 0) -> str:
-    return f"data-r{rank:05d}-{part:03d}.safetensors"
+    return f"data-r{rank:05d}-{part:03d}{DATA_SUFFIX}"
 
 
 def block_file_name(rank: int, part: int = 0) -> str:
     """Name of a block file (compressed chunks; docs/FORMAT.md section 12)."""
-    return f"data-r{rank:05d}-{part:03d}.blocks"
+    return f"data-r{rank:05d}-{part:03d}{BLOCK_SUFFIX}"
+
+
+def is_data_file_name(name: str) -> bool:
+    """Whether ``name`` is one a save gives its data files (``data_file_name`` or ``block_file_name``)."""
+    return _DATA_NAME.fullmatch(name) is not None
 
 
 PARTS_KEY = "shardsafe.parts"  # __metadata__ entry describing the partial chunks of a data file
