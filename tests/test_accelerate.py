@@ -15,6 +15,7 @@ pytest.importorskip("torchdata")
 import torch  # noqa: E402
 
 import shardsafe  # noqa: E402
+from shardsafe.harness.processes import child_env  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "accelerate_job.py")
@@ -42,9 +43,7 @@ def flat(x: object) -> list:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict, dict, dict]:
     root = tmp_path_factory.mktemp("accelerate")
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.path.join(os.path.dirname(HERE), "src") + os.pathsep
-               + os.environ.get("PYTHONPATH", ""))
+    env = child_env(OMP_NUM_THREADS="1")
     full = run(env, str(root / "full"), 2 * N, "fresh")
     first = run(env, str(root / "split"), N, "fresh")
     resumed = run(env, str(root / "split"), 2 * N, "resume")

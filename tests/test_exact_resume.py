@@ -21,6 +21,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
+from shardsafe.harness.processes import child_env  # noqa: E402
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resume_worker.py")
 N = 30  # 200 samples / 16 per batch = 13 batches per epoch: both halves cross an epoch end
 
@@ -49,10 +51,7 @@ def _same(a: Any, b: Any) -> bool:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     d = tmp_path_factory.mktemp("resume")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.join(os.path.dirname(os.path.dirname(WORKER)), "src") + \
-        os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = "1"
+    env = child_env(OMP_NUM_THREADS="1")
     ckpt = str(d / "ckpt")
     out = {name: str(d / f"{name}.pt") for name in ("first", "resumed", "straight", "no_rng",
                                                       "no_loader")}

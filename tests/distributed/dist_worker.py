@@ -1,4 +1,4 @@
-"""Rank program for the distributed tests (launched by dist_harness.run_ranks).
+"""Rank program for the distributed tests (launched by tests/dist_harness.run_ranks).
 
 ``python dist_worker.py <name:world:port,...> <out_dir> [args...]`` with RANK and
 MASTER_ADDR set. Each phase forms a gloo group of ``world`` ranks on ``port`` (ranks
@@ -27,7 +27,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import shardsafe
-from dist_harness import phases
+from shardsafe.harness.processes import phases
 from shardsafe.comm import get_comm
 from shardsafe.storage.local import LocalStorage
 

@@ -13,57 +13,24 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
-from dist_harness import HERE, SRC
+from dist_harness import run_job
 from safetensors.torch import load_file
 from test_dist_fsdp import assert_bit_identical
 
-from shardsafe.comm import free_loopback_port
-
 WORLD = 4
-
-
-def launch(mode: str, out: str, timeout: float = 120) -> list[int]:
-    """Runs ``tier_worker.py mode out`` as 4 ranks; their exit codes."""
-    port = str(free_loopback_port())
-    procs = []
-    for rank in range(WORLD):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                   OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([SRC, HERE, os.environ.get("PYTHONPATH", "")]))
-        log = open(os.path.join(out, f"{mode}-r{rank}.log"), "w")
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "tier_worker.py"), mode, out],
-                                      env=env, stdout=log, stderr=subprocess.STDOUT))
-        log.close()
-    try:
-        return [p.wait(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-
-
-def logs(out: str, mode: str) -> str:
-    parts = []
-    for r in range(WORLD):
-        with open(os.path.join(out, f"{mode}-r{r}.log")) as f:
-            parts.append(f"--- rank {r}\n{f.read()[-3000:]}")
-    return "\n".join(parts)
 
 
 @pytest.fixture(scope="module")
 def recovered(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict], list[dict]]:
     out = str(tmp_path_factory.mktemp("tiers"))
-    codes = launch("train", out)
-    assert codes == [-signal.SIGKILL] * WORLD, logs(out, "train")
+    job = run_job("tier_worker.py", WORLD, "train", out, log_dir=out, name="train")
+    assert job.codes == [-signal.SIGKILL] * WORLD, job.logs()
     trained = [json.load(open(os.path.join(out, f"train-r{r}.json"))) for r in range(WORLD)]
-    codes = launch("recover", out)
-    assert codes == [0] * WORLD, logs(out, "recover")
+    job = run_job("tier_worker.py", WORLD, "recover", out, log_dir=out, name="recover")
+    assert job.codes == [0] * WORLD, job.logs()
     got = [json.load(open(os.path.join(out, f"recover-r{r}.json"))) for r in range(WORLD)]
     return out, trained, got
 
