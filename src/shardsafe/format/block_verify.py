@@ -102,15 +102,11 @@ class BlockSpan:
 
 def chunk_spans(chunk: ChunkEntry, block_size: int, key: str) -> list[BlockSpan]:
     """The checksum blocks of ``chunk`` in file order (an empty chunk has one, of 0 bytes)."""
-    out = []
-    for i in range(len(chunk.checksums)):
-        if chunk.stored is not None:
-            start, length = stored_span(chunk, i)
-        else:
-            start = chunk.offset + i * block_size
-            length = min(block_size, chunk.nbytes - i * block_size)
-        out.append(BlockSpan(start, max(length, 0), key, i, chunk))
-    return out
+    if chunk.stored is not None:
+        starts, sizes = chunk.stored.starts, chunk.stored.sizes
+        return [BlockSpan(chunk.offset + starts[i], sizes[i], key, i, chunk) for i in range(len(sizes))]
+    return [BlockSpan(chunk.offset + i * block_size, max(0, min(block_size, chunk.nbytes - i * block_size)),
+                      key, i, chunk) for i in range(len(chunk.checksums))]
 
 
 class BlockStream:
