@@ -13,7 +13,6 @@ import time
 
 import pytest
 import torch
-from s3_server import s3, s3_server  # noqa: F401  (pytest fixtures)
 
 import shardsafe
 from shardsafe import CheckpointManager, CorruptCheckpointError
