@@ -13,6 +13,7 @@ pytest.importorskip("accelerate")
 pytest.importorskip("torchdata")
 
 import torch  # noqa: E402
+from helpers import assert_same  # noqa: E402
 
 import shardsafe  # noqa: E402
 from shardsafe.harness.processes import child_env  # noqa: E402
@@ -27,17 +28,6 @@ def run(env: dict[str, str], root: str, steps: int, mode: str) -> dict:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return torch.load(os.path.join(root, f"{mode}-{steps}.pt"))
-
-
-def flat(x: object) -> list:
-    """Every leaf of a nested state, in order (tensors compared bit for bit)."""
-    if isinstance(x, dict):
-        return [(k, v) for key in x for k, v in [(key, flat(x[key]))]]
-    if isinstance(x, (list, tuple)):
-        return [flat(v) for v in x]
-    if isinstance(x, torch.Tensor):
-        return [str(x.dtype), list(x.shape), x.reshape(-1).view(torch.uint8).tolist()]
-    return x
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +47,7 @@ def test_a_resumed_process_continues_bit_exactly(runs) -> None:  # noqa: ANN001
     assert resumed["counter"] == full["counter"]  # the registered object came back
     assert resumed["lr"] == full["lr"]  # the scheduler
     for key in ("params", "optim", "rng"):
-        assert flat(resumed[key]) == flat(full[key]), key
+        assert_same(resumed[key], full[key], key)
 
 
 def test_training_state_holds_what_save_state_writes(runs) -> None:  # noqa: ANN001

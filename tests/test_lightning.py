@@ -10,16 +10,13 @@ pytest.importorskip("lightning")
 
 import torch  # noqa: E402
 from dist_harness import run_script  # noqa: E402
+from helpers import assert_same  # noqa: E402
 from lightning_job import Net, data, full_and_resumed, resume, trainer, weights  # noqa: E402
 
 import shardsafe  # noqa: E402
 from shardsafe.lightning import RNG_KEY, ShardsafeCheckpointIO, load_from_checkpoint  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.fixture(scope="module")
@@ -117,5 +114,5 @@ def test_ddp_on_two_processes_resumes_bit_exactly(tmp_path) -> None:  # noqa: AN
     finals = [{kind: torch.load(tmp_path / f"final-r{r}-{kind}.pt") for kind in ("full", "resumed")}
               for r in range(2)]
     for r in range(2):
-        assert equal(finals[r]["full"], finals[r]["resumed"]), r
-    assert equal(finals[0]["resumed"], finals[1]["resumed"])  # DDP kept the replicas equal
+        assert_same(finals[r]["resumed"], finals[r]["full"], f"rank {r}")
+    assert_same(finals[1]["resumed"], finals[0]["resumed"])  # DDP kept the replicas equal

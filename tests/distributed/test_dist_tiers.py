@@ -17,8 +17,8 @@ import signal
 import pytest
 import torch
 from dist_harness import run_job
+from helpers import assert_same
 from safetensors.torch import load_file
-from test_dist_fsdp import assert_bit_identical
 
 WORLD = 4
 
@@ -46,7 +46,7 @@ def test_crash_restores_newest_local_step_bit_exactly(recovered) -> None:  # noq
     assert [g["local"]["step"] for g in got] == [6] * WORLD
     assert [g["local"]["state_step"] for g in got] == [6] * WORLD
     assert [g["local"]["tier"] for g in got] == ["local"] * WORLD
-    assert_bit_identical(load_file(os.path.join(out, "ref-6.safetensors")),
+    assert_same(load_file(os.path.join(out, "ref-6.safetensors")),
                          load_file(os.path.join(out, "got-local.safetensors")))
     # and training goes on exactly as in the run that crashed
     assert [g["local"]["loss7"] for g in got] == [t["loss7"] for t in trained]
@@ -56,7 +56,7 @@ def test_damaged_local_copy_falls_back_to_the_peer_copy(recovered) -> None:  # n
     out, trained, got = recovered
     assert [(g["damaged"]["step"], g["damaged"]["tier"]) for g in got] == \
         [(6, "local"), (6, "peer"), (6, "local"), (6, "local")]
-    assert_bit_identical(load_file(os.path.join(out, "ref-6.safetensors")),
+    assert_same(load_file(os.path.join(out, "ref-6.safetensors")),
                          load_file(os.path.join(out, "got-damaged.safetensors")))
     with open(os.path.join(out, "recover-r1.log")) as f:
         log = f.read()
@@ -67,7 +67,7 @@ def test_lost_node_restores_from_peers_bit_exactly(recovered) -> None:  # noqa: 
     out, trained, got = recovered
     assert [g["peer"]["step"] for g in got] == [6] * WORLD
     assert [g["peer"]["tier"] for g in got] == ["local", "local", "peer", "peer"]
-    assert_bit_identical(load_file(os.path.join(out, "ref-6.safetensors")),
+    assert_same(load_file(os.path.join(out, "ref-6.safetensors")),
                          load_file(os.path.join(out, "got-peer.safetensors")))
     assert [g["peer"]["loss7"] for g in got] == [t["loss7"] for t in trained]
     # the fetched copies were stored again in node 1's local directory
@@ -78,7 +78,7 @@ def test_without_local_copies_restores_newest_persistent_step(recovered) -> None
     out, _, got = recovered
     assert [(g["persistent"]["step"], g["persistent"]["tier"]) for g in got] == [(4, "persistent")] * WORLD
     ref = load_file(os.path.join(out, "ref-4.safetensors"))
-    assert_bit_identical(ref, load_file(os.path.join(out, "got-persistent.safetensors")))
+    assert_same(ref, load_file(os.path.join(out, "got-persistent.safetensors")))
     assert not all(torch.equal(ref[k], load_file(os.path.join(out, "ref-6.safetensors"))[k]) for k in ref)
 
 
