@@ -24,9 +24,10 @@ SRC = os.path.join(os.path.dirname(os.path.dirname(HERE)), "src")
 
 
 def run_ranks(nprocs: int, phases: Sequence[tuple[str, int]], out_dir: str, *args: str,
-              timeout: float = 120, killed: Sequence[int] = (),
-              env: dict[str, str] | None = None) -> dict[tuple[str, int], list[dict[str, Any] | None]]:
-    """Starts ``nprocs`` processes that run ``phases`` one after another.
+              timeout: float = 120, killed: Sequence[int] = (), env: dict[str, str] | None = None,
+              worker: str = WORKER) -> dict[tuple[str, int], list[dict[str, Any] | None]]:
+    """Starts ``nprocs`` processes of ``worker`` (default ``dist_worker.py``) that run
+    ``phases`` one after another.
 
     A phase ``(scenario, world)`` forms a fresh gloo group of ranks ``0..world-1`` (the
     other processes sit it out), runs the scenario and tears the group down: loading
@@ -45,7 +46,7 @@ def run_ranks(nprocs: int, phases: Sequence[tuple[str, int]], out_dir: str, *arg
         penv = dict(os.environ, RANK=str(rank), MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1",
                     PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
         log = open(os.path.join(out_dir, f"r{rank}.log"), "w+")
-        procs.append((subprocess.Popen([sys.executable, WORKER, spec, out_dir, *args], env=penv,
+        procs.append((subprocess.Popen([sys.executable, worker, spec, out_dir, *args], env=penv,
                                        stdout=log, stderr=subprocess.STDOUT), log))
     deadline = time.monotonic() + timeout
     try:

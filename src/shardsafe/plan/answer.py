@@ -40,6 +40,9 @@ from .writers import PlanError
 Decision = dict[str, Any]
 Txn = Callable[[], Decision]
 _N = struct.Struct("<I")
+# what joining reports may raise (PlanError for contradicting states; the others only for
+# messages no rank of this version sends): every rank gets the error instead of waiting
+_FAILURES = (ValueError, TypeError, KeyError, IndexError)
 
 
 def pack_ranks(ranks: Iterable[int]) -> list[list[int]]:
@@ -178,8 +181,8 @@ def decide_full(lead: Leader | None, hellos: Hellos, reports: Iterable[bytes], t
                 return {"error": f"rank {rank} failed: {raw[1:].decode('utf-8', 'replace')}"}, {}, None
             join.add(rank, decode_report(raw, rank))
         joined = join.finish()
-    except PlanError as e:
-        return {"error": f"rank 0 failed: PlanError: {e}"}, {}, None
+    except _FAILURES as e:
+        return {"error": f"rank 0 failed: {type(e).__name__}: {e}"}, {}, None
     decision = txn()
     if "error" in decision:
         return decision, {}, None
@@ -203,8 +206,8 @@ def decide_trees(lead: Leader, hellos: Hellos, reports: Iterable[bytes], txn: Tx
             if rep.values:
                 values[rank] = parse_values(rep.values, rank)[0]
         _retree(lead, hellos, shapes, values)
-    except PlanError as e:
-        return {"error": f"rank 0 failed: PlanError: {e}"}
+    except _FAILURES as e:
+        return {"error": f"rank 0 failed: {type(e).__name__}: {e}"}
     return {"same": True, **txn()}
 
 
