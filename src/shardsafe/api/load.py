@@ -19,7 +19,7 @@ from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpoint
 from ..format.index import Index
 from ..per_rank import loading
 from ..storage import LocalStorage, storage_for
-from .restore import TensorTarget, build_new, match
+from .match import TensorTarget, build_new, match
 
 log = logging.getLogger("shardsafe")
 
