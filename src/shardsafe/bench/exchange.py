@@ -99,7 +99,8 @@ class _Tally:
             self.largest = max(self.largest, len(m))
             yield m
 
-    def answer(self, decision: dict[str, Any], parts: dict[str, bytes], wanted_by: Callable[[int], list[str]]) -> int:
+    def answer(self, decision: dict[str, Any], parts: dict[str, bytes],
+               wanted_by: Callable[[int], list[str]]) -> int:
         """Counts an answer: rank 0 sets decision and parts; the others read what they need."""
         n = len(encode_decision(decision))
         self.ranks[0] += n + sum(map(len, parts.values()))

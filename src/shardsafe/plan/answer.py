@@ -202,7 +202,8 @@ def decide_trees(lead: Leader, hellos: Hellos, reports: Iterable[bytes], txn: Tx
                 return {"error": f"rank {rank} failed: {raw[1:].decode('utf-8', 'replace')}"}
             rep = decode_report(raw, rank)
             if rep.shape:
-                shapes[hellos.shape_of(rank)] = _same_table(lead, parse_shape(hellos.shape_of(rank), rep.shape, rank), rank)
+                d = hellos.shape_of(rank)
+                shapes[d] = _same_table(lead, parse_shape(d, rep.shape, rank), rank)
             if rep.values:
                 values[rank] = parse_values(rep.values, rank)[0]
         _retree(lead, hellos, shapes, values)

@@ -362,6 +362,7 @@ def decode_report(data: bytes, rank: int) -> ReceivedReport:
             raise ValueError("holder set sizes do not add up")
         bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
         sets = [tuple(flat[a:b].tolist()) for a, b in zip(bounds, bounds[1:])]
-        return ReceivedReport(own, nbytes, item, sets_of, sets, data[at : at + na], data[at + na : at + na + nb])
+        return ReceivedReport(own, nbytes, item, sets_of, sets, data[at : at + na],
+                              data[at + na : at + na + nb])
     except (ValueError, struct.error) as e:
         raise PlanError(f"rank {rank} sent a malformed report: {e}") from None

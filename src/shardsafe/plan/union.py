@@ -30,6 +30,7 @@ import numpy as np
 from ..format.dtypes import lookup
 from ..format.tree import Node, decode_key_path, render_path
 from .report import ReceivedReport
+from .report import digest as report_digest
 from .writers import PlanError, RankReport, SharedBoxes, WriterPlan, plan_writers
 
 
@@ -73,6 +74,8 @@ def parse_shape(digest: bytes, body: bytes, rank: int) -> ShapeInfo:
         PlanError: the bytes are not a shape.
     """
     try:
+        if report_digest(body) != digest:
+            raise ValueError("its digest is not the one of its hello")
         raw = json.loads(body.decode("utf-8"))
         tree, rows = raw["tree"], raw["items"]
         if not isinstance(tree, dict) or not all(isinstance(r, list) and len(r) == 5 for r in rows):
@@ -162,8 +165,10 @@ class Join:
         info.ranks.append(rank)
         self.own[rank] += rep.own
         if len(rep.item):
-            if int(rep.item.max()) >= len(info.rows) or not all(info.rows[i][4] for i in set(rep.item.tolist())):
-                raise PlanError(f"rank {rank} reports shared boxes of tensors that are not sharded in its shape")
+            items = set(rep.item.tolist())
+            if max(items) >= len(info.rows) or not all(info.rows[i][4] for i in items):
+                raise PlanError(f"rank {rank} reports shared boxes of tensors its shape does not "
+                                f"hold as DTensors")
             ids = np.array([self.sets.setdefault(s, len(self.sets)) for s in rep.sets], dtype=np.int64)
             if any(s[0] != rank for s in rep.sets):
                 raise PlanError(f"rank {rank} reports holder sets it does not lead")
