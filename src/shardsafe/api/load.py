@@ -20,7 +20,7 @@ from ..format.index import Index
 from ..per_rank import loading
 from ..plan.flatten import Stateful, is_stateful
 from ..storage import LocalStorage, storage_for
-from .restore import TensorTarget, build_new, match
+from .match import TensorTarget, build_new, match
 
 log = logging.getLogger("shardsafe")
 

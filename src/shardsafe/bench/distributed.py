@@ -37,6 +37,7 @@ from typing import Any
 from .._numbers import ceil_div
 from ..comm import free_loopback_port
 from . import parse_size
+from .report import write_doc
 
 # ----------------------------------------------------------------------------- one rank
 
@@ -288,17 +289,9 @@ def table(results: dict[str, Any], size: int) -> str:
         + "\n".join(lines)
 
 
-def write_doc(path: str, text: str, command: str) -> None:
-    """Replaces the distributed section of ``path`` (between markers), or appends it."""
-    begin, end = "<!-- distributed-bench:begin -->", "<!-- distributed-bench:end -->"
-    block = f"{begin}\n## Distributed (shardsafe vs DCP)\n\nCommand: `{command}`\n\n{text}\n{end}\n"
-    old = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    if begin in old and end in old:
-        new = old[: old.index(begin)] + block + old[old.index(end) + len(end) + 1:]
-    else:
-        new = old.rstrip("\n") + "\n\n" + block
-    with open(path, "w") as f:
-        f.write(new)
+def write_section(path: str, text: str, command: str) -> None:
+    """Replaces the distributed section of ``path`` (between its markers), or appends it."""
+    write_doc(path, f"## Distributed (shardsafe vs DCP)\n\nCommand: `{command}`\n\n{text}", "distributed-bench")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -325,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = table(results, args.size)
     print(text)
     if args.write_doc:
-        write_doc(args.write_doc, text, "python -m shardsafe.bench.distributed " + " ".join(argv))
+        write_section(args.write_doc, text, "python -m shardsafe.bench.distributed " + " ".join(argv))
     return 0
 
 

@@ -23,9 +23,9 @@ from ..engine.commit import TMP_MARKER, is_committed, is_temporary, read_index
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ..format.index import Index
 from ..manager.steps import MANAGER_KEY, QUARANTINE_SUFFIX, parse_step
+from ..plan.layout import is_data_file_name
 from ..storage import LocalStorage, Storage, storage_for
 
-DATA_FILE = re.compile(r"^data-r\d+-\d+\.safetensors$")
 # the manager sets damaged steps aside as step_N.corrupt (or step_N.corrupt.2, ...)
 QUARANTINED = re.compile(re.escape(QUARANTINE_SUFFIX) + r"(\.\d+)?$")
 
@@ -141,7 +141,7 @@ def _classify(storage: Storage, parent: str, name: str) -> Entry | None:
     # object stores write data under the final prefix: data files without an index are a
     # save that has not committed (or never will); so is a step directory without an
     # index (a delete, index first, was interrupted). Other directories are not ours.
-    if parse_step(name) is not None or any(DATA_FILE.match(n) for n in storage.list(path)):
+    if parse_step(name) is not None or any(is_data_file_name(n) for n in storage.list(path)):
         return Entry(name, path, "partial")
     return None
 

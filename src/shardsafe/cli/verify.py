@@ -41,7 +41,7 @@ MAX_READ = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
-class Block:
+class BlockSpan:
     """Checksum block ``number`` of ``chunk``: ``length`` bytes at ``offset`` of its data file
     (for a compressed chunk: the block's stored bytes)."""
 
@@ -64,7 +64,7 @@ class ReadRange:
     file: str
     start: int
     end: int
-    blocks: list[Block] = field(default_factory=list)
+    blocks: list[BlockSpan] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +83,7 @@ class Problem:
 
 def plan_reads(index: Index, max_read: int = MAX_READ) -> list[ReadRange]:
     """Groups every checksum block of ``index`` into coalesced reads (pure)."""
-    blocks: list[Block] = []
+    blocks: list[BlockSpan] = []
     for t in index.tensors:
         key = render_path(t.key)
         for c in t.chunks:
@@ -93,7 +93,7 @@ def plan_reads(index: Index, max_read: int = MAX_READ) -> list[ReadRange]:
                 else:
                     start = c.offset + i * index.block_size
                     length = min(index.block_size, c.nbytes - i * index.block_size)
-                blocks.append(Block(start, max(length, 0), key, i, c))
+                blocks.append(BlockSpan(start, max(length, 0), key, i, c))
     groups = coalesce(blocks, lambda b: (b.chunk.file, b.offset, b.length), max_read)
     return [ReadRange(g[0].chunk.file, g[0].offset, max(b.offset + b.length for b in g), g)
             for g in groups]

@@ -74,11 +74,6 @@ def blocks(data: memoryview, block_size: int) -> Iterator[memoryview]:
         yield data[start : start + block_size]
 
 
-def block_checksums(data: memoryview, block_size: int) -> list[int]:
-    """CRC32C of each block of ``data`` (see ``blocks``)."""
-    return [crc32c(b) for b in blocks(data, block_size)]
-
-
 def verify_blocks(data: memoryview, block_size: int, checksums: Sequence[int], first: int = 0, *,
                   offset: int = 0, file: str | None = None, key: str | None = None) -> None:
     """Checks ``data``, blocks ``first``, ``first + 1``, ... of a chunk, against their checksums.
