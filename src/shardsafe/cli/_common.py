@@ -23,9 +23,9 @@ from ..engine.commit import TMP_MARKER, is_committed, is_temporary, list_entries
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ..format.index import Index
 from ..manager.steps import MANAGER_KEY, QUARANTINE_SUFFIX, parse_step
+from ..plan.layout import is_data_file_name
 from ..storage import LocalStorage, Storage, storage_for
 
-DATA_FILE = re.compile(r"^data-r\d+-\d+\.safetensors$")
 # the manager sets damaged steps aside as step_N.corrupt (or step_N.corrupt.2, ...)
 QUARANTINED = re.compile(re.escape(QUARANTINE_SUFFIX) + r"(\.\d+)?$")
 
@@ -143,7 +143,7 @@ def _classify(storage: Storage, parent: str, name: str) -> Entry | None:
     # index (a delete, index first, was interrupted). Other directories are not ours.
     if not storage.is_directory(path):
         return None  # a file, FIFO or device named like a step: not ours
-    if parse_step(name) is not None or any(DATA_FILE.match(n) for n in storage.list(path)):
+    if parse_step(name) is not None or any(is_data_file_name(n) for n in storage.list(path)):
         return Entry(name, path, "partial")
     return None
 
