@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,17 +91,33 @@ def load(path: str, state: MutableMapping[str, Any] | Stateful | None = None, *,
         CorruptCheckpointError: A checksum fails or a file is truncated/malformed.
         StateMismatchError: ``strict`` and the target's keys, shapes or dtypes differ.
     """
+    return load_checked(path, state, None, strict=strict, storage_options=storage_options, mmap=mmap,
+                        process_group=process_group, collective=collective, timeout=timeout)
+
+
+def load_checked(path: str, state: MutableMapping[str, Any] | Stateful | None,
+                 check: Callable[[Index], None] | None, *, strict: bool = True,
+                 storage_options: dict | None = None, mmap: bool = False, process_group: Any = None,
+                 collective: bool | None = None, timeout: float | None = None) -> Any:
+    """``load``, first calling ``check(index)`` with the validated index: it raises (a
+    ``CheckpointError``) to refuse the checkpoint before anything is read. The manager
+    checks that a step's index records the step and run it restores."""
     if state is not None and not isinstance(state, MutableMapping) and not is_stateful(state):
         raise TypeError(f"state must be a mutable mapping (dict) or a Stateful object (with "
                         f"state_dict() and load_state_dict()) to load into, got {type(state).__name__}")
     storage, spath = storage_for(path, storage_options)
     if collective is not False and distributed_active(process_group):
         index = read_index_collective(storage, spath, get_comm(process_group), timeout)
+        if check is not None:
+            check(index)
         return _load_from(storage, spath, index, path, state, strict, mmap)
     for attempt in range(_ATTEMPTS):
         before = _identity(storage, spath)
         try:
-            return _load_from(storage, spath, read_index(storage, spath), path, state, strict, mmap)
+            index = read_index(storage, spath)
+            if check is not None:
+                check(index)
+            return _load_from(storage, spath, index, path, state, strict, mmap)
         except (CorruptCheckpointError, CheckpointNotFoundError) as e:
             if not is_committed(storage, spath):  # deleted (e.g. by retention) while we read it
                 raise CheckpointNotFoundError(f"no committed checkpoint at {path!r} (deleted while "
@@ -173,4 +189,4 @@ def read_checkpoint_index(path: str, storage_options: dict | None = None) -> Ind
     return read_index(storage, spath)
 
 
-__all__ = ["LoadResult", "load", "read_checkpoint_index"]
+__all__ = ["LoadResult", "load", "load_checked", "read_checkpoint_index"]
