@@ -23,7 +23,7 @@ from . import INDEX_NAME, index_v2, tree
 from .checksum import ALGORITHM, crc32c
 from .index_common import (IndexHeader, MAX_DIM, MAX_INDEX_BYTES, MAX_NDIM, FileEntry, bad, check_int,
                            check_tree, decode_files, finite_float, header_fields, reject_constant,
-                           tensor_header, unique_members)
+                           tensor_header, tensor_key, unique_members)
 from .chunk_table import ChunkTable
 from .index_common import ChunkEntry
 from .lazy_chunks import LazyChunks
@@ -178,12 +178,7 @@ def _decode_chunk(c: Any, ndim: int, itemsize: int, block_size: int, key: str,
 def _decode_tensor(t: Any, block_size: int, file_id: dict[str, int],
                    cols: _Columns) -> tuple[index_v2.TensorInfo, int, int]:
     """One tensor row: (info, itemsize, chunk count); its chunks go to ``cols``."""
-    if not isinstance(t, dict) or not isinstance(t.get("key"), list):
-        raise bad("tensor entry needs a key list")
-    try:
-        key = tree.decode_key_path(t["key"])
-    except (tree.TreeError, RecursionError) as e:
-        raise bad(f"tensor key {t['key']!r}: {e}") from None
+    key = tensor_key(t)
     name = tree.render_path(key)
     kind, dt, shape = tensor_header(t, name)
     chunks = t.get("chunks")
