@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator, MutableMapping
-from contextlib import contextmanager
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import dtensor, tensors
 from ..comm import distributed_active, get_comm
+from ..engine.buffers import allocating
 from ..engine.index_exchange import read_index_collective
 from ..engine.commit import is_committed, read_index
 from ..engine.mmap_load import load_mapped
 from ..engine.reader import Reader, ReadJob
-from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
 from ..format.index import Index
 from ..per_rank import loading
 from ..plan.flatten import Stateful, is_stateful
@@ -142,18 +142,8 @@ def _identity(storage: Any, spath: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-@contextmanager
-def _allocating(index: Index, path: str) -> Iterator[None]:
-    """Turns a failed host allocation (a checkpoint larger than memory, e.g. a forged one
-    over sparse files) into a CheckpointError."""
-    try:
-        yield
-    except (MemoryError, RuntimeError) as e:
-        if not isinstance(e, MemoryError) and "alloc" not in str(e):
-            raise  # a torch RuntimeError that is not about memory
-        total = sum(t.nbytes for t in index.tensors)
-        raise CheckpointError(f"cannot allocate memory to load {path!r} ({total} bytes of tensors): "
-                              f"{e}") from e
+def _total(index: Index, path: str) -> str:
+    return f"{path!r} ({sum(t.nbytes for t in index.tensors)} bytes of tensors)"
 
 
 def _load_from(storage: Any, spath: str, index: Index, path: str,
@@ -165,7 +155,7 @@ def _load_from(storage: Any, spath: str, index: Index, path: str,
         return load_mapped(spath, index)
     reader = Reader(storage, spath, index)
     if state is None:
-        with _allocating(index, path):
+        with allocating(lambda: _total(index, path)):
             value, targets = build_new(index)
         _read(reader, targets)
         return value
@@ -177,7 +167,7 @@ def _load_from(storage: Any, spath: str, index: Index, path: str,
     if problems:
         log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(problems),
                     "\n  ".join(problems))
-    with _allocating(index, path):  # temporaries for device / strided targets
+    with allocating(lambda: _total(index, path)):  # temporaries for device / strided targets
         _read(reader, m.reads)
     m.apply()
     return LoadResult(m.missing, m.unexpected, m.mismatched)
