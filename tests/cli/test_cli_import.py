@@ -129,23 +129,13 @@ def test_import_refuses_an_empty_prefix(cli, tmp_path) -> None:  # noqa: ANN001
     assert "--prefix" in one_line_error(proc)
 
 
-class _Marker:
-    """Unpickling this object creates a marker file."""
-
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def __reduce__(self):  # noqa: ANN204
-        return (open, (self.marker, "w"))
-
-
 def test_import_of_dcp_needs_trust_pickle_and_reads_nothing_without_it(cli, tmp_path) -> None:  # noqa: ANN001
     import pickle
 
     dcp_dir = tmp_path / "dcp"
     dcp_dir.mkdir()
     marker = tmp_path / "pwned"
-    (dcp_dir / ".metadata").write_bytes(pickle.dumps(_Marker(str(marker))))  # a hostile .metadata
+    (dcp_dir / ".metadata").write_bytes(pickle.dumps(Payload(str(marker))))  # a hostile .metadata
     proc = cli("import", dcp_dir, tmp_path / "out")
     line = one_line_error(proc)
     assert "--trust-pickle" in line and "pickle" in line
