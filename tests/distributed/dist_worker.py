@@ -1,4 +1,4 @@
-"""Rank program for the distributed tests (launched by dist_harness.run_ranks).
+"""Rank program for the distributed tests (launched by tests/dist_harness.run_ranks).
 
 ``python dist_worker.py <name:world:port,...> <out_dir> [args...]`` with RANK and
 MASTER_ADDR set. Each phase forms a gloo group of ``world`` ranks on ``port`` (ranks
@@ -27,7 +27,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import shardsafe
-from dist_harness import phases
+from helpers import flip_byte
+from shardsafe.harness.processes import phases
 from shardsafe.comm import get_comm
 from shardsafe.engine import plan_exchange
 from shardsafe.storage.local import LocalStorage
@@ -291,15 +292,6 @@ def s_async(out: str) -> dict[str, Any]:
             "budget_peak": budgeted.arena.peak_nbytes, "staged": handles[-1].nbytes}
 
 
-def flip_near_end(path: str) -> None:
-    """Inverts the third-last byte of ``path`` (tensor data a checksum must catch)."""
-    with open(path, "r+b") as f:
-        f.seek(os.path.getsize(path) - 3)
-        b = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([b[0] ^ 0xFF]))
-
-
 def s_manager(out: str) -> dict[str, Any]:
     """CheckpointManager on every rank: retention, a signal only rank 1 gets, fallback."""
     res: dict[str, Any] = {}
@@ -322,7 +314,7 @@ def s_manager(out: str) -> dict[str, Any]:
     res["steps_after_retention"] = shardsafe.CheckpointManager(directory, read_only=True).all_steps()
     dist.barrier()
     if RANK == 0:  # damage a chunk of step 7 that only rank 2 reads
-        flip_near_end(os.path.join(directory, "step_00000007", "data-r00002-000.safetensors"))
+        flip_byte(os.path.join(directory, "step_00000007", "data-r00002-000.safetensors"), -3)
     dist.barrier()
     model2, opt2 = build_fsdp(1234)
     state2 = {"app": shardsafe.ModelOptimizerState(model2, opt2), "step": 0}

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import dist_worker
-from dist_harness import phases
+from shardsafe.harness.processes import phases
 from dist_worker import flat_tensors
 from safetensors.torch import save_file
 from torch import nn

@@ -5,14 +5,12 @@ a 16-rank save of DTensors, plain tensors, stage keys and PerRank values loads o
 
 from __future__ import annotations
 
-import os
-
 import pytest
-from dist_harness import HERE, run_ranks
+from dist_harness import run_ranks
 from safetensors.torch import load_file
-from test_dist_fsdp import assert_bit_identical
+from helpers import assert_same
 
-WORKER = os.path.join(HERE, "elastic_worker.py")
+WORKER = "elastic_worker.py"
 
 
 @pytest.mark.stress
@@ -25,7 +23,7 @@ def test_fsdp_and_2d_checkpoints_of_8_ranks_load_bit_exactly_on_6_5_3_and_12(tmp
         assert any(k.startswith("optim.state.") for k in ref)  # AdamW moments and steps
         for w in worlds:
             assert [r[name] for r in results[("load", w)]] == [step] * w
-            assert_bit_identical(ref, load_file(str(tmp_path / f"{name}-loaded-{w}.safetensors")))
+            assert_same(load_file(str(tmp_path / f"{name}-loaded-{w}.safetensors")), ref)
 
 
 @pytest.mark.stress
