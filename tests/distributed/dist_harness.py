@@ -85,7 +85,7 @@ def _logs(procs: list) -> str:
 
 
 def run_script(script: str, nprocs: int, *args: str, timeout: float = 120,
-               env: dict[str, str] | None = None) -> list[str]:
+               env: dict[str, str] | None = None, killed: Sequence[int] = ()) -> list[str]:
     """Runs ``python <script> *args`` as ranks ``0..nprocs-1`` of one torchrun-style job.
 
     Each process gets RANK, WORLD_SIZE, MASTER_ADDR/MASTER_PORT (one fresh loopback port)
@@ -96,7 +96,8 @@ def run_script(script: str, nprocs: int, *args: str, timeout: float = 120,
         Each rank's combined stdout and stderr.
 
     Raises:
-        AssertionError: a rank exited non-zero (every rank's output is in the message).
+        AssertionError: a rank exited non-zero, or a rank of ``killed`` (ranks the test
+            expects to die) exited zero (every rank's output is in the message).
     """
     port = str(free_loopback_port())
     procs = []
@@ -112,7 +113,7 @@ def run_script(script: str, nprocs: int, *args: str, timeout: float = 120,
     finally:
         for p in procs:
             p.kill()
-    assert [p.returncode for p in procs] == [0] * nprocs, "\n".join(outputs)
+    assert [p.returncode != 0 for p in procs] == [r in killed for r in range(nprocs)], "\n".join(outputs)
     return outputs
 
 

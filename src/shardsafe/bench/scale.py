@@ -6,7 +6,7 @@ the ranks, one data file per rank), runs the real save planner (rank reports thr
 their wire format, ``plan_writers``, the plan's wire format), builds and encodes the v2
 index with the real encoder, decodes and validates it with the real decoder, and plans
 one rank's load the way ``shardsafe.load`` does (``format.index.decode_index``, then the
-reader's planner ``engine.reader.Reader.tasks``, which builds objects only for the chunks
+reader's planner ``engine.reader.ChunkReader.tasks``, which builds objects only for the chunks
 that overlap the rank's shard). ``plan.table_reads`` (fully vectorised) is timed too.
 It prints a table and, last, one JSON line.
 
@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..engine.reader import ReadJob, Reader
+from ..engine.reader import ReadJob, ChunkReader
 from .exchange import simulate
 from ..format.chunk_table import ChunkTable, Split, num_blocks
 from ..format.dtypes import lookup
@@ -144,7 +144,7 @@ def load_plan(data: bytes, rank: int, world: int) -> tuple[int, float]:
         shape = (min(lo + q, e.shape[0]) - lo,) + e.shape[1:]
         dest = np.empty(int(np.prod(shape)) * lookup(e.dtype).itemsize, dtype=np.uint8)
         jobs.append(ReadJob(e, dest, (lo,) + (0,) * (len(shape) - 1), shape))
-    return len(Reader(LocalStorage(), "bench", index).tasks(jobs)), decode_s
+    return len(ChunkReader(LocalStorage(), "bench", index).tasks(jobs)), decode_s
 
 
 def _peak_mib() -> float:
