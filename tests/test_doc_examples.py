@@ -153,10 +153,8 @@ def test_the_examples_are_spread_over_the_pages() -> None:
 def one_interpreter(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
     pytest.importorskip("torch")
     pytest.importorskip("torchdata")
-    from conftest import SRC
-
     env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return run_pages(PAGES_WITH_EXAMPLES, tmp_path_factory.mktemp("docs-examples"), env)
 
 

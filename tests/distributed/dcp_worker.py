@@ -1,5 +1,5 @@
 """Rank program of tests/distributed/test_dist_dcp.py: DCP saving and loading through
-shardsafe.dcp's Writer and Reader in real gloo groups (launched by dist_harness.run_script).
+shardsafe.dcp's Writer and Reader in real gloo groups (launched by dist_harness.run_ranks).
 
 ``dcp_worker.py <name:world:port,...> <out_dir>``. Phases:
 
@@ -27,7 +27,8 @@ import dist_worker
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from dist_worker import build_fsdp, flip_near_end, kill_when_writing, train, write_full_state
+from dist_worker import build_fsdp, kill_when_writing, train, write_full_state
+from helpers import flip_byte
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
@@ -86,7 +87,7 @@ def s_load(out: str) -> dict[str, Any]:
     damaged = os.path.join(out, "damaged")
     if RANK == 0:
         shutil.copytree(os.path.join(out, "sync"), damaged)
-        flip_near_end(os.path.join(damaged, "data-r00001-000.safetensors"))
+        flip_byte(os.path.join(damaged, "data-r00001-000.safetensors"), -3)  # tensor data
     dist.barrier()
     try:
         _dcp_load(damaged, os.path.join(out, "damaged-loaded.safetensors"))

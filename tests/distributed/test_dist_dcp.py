@@ -11,84 +11,73 @@ import os
 from typing import Any
 
 import pytest
-import torch
-from dist_harness import run_script
+from dist_harness import run_ranks
 from dist_worker import flat_tensors
+from helpers import assert_same
 from safetensors.torch import load_file
 
 import shardsafe
-from shardsafe.comm import free_loopback_port
 from shardsafe.engine.commit import is_committed
 from shardsafe.storage.local import LocalStorage
 
-
-def _spec(*phases: tuple[str, int]) -> str:
-    return ",".join(f"{n}:{w}:{free_loopback_port()}" for n, w in phases)
-
-
-def _results(out: str, name: str, world: int, ranks: int | None = None) -> list[dict[str, Any]]:
-    """The JSON results of ranks ``0..ranks-1`` (default: all) of a phase."""
-    out_files = [os.path.join(out, f"{name}-w{world}-r{r}.json") for r in range(world if ranks is None else ranks)]
-    return [json.loads(open(f).read()) for f in out_files]
+Results = dict[tuple[str, int], list[dict[str, Any] | None]]
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> str:
+def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Results]:
     out = str(tmp_path_factory.mktemp("dcp"))
-    # one job (interpreter start-up is the cost): rank 1 dies in the last phase
-    run_script("dcp_worker.py", 3, _spec(("save", 2), ("load", 3), ("kill", 2)), out, timeout=240,
-               killed=[1])
-    return out
+    # one job (interpreter start-up is the cost): rank 1 dies in the last phase, so
+    # run_ranks reports None for it; its load results are read from its file
+    results = run_ranks(3, [("save", 2), ("load", 3), ("kill", 2)], out, timeout=240, killed=[1],
+                        worker="dcp_worker.py")
+    with open(os.path.join(out, "load-w3-r1.json")) as f:
+        results[("load", 3)][1] = json.load(f)
+    return out, results
 
 
-def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert sorted(a) == sorted(b)
-    for k in a:
-        assert torch.equal(a[k].reshape(-1).view(torch.uint8), b[k].reshape(-1).view(torch.uint8)), k
-
-
-def test_dcp_save_on_2_ranks_loads_with_dcp_on_3(job: str) -> None:
-    loads = _results(job, "load", 3)
+def test_dcp_save_on_2_ranks_loads_with_dcp_on_3(job: tuple[str, Results]) -> None:
+    job, results = job
+    loads = results[("load", 3)]
     assert [r["sync"] for r in loads] == [3, 3, 3] and [r["async"] for r in loads] == [4, 4, 4]
     ref = load_file(os.path.join(job, "sync-ref.safetensors"))
     assert any(".exp_avg" in k for k in ref)  # AdamW's moments are in it
-    _same(ref, load_file(os.path.join(job, "sync-loaded.safetensors")))
-    _same(load_file(os.path.join(job, "async-ref.safetensors")),
+    assert_same(ref, load_file(os.path.join(job, "sync-loaded.safetensors")))
+    assert_same(load_file(os.path.join(job, "async-ref.safetensors")),
           load_file(os.path.join(job, "async-loaded.safetensors")))
     # Reader on a checkpoint that shardsafe.save wrote from the same state
     assert [r["native"] for r in loads] == [3, 3, 3]
-    _same(ref, load_file(os.path.join(job, "native-loaded.safetensors")))
+    assert_same(ref, load_file(os.path.join(job, "native-loaded.safetensors")))
 
 
-def test_the_dcp_checkpoint_is_an_ordinary_shardsafe_checkpoint(job: str) -> None:
+def test_the_dcp_checkpoint_is_an_ordinary_shardsafe_checkpoint(job: tuple[str, Results]) -> None:
+    job, results = job
     path = os.path.join(job, "sync")
     assert is_committed(LocalStorage(), path)
     assert sorted(f for f in os.listdir(path) if f.startswith("data-")) == [
         "data-r00000-000.safetensors", "data-r00001-000.safetensors"]
     state = shardsafe.load(path)  # one plain process, full tensors
     ref = load_file(os.path.join(job, "sync-ref.safetensors"))
-    _same(ref, {k: v for k, v in flat_tensors({"model": state["model"], "optim": state["optim"]}).items()
-                if k in ref})
+    flat = flat_tensors({"model": state["model"], "optim": state["optim"]})
+    assert_same({k: flat[k] for k in ref}, ref)
     assert isinstance(state["step"], bytes)  # DCP's serialised value, never unpickled here
     # in place on 3 ranks (the model's tensors; the optimizer's were unexpected there)
-    loads = _results(job, "load", 3)
-    assert all(r["in_place_unexpected"] > 0 for r in loads)
+    assert all(r["in_place_unexpected"] > 0 for r in results[("load", 3)])
     in_place = load_file(os.path.join(job, "in-place-loaded.safetensors"))
-    _same({k: v for k, v in ref.items() if k.startswith("model.")},
+    assert_same({k: v for k, v in ref.items() if k.startswith("model.")},
           {k: v for k, v in in_place.items() if k.startswith("model.")})
 
 
-def test_a_damaged_block_raises_through_dcp_load(job: str) -> None:
-    loads = _results(job, "load", 3)
-    errors = [r["damaged"] for r in loads]
+def test_a_damaged_block_raises_through_dcp_load(job: tuple[str, Results]) -> None:
+    errors = [r["damaged"] for r in job[1][("load", 3)]]
     assert all(e for e in errors), errors  # every rank raised DCP's CheckpointException
     messages = list(errors[0].values())
     assert any(m.startswith("CorruptCheckpointError") and "data-r00001-000.safetensors" in m
                for m in messages), messages
 
 
-def test_a_killed_writer_rank_leaves_nothing_committed(job: str) -> None:
-    rank0 = _results(job, "kill", 2, ranks=1)[0]  # rank 1 SIGKILLed itself while writing
+def test_a_killed_writer_rank_leaves_nothing_committed(job: tuple[str, Results]) -> None:
+    job, results = job
+    rank0 = results[("kill", 2)][0]  # rank 1 SIGKILLed itself while writing
     assert rank0["error"] is not None and rank0["committed"] is False, rank0
     assert not os.path.exists(os.path.join(job, "killed"))
     assert any(d.startswith(".killed.shardsafe-tmp-") for d in os.listdir(job))  # what gc removes

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from shardsafe.format import checksum
-from shardsafe.errors import CorruptCheckpointError
-from shardsafe.format.checksum import blocks, crc32c, software_crc32c, verify_blocks
+from shardsafe.format.checksum import blocks, crc32c, software_crc32c
 
 # (input, CRC32C) pairs from RFC 3720 appendix B.4 and the usual check value.
 VECTORS = [
@@ -69,28 +68,3 @@ def test_blocks_cut_the_data_and_an_empty_buffer_is_one_block(n: int, block: int
     parts = [bytes(b) for b in blocks(memoryview(data), block)]
     assert len(parts) == count
     assert parts == [data[i : i + block] for i in range(0, max(n, 1), block)]
-
-
-def _sums(data: bytes, block: int) -> list[int]:
-    return [crc32c(b) for b in blocks(memoryview(data), block)]
-
-
-def test_verify_blocks_names_the_first_bad_block_with_its_file_bytes() -> None:
-    data = bytearray(bytes(range(256)) * 40)  # 10240 bytes: blocks of 4096, 4096, 2048
-    sums = _sums(bytes(data), 4096)
-    verify_blocks(memoryview(bytes(data)), 4096, sums, offset=8192, file="f", key="k")  # intact
-    data[5000] ^= 1  # block 1
-    with pytest.raises(CorruptCheckpointError, match=r"block 1 \(file bytes 12288-16384\)") as info:
-        verify_blocks(memoryview(bytes(data)), 4096, sums, offset=8192, file="f", key="k")
-    assert (info.value.file, info.value.key) == ("f", "k")
-    # a slice starting at block 1 is numbered and checked from there
-    tail = memoryview(bytes(data))[4096:]
-    with pytest.raises(CorruptCheckpointError, match=r"block 1 \(file bytes 4096-8192\)"):
-        verify_blocks(tail, 4096, sums, 1, offset=4096)
-    verify_blocks(memoryview(bytes(data))[8192:], 4096, sums, 2)  # block 2 is intact
-
-
-def test_verify_blocks_checks_an_empty_chunk_against_its_one_checksum() -> None:
-    verify_blocks(memoryview(b""), 4096, [crc32c(b"")])
-    with pytest.raises(CorruptCheckpointError, match="block 0"):
-        verify_blocks(memoryview(b""), 4096, [crc32c(b"x")])

@@ -22,7 +22,7 @@ import torch
 
 import shardsafe
 
-from ..demo.compare import differences
+from ..harness.compare import differences
 from .compression import MiB, adamw_state, weights
 from . import moto_server
 from .measure import remove

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import shardsafe
 
-from .compare import differences, fingerprint, snapshot
+from ..harness.compare import differences, fingerprint, snapshot
 from .events import SaveEvent, WorkerLog
 from .plan import Interruptions, plan_interruptions
 from .process import DemoError, TrainingProcess
