@@ -14,7 +14,7 @@ from ..engine.buffers import allocating
 from ..engine.index_exchange import read_index_collective
 from ..engine.commit import is_committed, read_index
 from ..engine.mmap_load import load_mapped
-from ..engine.reader import Reader, ReadJob
+from ..engine.reader import ChunkReader, ReadJob
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
 from ..format.index import Index
 from ..per_rank import loading
@@ -37,7 +37,9 @@ class LoadResult:
     """Key paths whose shape or dtype differs between checkpoint and ``state`` (not loaded)."""
 
 
-def _read(reader: Reader, targets: list[TensorTarget]) -> None:
+def read_targets(reader: ChunkReader, targets: list[TensorTarget]) -> None:
+    """Reads (and verifies) every target's region, then runs the copies into targets that
+    are not contiguous host memory."""
     jobs: list[ReadJob] = []
     for tt in targets:
         e = tt.entry
@@ -45,7 +47,10 @@ def _read(reader: Reader, targets: list[TensorTarget]) -> None:
             jobs.append(ReadJob(e, tt.dest, (0,) * len(e.shape), e.shape))
             continue
         # a DTensor target reads only its own box of the global tensor
-        target, offsets, shape = dtensor.target_region(tt.target)
+        if tt.offsets is None:
+            target, offsets, shape = dtensor.target_region(tt.target)
+        else:
+            target, offsets, shape = tt.target, tt.offsets, tensors.shape_of(tt.target)
         dest = tensors.writable_bytes(target)
         if dest is not None:
             jobs.append(ReadJob(e, dest, offsets, shape))
@@ -153,11 +158,11 @@ def _load_from(storage: Any, spath: str, index: Index, path: str,
         if state is not None or not isinstance(storage, LocalStorage):
             raise ValueError("mmap=True applies to load(path) of a local checkpoint, without a state")
         return load_mapped(spath, index)
-    reader = Reader(storage, spath, index)
+    reader = ChunkReader(storage, spath, index)
     if state is None:
         with allocating(lambda: _total(index, path)):
             value, targets = build_new(index)
-        _read(reader, targets)
+        read_targets(reader, targets)
         return value
     with loading():  # PerRank values describe only this rank's entry
         m = match(index, state)
@@ -168,7 +173,7 @@ def _load_from(storage: Any, spath: str, index: Index, path: str,
         log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(problems),
                     "\n  ".join(problems))
     with allocating(lambda: _total(index, path)):  # temporaries for device / strided targets
-        _read(reader, m.reads)
+        read_targets(reader, m.reads)
     m.apply()
     return LoadResult(m.missing, m.unexpected, m.mismatched)
 
@@ -179,4 +184,4 @@ def read_checkpoint_index(path: str, storage_options: dict | None = None) -> Ind
     return read_index(storage, spath)
 
 
-__all__ = ["LoadResult", "load", "load_checked", "read_checkpoint_index"]
+__all__ = ["LoadResult", "load", "load_checked", "read_checkpoint_index", "read_targets"]

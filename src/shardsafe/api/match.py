@@ -34,6 +34,9 @@ class TensorTarget:
     """The tensor (or DTensor) its bytes are read into."""
     dest: Any = None
     """A new tensor's writable bytes, known from its allocation (None: derived from ``target``)."""
+    offsets: tuple[int, ...] | None = None
+    """Where ``target`` starts in the global tensor, when it holds only a box of it (a DCP
+    read item); None: derived from ``target`` (all of it, or a DTensor's local shard)."""
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ FSDP job of R ranks would write (each of T tensors split evenly along dimension 
 the ranks, one data file per rank), builds and encodes the v2 index with the real
 encoder, decodes and validates it with the real decoder, and plans one rank's load the
 way ``shardsafe.load`` does (``format.index.decode_index``, then the reader's planner
-``engine.reader.Reader.tasks``, which builds objects only for the chunks that overlap
+``engine.reader.ChunkReader.tasks``, which builds objects only for the chunks that overlap
 the rank's shard). ``plan.table_reads`` (fully vectorised) is timed too. It prints a
 table and, last, one JSON line.
 
@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..engine.reader import ReadJob, Reader
+from ..engine.reader import ChunkReader, ReadJob
 from ..format.chunk_table import ChunkTable, Split, num_blocks
 from ..format.dtypes import lookup
 from ..format.index import decode_index
@@ -133,7 +133,7 @@ def load_plan(data: bytes, rank: int, world: int) -> tuple[int, float]:
         shape = (min(lo + q, e.shape[0]) - lo,) + e.shape[1:]
         dest = np.empty(int(np.prod(shape)) * lookup(e.dtype).itemsize, dtype=np.uint8)
         jobs.append(ReadJob(e, dest, (lo,) + (0,) * (len(shape) - 1), shape))
-    return len(Reader(LocalStorage(), "bench", index).tasks(jobs)), decode_s
+    return len(ChunkReader(LocalStorage(), "bench", index).tasks(jobs)), decode_s
 
 
 def _peak_mib() -> float:

@@ -19,7 +19,7 @@ from . import EXIT_FAILED, EXIT_OK
 from .. import tensors
 from ._common import add_storage_options, open_checkpoint, progress, storage_options
 from ._tensors import Leaf, leaves, read_tensor
-from ..engine.reader import Reader
+from ..engine.reader import ChunkReader
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +77,7 @@ def _bytes_equal(a: Any, b: Any) -> bool:
     return np.array_equal(tensors.host_bytes(a), tensors.host_bytes(b))
 
 
-def compare(ra: Reader, rb: Reader, on_bytes: Any = None) -> tuple[list[Change], int]:
+def compare(ra: ChunkReader, rb: ChunkReader, on_bytes: Any = None) -> tuple[list[Change], int]:
     """The changes from checkpoint A to B, and the number of identical leaves."""
     la = {leaf.key: leaf for leaf in leaves(ra.index)}
     lb = {leaf.key: leaf for leaf in leaves(rb.index)}
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     both = sum(t.nbytes for t in ia.tensors) + sum(t.nbytes for t in ib.tensors)
     bar = progress(both, "diff")
     try:
-        changes, same = compare(Reader(sa, pa, ia), Reader(sb, pb, ib), bar.update)
+        changes, same = compare(ChunkReader(sa, pa, ia), ChunkReader(sb, pb, ib), bar.update)
     finally:
         bar.close()
     if args.json:

@@ -25,7 +25,7 @@ from . import EXIT_OK
 from .. import tensors
 from ._common import add_storage_options, open_checkpoint, progress, storage_options
 from ._tensors import as_torch, leaves, read_tensor, require_torch, subtree
-from ..engine.reader import Reader
+from ..engine.reader import ChunkReader
 from ..format.datafile import safetensors_header
 from ..format.dtypes import lookup
 from ..format.index import Index
@@ -117,7 +117,7 @@ def _st_header(index: Index, node: Node, base: KeyPath, dtype: str | None) -> tu
     return safetensors_header(meta, entries, 8), order, skipped
 
 
-def _write_safetensors(reader: Reader, node: Node, base: KeyPath, out: str, dtype: str | None) -> list[str]:
+def _write_safetensors(reader: ChunkReader, node: Node, base: KeyPath, out: str, dtype: str | None) -> list[str]:
     header, order, skipped = _st_header(reader.index, node, base, dtype)
     bar = progress(sum(n for _, n in order), "export")
     try:
@@ -137,7 +137,7 @@ def _write_safetensors(reader: Reader, node: Node, base: KeyPath, out: str, dtyp
     return skipped
 
 
-def _build_pt(reader: Reader, node: Node, dtype: str | None) -> Any:
+def _build_pt(reader: ChunkReader, node: Node, dtype: str | None) -> Any:
     """The nested value at ``node`` with only types weights-only unpickling admits."""
     t = node["t"]
     if t == "dict":
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyError:
         raise ValueError(f"no key path {args.only!r} in {args.ckpt}") from None
     dtype = DTYPES[args.dtype] if args.dtype else None
-    reader = Reader(storage, spath, index)
+    reader = ChunkReader(storage, spath, index)
     tmp = f"{args.out}.tmp-{os.getpid()}"
     try:
         if fmt == "safetensors":
