@@ -45,7 +45,6 @@ def test_distributed_demo_reports_a_wrong_resume(tmp_path, subprocess_env) -> No
     assert re.search(r"rng\.[01]\.torch: values differ", proc.stdout)
 
 
-def test_nproc_must_be_positive(subprocess_env) -> None:  # noqa: ANN001
-    proc = subprocess.run([sys.executable, "-m", "shardsafe", "demo", "--nproc", "0"],
-                          env=subprocess_env, capture_output=True, text=True, timeout=60)
+def test_nproc_must_be_positive(cli) -> None:  # noqa: ANN001
+    proc = cli("demo", "--nproc", "0")
     assert proc.returncode == 2 and "--nproc must be at least 1" in proc.stderr, proc.stderr
