@@ -1,14 +1,17 @@
 """Every Python example in README.md runs.
 
-Fenced ```python blocks are executed in the order they appear, each as its own script
-in a fresh interpreter, all in one scratch directory (so a later example may read what
-an earlier one wrote, as a reader trying them one after another would). A block whose
-fence says ```python no-run is skipped (e.g. it needs an S3 bucket). The quickstart's
-two commands are pinned too.
+Fenced ```python blocks are executed in the order they appear, all in one scratch
+directory (so a later example may read what an earlier one wrote, as a reader trying
+them one after another would). By default one child interpreter runs them all, each as
+``__main__`` in a fresh namespace (one torch import instead of one per block); under
+``-m stress`` each runs as its own script in a fresh interpreter. A block whose fence
+says ```python no-run is skipped (e.g. it needs an S3 bucket). The quickstart's two
+commands are pinned too.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -17,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from shardsafe.harness.processes import child_env
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 _FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", re.M | re.S)
@@ -65,19 +70,65 @@ def test_readme_has_runnable_examples_and_the_two_quickstart_commands() -> None:
     assert commands == ["make demo", "make test"]
 
 
-@pytest.fixture(scope="module")
-def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("readme")
+# Runs each script given as ``__main__`` in a fresh namespace, in order, with stdout and
+# stderr captured per script; prints {script: {"ok": bool, "output": str}} as JSON.
+_RUNNER = """
+import contextlib, io, json, runpy, sys, traceback
+results = {}
+for path in sys.argv[1:]:
+    out = io.StringIO()
+    ok = True
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            runpy.run_path(path, run_name="__main__")
+        except SystemExit as e:
+            ok = e.code in (None, 0)
+        except BaseException:
+            traceback.print_exc()
+            ok = False
+    results[path] = {"ok": ok, "output": out.getvalue()}
+print(json.dumps(results))
+"""
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("block", RUNNABLE, ids=[f"line-{b.line}" for b in RUNNABLE])
-def test_readme_example_runs(block: Block, scratch: Path, subprocess_env: dict[str, str]) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("torchdata")
+def _write(scratch: Path, block: Block) -> Path:
     script = scratch / f"readme_line_{block.line}.py"
     script.write_text(block.code, encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(script)], cwd=scratch, env=subprocess_env,
+    return script
+
+
+@pytest.fixture(scope="module")
+def one_interpreter(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict]]:
+    pytest.importorskip("torch")
+    pytest.importorskip("torchdata")
+    scratch = tmp_path_factory.mktemp("readme")
+    scripts = [str(_write(scratch, b)) for b in RUNNABLE]
+    proc = subprocess.run([sys.executable, "-c", _RUNNER, *scripts], cwd=scratch, env=child_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return scratch, json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=[f"line-{b.line}" for b in RUNNABLE])
+def test_readme_example_runs(block: Block, one_interpreter: tuple[Path, dict[str, dict]]) -> None:
+    scratch, results = one_interpreter
+    got = results[str(scratch / f"readme_line_{block.line}.py")]
+    assert got["ok"] and "Traceback" not in got["output"], (
+        f"README.md line {block.line} failed:\n{block.code}\n--- output\n{got['output']}")
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("readme-fresh")
+
+
+@pytest.mark.stress
+@pytest.mark.parametrize("block", RUNNABLE, ids=[f"line-{b.line}" for b in RUNNABLE])
+def test_readme_example_runs_in_a_fresh_interpreter(block: Block, scratch: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("torchdata")
+    script = _write(scratch, block)
+    proc = subprocess.run([sys.executable, str(script)], cwd=scratch, env=child_env(),
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, (f"README.md line {block.line} failed:\n{block.code}\n"
                                   f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
