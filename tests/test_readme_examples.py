@@ -117,6 +117,19 @@ def test_readme_example_runs(block: Block, one_interpreter: tuple[Path, dict[str
         f"README.md line {block.line} failed:\n{block.code}\n--- output\n{got['output']}")
 
 
+def test_training_loop_example_keeps_what_it_documents(one_interpreter: tuple[Path, dict[str, dict]]) -> None:
+    """The example of "Using shardsafe in a training loop": its retention keeps every
+    100th step and the newest three."""
+    scratch, results = one_interpreter
+    text = README.read_text(encoding="utf-8")
+    section = text.count("\n", 0, text.index("## Using shardsafe in a training loop")) + 1
+    block = next(b for b in RUNNABLE if b.line > section)
+    out = results[str(scratch / f"readme_line_{block.line}.py")]["output"]
+    kept = [0, 100, 200, 225, 250, 275]
+    assert f"checkpoints: {kept}" in out, out
+    assert sorted(os.listdir(scratch / "checkpoints" / "run1")) == [f"step_{s:08d}" for s in kept]
+
+
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("readme-fresh")
