@@ -1,4 +1,7 @@
-"""`shardsafe demo` end to end: a real SIGKILL and SIGTERM, real resumes in new processes."""
+"""`shardsafe demo` end to end: a real SIGKILL and SIGTERM, real resumes in new processes.
+
+The run with a wrong resume (reported DIFFERENT) runs under -m stress; the report's
+rendering of differences is checked by test_demo_report.py."""
 
 from __future__ import annotations
 
@@ -67,6 +70,7 @@ def test_demo_crashes_preempts_resumes_and_reports_identical(tmp_path, subproces
     assert verify.returncode == 0 and verify.stdout.count("OK ") == 2, verify.stdout
 
 
+@pytest.mark.stress
 def test_demo_reports_a_wrong_resume_as_different(tmp_path, subprocess_env) -> None:
     # the hidden --corrupt-resume forgets the RNG state when resuming: dropout masks change
     env = dict(subprocess_env, TMPDIR=str(tmp_path))
