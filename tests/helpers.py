@@ -46,9 +46,9 @@ def raw_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def assert_same(got: Any, want: Any, path: str = "<root>") -> None:
-    """Asserts equal structure (key order too), exact types, and bit-identical
-    tensors, arrays and floats (NaN equals NaN; -0.0 differs from 0.0)."""
+def assert_same(got: Any, want: Any, path: str = "<root>", *, key_order: bool = True) -> None:
+    """Asserts equal structure (key order too, unless ``key_order`` is False), exact types,
+    and bit-identical tensors, arrays and floats (NaN equals NaN; -0.0 differs from 0.0)."""
     if isinstance(want, torch.Tensor):
         assert type(got) is torch.Tensor, f"{path}: {type(got)}"
         assert got.device.type == "cpu", path
@@ -64,13 +64,14 @@ def assert_same(got: Any, want: Any, path: str = "<root>") -> None:
     elif isinstance(want, float):
         assert math.isnan(got) if math.isnan(want) else (got == want and math.copysign(1, got) == math.copysign(1, want)), path
     elif isinstance(want, dict):
-        assert list(got) == list(want), f"{path}: keys {list(got)} != {list(want)}"
+        keys = (list(got), list(want)) if key_order else (sorted(got, key=repr), sorted(want, key=repr))
+        assert keys[0] == keys[1], f"{path}: keys {keys[0]} != {keys[1]}"
         for k in want:
-            assert_same(got[k], want[k], f"{path}.{k}")
+            assert_same(got[k], want[k], f"{path}.{k}", key_order=key_order)
     elif isinstance(want, (list, tuple)):
         assert len(got) == len(want), path
         for i, (g, w) in enumerate(zip(got, want)):
-            assert_same(g, w, f"{path}.{i}")
+            assert_same(g, w, f"{path}.{i}", key_order=key_order)
     else:
         assert got == want, path
 
