@@ -81,9 +81,10 @@ def run_script(script: str, nprocs: int, *args: str, timeout: float = 120,
 
 
 def run_ranks(nprocs: int, phases: Sequence[tuple[str, int]], out_dir: str, *args: str,
-              timeout: float = 120, killed: Sequence[int] = (),
-              env: dict[str, str] | None = None) -> dict[tuple[str, int], list[dict[str, Any] | None]]:
-    """Starts ``nprocs`` ranks of ``dist_worker.py`` that run ``phases`` one after another.
+              timeout: float = 120, killed: Sequence[int] = (), env: dict[str, str] | None = None,
+              worker: str = "dist_worker.py") -> dict[tuple[str, int], list[dict[str, Any] | None]]:
+    """Starts ``nprocs`` ranks of ``worker`` (a script under ``tests/distributed``, default
+    ``dist_worker.py``) that run ``phases`` one after another.
 
     A phase ``(scenario, world)`` forms a fresh gloo group of ranks ``0..world-1`` (the
     other processes sit it out), runs the scenario and tears the group down: loading
@@ -97,7 +98,7 @@ def run_ranks(nprocs: int, phases: Sequence[tuple[str, int]], out_dir: str, *arg
     """
     os.makedirs(out_dir, exist_ok=True)
     spec = phase_spec(phases)
-    job = run_job("dist_worker.py", nprocs, spec, out_dir, *args, timeout=timeout,
+    job = run_job(worker, nprocs, spec, out_dir, *args, timeout=timeout,
                   log_dir=out_dir, env=env)
     assert not job.hung, f"{spec} on {nprocs} processes hung for {timeout} s:\n{job.logs()}"
     bad = [r for r, c in enumerate(job.codes) if (c != 0) != (r in killed)]

@@ -8,6 +8,7 @@ s3_server.py.)
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import logging
@@ -63,6 +64,8 @@ def assert_same(got: Any, want: Any, path: str = "<root>", *, key_order: bool = 
         assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), path
     elif isinstance(want, float):
         assert math.isnan(got) if math.isnan(want) else (got == want and math.copysign(1, got) == math.copysign(1, want)), path
+    elif isinstance(want, argparse.Namespace):
+        assert_same(vars(got), vars(want), path, key_order=key_order)
     elif isinstance(want, dict):
         keys = (list(got), list(want)) if key_order else (sorted(got, key=repr), sorted(want, key=repr))
         assert keys[0] == keys[1], f"{path}: keys {keys[0]} != {keys[1]}"

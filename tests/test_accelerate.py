@@ -55,7 +55,7 @@ def test_training_state_holds_what_save_state_writes(runs) -> None:  # noqa: ANN
     mgr = shardsafe.CheckpointManager(os.path.join(root, "split", "ckpts"), read_only=True)
     assert mgr.all_steps() == [3, 6, 9, 12]
     ck = shardsafe.load(os.path.join(root, "split", "ckpts", sorted(os.listdir(
-        os.path.join(root, "split", "ckpts")))[0]))["train"]
+        os.path.join(root, "split", "ckpts")))[0]))  # the job saves training_state(acc) itself
     assert sorted(ck) == ["custom", "dataloaders", "models", "optimizers", "rng", "schedulers", "step"]
     assert sorted(ck["models"][0]) == ["0.bias", "0.weight", "3.bias", "3.weight"]
     assert ck["optimizers"][0]["state"][0]["step"] is not None

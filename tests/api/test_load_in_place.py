@@ -202,10 +202,13 @@ def test_user_stateful_receives_materialised_state(tmp_path) -> None:
     assert list(fresh.items) == [0, 5] and torch.equal(fresh.items[5], torch.zeros(3))
 
 
-def test_load_state_must_be_a_mapping(tmp_path) -> None:
+def test_load_state_must_be_a_mapping_or_a_stateful(tmp_path) -> None:
     shardsafe.save({"w": torch.ones(1)}, _path(tmp_path))
     with pytest.raises(TypeError, match="mapping"):
-        shardsafe.load(_path(tmp_path), torch.nn.Linear(1, 1))  # type: ignore[arg-type]
+        shardsafe.load(_path(tmp_path), (torch.ones(1),))  # type: ignore[arg-type]
+    # a module is a target (tests/api/test_stateful_root.py), matched by its keys
+    with pytest.raises(shardsafe.StateMismatchError, match="missing in checkpoint: weight"):
+        shardsafe.load(_path(tmp_path), torch.nn.Linear(1, 1))
 
 
 class Plain:

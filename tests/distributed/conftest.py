@@ -10,10 +10,12 @@ from dist_harness import run_ranks
 Results = dict[tuple[str, int], list[dict[str, Any] | None]]
 
 # save on 4 ranks, reload on 4, 3 and 2, comm checks, async, manager, incremental and
-# compressed saves on 3, a compressed reload and a lost plan share on 2: one interpreter
-# start-up per process instead of one per phase (or per job)
+# compressed saves on 3, ranks with different trees saved on 4 and loaded on 3, a
+# compressed reload and a lost plan share on 2: one interpreter start-up per process
+# instead of one per phase (or per job)
 PHASES = [("save", 4), ("load", 4), ("load", 3), ("load", 2), ("comm", 3), ("async", 3),
-          ("manager", 3), ("incremental", 3), ("compressed", 3), ("compressed_load", 2), ("lost", 2)]
+          ("manager", 3), ("incremental", 3), ("many", 4), ("many_load", 3), ("compressed", 3),
+          ("compressed_load", 2), ("lost", 2)]
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The README's torchrun example runs, checkpoints, and resumes on another world size."""
+"""The torchrun example of docs/guides/fsdp2.md runs, checkpoints, and resumes on another world size."""
 
 from __future__ import annotations
 

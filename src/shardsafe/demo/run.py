@@ -171,7 +171,7 @@ def run_reference(cfg: TrainConfig) -> ReferenceRun:
 
 
 def step_path(directory: str, step: int) -> str:
-    """Where a manager keeps ``step`` (the layout documented in the README)."""
+    """Where a manager keeps ``step`` (the layout of docs/guides/training-loop.md)."""
     return os.path.join(directory, f"step_{step:08d}")
 
 

@@ -34,13 +34,15 @@ from typing import Any, Literal, get_args
 from ..comm import Comm, SingleProcessComm, get_comm
 from ..errors import CheckpointError
 from ..format.codec import Compression, check_compression
+from ..plan.flatten import Stateful
 from .io_pool import io_threads
 from . import async_jobs, cuda, pipeline
 from .async_jobs import JobMaker, Stager, Write
 from .buffers import BouncePool, HostBuffer, StagingArena, slot_count
 from .handle import SaveHandle
 from .incremental import Baseline
-from .prepared import BLOCK_SIZE, UNIT_SIZE, PreparedSave
+from .entries import CodedFile, Entries
+from .prepared import BLOCK_SIZE, UNIT_SIZE, PreparedSave, local_entries
 from .staging import StageTask, host_sources, stage_files
 from .units import FileUnits
 from .writer import FileWrite
@@ -99,7 +101,7 @@ class Checkpointer:
         _LIVE.add(self)
 
     # ------------------------------------------------------------------ public
-    def save(self, state: Mapping[str, Any], path: str, *, overwrite: bool = False,
+    def save(self, state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool = False,
              metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
              process_group: Any = None, timeout: float | None = None,
              collective: bool | None = None, compression: Compression | None = None,
@@ -117,7 +119,7 @@ class Checkpointer:
                                  baseline=baseline)
             self._save_streamed(prep)
 
-    def _prepare(self, state: Mapping[str, Any], path: str, *, overwrite: bool,
+    def _prepare(self, state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool,
                  metadata: Mapping[str, Any] | None, storage_options: dict | None,
                  process_group: Any, timeout: float | None,
                  collective: bool | None, compression: Compression | None,
@@ -131,8 +133,8 @@ class Checkpointer:
                                 storage_options=storage_options, comm=comm, timeout=timeout,
                                 compression=compression, baseline=baseline)
 
-    def async_save(self, state: Mapping[str, Any], path: str, *, staging: StagingMode = "blocking",
-                   overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
+    def async_save(self, state: Mapping[str, Any] | Stateful, path: str, *,
+                   staging: StagingMode = "blocking", overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
                    storage_options: dict | None = None, process_group: Any = None,
                    timeout: float | None = None, collective: bool | None = None,
                    compression: Compression | None = None,
@@ -329,9 +331,31 @@ class Checkpointer:
             _UNSETTLED.add(handle)
         self._thread.start()
 
+    def write_part(self, prep: PreparedSave) -> Entries:
+        """Writes this rank's files of a save planned and committed elsewhere, synchronously.
+
+        ``prep`` comes from ``pipeline.prepare_part``; its working directory exists. Returns
+        the entries of what this rank wrote (durable), for the coordinator's
+        ``pipeline.commit_parts``. Commits nothing and removes nothing: on failure the files
+        are closed and the error raised (the caller's coordinator never commits then).
+        """
+        with self._lock:
+            self._check_open()
+            self._wait_previous()
+            return local_entries(prep, *self._write_streamed(prep))
+
     def _save_streamed(self, prep: PreparedSave) -> None:
-        """Sync save: stage per unit through bounce buffers (or gather), write, commit."""
+        """Sync save: write this rank's files (``_write_streamed``), then commit."""
         pipeline.begin(prep)
+        try:
+            pipeline.commit_save(prep, *self._write_streamed(prep))
+        except BaseException as e:
+            pipeline.abort(prep, e)
+            raise
+
+    def _write_streamed(self, prep: PreparedSave) -> tuple[list[list[list[int]]], list[CodedFile]]:
+        """Stages per unit through bounce buffers (or gathers), writes and syncs every file of
+        this rank; returns ``pipeline.finish_writes``' results."""
         writes: list[Write] = []
         scratch: list[HostBuffer] = []
         try:
@@ -343,11 +367,10 @@ class Checkpointer:
                 bw = pipeline.block_file_write(prep, plan, sources=host_sources(plan, device=False))
                 writes.append(bw)
                 bw.all_ready()
-            pipeline.finish_and_commit(prep, writes)
-        except BaseException as e:
+            return pipeline.finish_writes(prep, writes)
+        except BaseException:
             for fw in writes:
                 fw.cancel()
-            pipeline.abort(prep, e)
             raise
         finally:
             for b in scratch:

@@ -26,7 +26,7 @@ that save's reference, so chains never form. A compressed chunk (``compression=`
 referenced in its block file with its coding (codec, stored size and stored CRC32C per
 block), so an unchanged chunk is neither written nor coded again; hashing compares the
 raw bytes, whatever their coding. The baseline lives in memory only: after
-a restart the first save writes everything (see README, "Incremental saves").
+a restart the first save writes everything (see docs/guides/incremental.md).
 """
 
 from __future__ import annotations

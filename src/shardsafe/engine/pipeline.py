@@ -23,14 +23,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import knobs
-from ..comm import Comm, get_comm
+from ..comm import Comm, ExternalRank, get_comm
 from ..plan.flatten import TensorItem, flatten
 from ..plan.layout import FilePlan, block_file_name, data_file_name, plan_file
-from ..plan.sharding import localize
+from ..plan.localize import localize
 from ..storage import storage_for
 from . import commit, plan_exchange, two_phase_commit
 from .block_writer import BlockFileWrite
-from .entries import CodedFile
+from .entries import CodedFile, Entries
 from .incremental import Baseline
 from .prepared import BLOCK_SIZE, PreparedSave, build_index, check_metadata, local_entries, split_coded
 
@@ -78,6 +78,35 @@ def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
     plans = [plan_file(data_file_name(comm.rank), plain)]
     return PreparedSave(storage, txn, tree, items, plans, md, comm, baseline=baseline, split=split,
                         compression=compression, coded=_block_plans(comm.rank, coded))
+
+
+def prepare_part(items: Sequence[TensorItem], txn: commit.Transaction, comm: ExternalRank,
+                 compression: str | None = None) -> PreparedSave:
+    """Phase (b) for one rank of a save that another system plans and commits.
+
+    ``shardsafe.dcp`` drives the engine this way: DCP's planner decides which rank writes
+    which ``items`` (their ids index the tensor table the coordinator builds), every rank
+    writes them into ``txn``'s working directory with ``Checkpointer.write_part``, and the
+    coordinator publishes the index from every rank's entries with ``commit_parts``.
+    """
+    plain, coded = split_coded(items, compression)
+    return PreparedSave(txn.storage, txn, {"t": "dict", "k": [], "v": []}, list(items),
+                        [plan_file(data_file_name(comm.rank), plain)], {}, comm,
+                        compression=compression, coded=_block_plans(comm.rank, coded))
+
+
+def commit_parts(txn: commit.Transaction, tree: dict[str, Any], items: Sequence[TensorItem],
+                 parts: Sequence[Entries], metadata: Mapping[str, Any], world_size: int) -> None:
+    """Phase (e) of such a save: the index from every rank's entries, published in ``txn``.
+
+    ``items`` is the whole tensor table (the chunks of ``parts`` must cover each exactly);
+    ``tree`` the structure tree pointing into it.
+
+    Raises:
+        CheckpointError: the parts do not hold exactly each tensor's elements.
+    """
+    prep = PreparedSave(txn.storage, txn, tree, list(items), [], dict(metadata), ExternalRank(0, world_size))
+    commit.finish(txn, build_index(prep, parts))
 
 
 def _block_plans(rank: int, items: Sequence[TensorItem]) -> list[FilePlan]:
@@ -140,16 +169,21 @@ def block_file_write(prep: PreparedSave, plan: FilePlan, **source: Any) -> Block
                           prep.compression, BLOCK_SIZE, **source)
 
 
-def finish_and_commit(prep: PreparedSave, writes: Sequence[Any]) -> None:
-    """Phase (e) after the writes: finishes every write, then commits from their results.
+def finish_writes(prep: PreparedSave, writes: Sequence[Any]) -> tuple[list[list[list[int]]], list[CodedFile]]:
+    """Finishes every write of this rank: the block checksums of each of ``prep.plans``, and
+    what the block files of ``prep.coded`` hold.
 
-    ``writes`` lists the ``FileWrite`` of each of ``prep.plans`` (their block checksums),
-    then the ``BlockFileWrite`` of each of ``prep.coded`` (their ``CodedFile``s). Block
-    files are finished first: their coding runs while ``finish`` drives it, on the I/O
-    pool next to the data files' writes, which are already queued.
+    ``writes`` lists the ``FileWrite`` of each of ``prep.plans``, then the
+    ``BlockFileWrite`` of each of ``prep.coded``. Block files are finished first: their
+    coding runs while ``finish`` drives it, on the I/O pool next to the data files'
+    writes, which are already queued.
     """
     order = sorted(range(len(writes)), key=lambda k: not isinstance(writes[k], BlockFileWrite))
     results: dict[int, Any] = {k: writes[k].finish() for k in order}
     n = len(prep.plans)
-    commit_save(prep, [results[k] for k in range(n)],
-                [f for k in range(n, len(writes)) for f in results[k]])
+    return [results[k] for k in range(n)], [f for k in range(n, len(writes)) for f in results[k]]
+
+
+def finish_and_commit(prep: PreparedSave, writes: Sequence[Any]) -> None:
+    """Phase (e) after the writes: finishes every write, then commits from their results."""
+    commit_save(prep, *finish_writes(prep, writes))
