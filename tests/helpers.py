@@ -7,6 +7,7 @@ s3_server.py.)
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import random
@@ -57,6 +58,8 @@ def assert_same(got: Any, want: Any, path: str = "<root>") -> None:
         assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), path
     elif isinstance(want, float):
         assert math.isnan(got) if math.isnan(want) else (got == want and math.copysign(1, got) == math.copysign(1, want)), path
+    elif isinstance(want, argparse.Namespace):
+        assert_same(vars(got), vars(want), path)
     elif isinstance(want, dict):
         assert list(got) == list(want), f"{path}: keys {list(got)} != {list(want)}"
         for k in want:

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, MutableMapping
-from contextlib import contextmanager
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import dtensor, tensors
 from ..comm import distributed_active, get_comm
+from ..engine.buffers import allocating
 from ..engine.index_exchange import read_index_collective
 from ..engine.commit import is_committed, read_index
 from ..engine.mmap_load import load_mapped
 from ..engine.reader import ChunkReader, ReadJob
-from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
 from ..format.index import Index
 from ..per_rank import loading
 from ..plan.flatten import Stateful, is_stateful
@@ -96,17 +96,33 @@ def load(path: str, state: MutableMapping[str, Any] | Stateful | None = None, *,
         CorruptCheckpointError: A checksum fails or a file is truncated/malformed.
         StateMismatchError: ``strict`` and the target's keys, shapes or dtypes differ.
     """
+    return load_checked(path, state, None, strict=strict, storage_options=storage_options, mmap=mmap,
+                        process_group=process_group, collective=collective, timeout=timeout)
+
+
+def load_checked(path: str, state: MutableMapping[str, Any] | Stateful | None,
+                 check: Callable[[Index], None] | None, *, strict: bool = True,
+                 storage_options: dict | None = None, mmap: bool = False, process_group: Any = None,
+                 collective: bool | None = None, timeout: float | None = None) -> Any:
+    """``load``, first calling ``check(index)`` with the validated index: it raises (a
+    ``CheckpointError``) to refuse the checkpoint before anything is read. The manager
+    checks that a step's index records the step and run it restores."""
     if state is not None and not isinstance(state, MutableMapping) and not is_stateful(state):
         raise TypeError(f"state must be a mutable mapping (dict) or a Stateful object (with "
                         f"state_dict() and load_state_dict()) to load into, got {type(state).__name__}")
     storage, spath = storage_for(path, storage_options)
     if collective is not False and distributed_active(process_group):
         index = read_index_collective(storage, spath, get_comm(process_group), timeout)
+        if check is not None:
+            check(index)
         return _load_from(storage, spath, index, path, state, strict, mmap)
     for attempt in range(_ATTEMPTS):
         before = _identity(storage, spath)
         try:
-            return _load_from(storage, spath, read_index(storage, spath), path, state, strict, mmap)
+            index = read_index(storage, spath)
+            if check is not None:
+                check(index)
+            return _load_from(storage, spath, index, path, state, strict, mmap)
         except (CorruptCheckpointError, CheckpointNotFoundError) as e:
             if not is_committed(storage, spath):  # deleted (e.g. by retention) while we read it
                 raise CheckpointNotFoundError(f"no committed checkpoint at {path!r} (deleted while "
@@ -131,18 +147,8 @@ def _identity(storage: Any, spath: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-@contextmanager
-def _allocating(index: Index, path: str) -> Iterator[None]:
-    """Turns a failed host allocation (a checkpoint larger than memory, e.g. a forged one
-    over sparse files) into a CheckpointError."""
-    try:
-        yield
-    except (MemoryError, RuntimeError) as e:
-        if not isinstance(e, MemoryError) and "alloc" not in str(e):
-            raise  # a torch RuntimeError that is not about memory
-        total = sum(t.nbytes for t in index.tensors)
-        raise CheckpointError(f"cannot allocate memory to load {path!r} ({total} bytes of tensors): "
-                              f"{e}") from e
+def _total(index: Index, path: str) -> str:
+    return f"{path!r} ({sum(t.nbytes for t in index.tensors)} bytes of tensors)"
 
 
 def _load_from(storage: Any, spath: str, index: Index, path: str,
@@ -154,7 +160,7 @@ def _load_from(storage: Any, spath: str, index: Index, path: str,
         return load_mapped(spath, index)
     reader = ChunkReader(storage, spath, index)
     if state is None:
-        with _allocating(index, path):
+        with allocating(lambda: _total(index, path)):
             value, targets = build_new(index)
         read_targets(reader, targets)
         return value
@@ -166,7 +172,7 @@ def _load_from(storage: Any, spath: str, index: Index, path: str,
     if problems:
         log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(problems),
                     "\n  ".join(problems))
-    with _allocating(index, path):  # temporaries for device / strided targets
+    with allocating(lambda: _total(index, path)):  # temporaries for device / strided targets
         read_targets(reader, m.reads)
     m.apply()
     return LoadResult(m.missing, m.unexpected, m.mismatched)
@@ -178,4 +184,4 @@ def read_checkpoint_index(path: str, storage_options: dict | None = None) -> Ind
     return read_index(storage, spath)
 
 
-__all__ = ["LoadResult", "load", "read_checkpoint_index", "read_targets"]
+__all__ = ["LoadResult", "load", "load_checked", "read_checkpoint_index", "read_targets"]

@@ -10,6 +10,8 @@ restores fully; ``nn.Module`` state dicts are closed (extra keys are unexpected)
 
 from __future__ import annotations
 
+import argparse
+
 import copy as _copy
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -129,6 +131,9 @@ class _Matcher:
             return self.tensor(target, node, path, open_)
         if isinstance(target, MutableMapping) and t == "dict":
             return self.mapping(target, node, path, open_, copy_)
+        if type(target) is argparse.Namespace and node["t"] == "namespace":  # its attributes, in place
+            attrs = self.mapping(vars(target), node, path, open_, copy_)
+            return target if attrs is vars(target) else argparse.Namespace(**attrs)
         if isinstance(target, (list, tuple)) and t in ("list", "tuple"):
             if len(target) == len(node["v"]):
                 return self.sequence(target, node, path, open_, copy_)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import tensors
+from ..engine.buffers import allocating
 from ..engine.reader import ChunkReader, ReadJob
 from ..format.index import Index, TensorEntry
 from ..format.tree import KeyPath, Node, decode_plain, dict_items, render_path
@@ -105,8 +106,13 @@ def subtree(index: Index, only: str | None) -> tuple[Node, KeyPath]:
 
 
 def read_tensor(reader: ChunkReader, entry: TensorEntry) -> Any:
-    """Reads one whole tensor (torch, or numpy for arrays saved from numpy), verified."""
-    value, dest = tensors.empty(entry.kind, entry.dtype, entry.shape)
+    """Reads one whole tensor (torch, or numpy for arrays saved from numpy), verified.
+
+    Raises:
+        CheckpointError: there is not enough memory for it.
+    """
+    with allocating(lambda: f"{render_path(entry.key)} ({entry.nbytes} bytes)"):
+        value, dest = tensors.empty(entry.kind, entry.dtype, entry.shape)
     reader.run([ReadJob(entry, dest, (0,) * len(entry.shape), entry.shape)])
     return value
 

@@ -40,12 +40,20 @@ def _describe(leaf: Leaf) -> str:
     return f"{leaf.kind} {leaf.value()!r}"
 
 
+# float4_e2m1fn_x2: each byte packs two E2M1 values (sign, 2 exponent bits, 1 mantissa
+# bit), which torch cannot convert; these are the 16 values of a 4-bit code
+_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
 def _as_numpy(value: Any) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     t = value
     if t.dtype.is_complex:
         return t.to(tensors.torch.complex128).numpy()
+    if tensors.torch_dtype_name(t.dtype) == "float4_e2m1fn_x2":
+        codes = t.contiguous().view(tensors.torch.uint8).numpy()
+        return np.stack([_E2M1[codes & 15], _E2M1[codes >> 4]], axis=-1)
     return t.to(tensors.torch.float64).numpy()  # covers bfloat16/float8 numpy lacks
 
 

@@ -63,9 +63,14 @@ def _out_format(args: argparse.Namespace) -> str:
     raise ValueError(f"cannot tell the format of {args.out!r} from its suffix; pass --format")
 
 
+# floating-point dtypes torch cannot cast: two values packed per byte (shapes count bytes)
+UNCASTABLE = ("float4_e2m1fn_x2",)
+
+
 def _cast_to(saved: str, dtype: str | None) -> str:
-    """The dtype a tensor saved as ``saved`` is exported as (``--dtype`` casts floating point)."""
-    if dtype is not None and getattr(tensors.torch, saved).is_floating_point:
+    """The dtype a tensor saved as ``saved`` is exported as (``--dtype`` casts floating
+    point; packed dtypes torch cannot cast stay as they are)."""
+    if dtype is not None and saved not in UNCASTABLE and getattr(tensors.torch, saved).is_floating_point:
         return dtype
     return saved
 
@@ -169,6 +174,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+    kept = [leaf.dotted for leaf in leaves(index, node, base)
+            if dtype is not None and leaf.entry is not None and leaf.entry.dtype in UNCASTABLE]
+    if kept:
+        print(f"note: kept {len(kept)} packed tensor(s) in their own dtype (torch cannot cast "
+              f"them): {', '.join(kept[:10])}{' ...' if len(kept) > 10 else ''}", file=sys.stderr)
     if skipped:
         print(f"note: skipped {len(skipped)} value(s) safetensors cannot hold: "
               f"{', '.join(skipped[:10])}{' ...' if len(skipped) > 10 else ''}", file=sys.stderr)
