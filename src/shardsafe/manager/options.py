@@ -74,7 +74,7 @@ class ManagerOptions:
     Save decisions (``save_interval_steps``, ``save_on_steps``, ``save_interval_seconds``,
     ``initial_save``, a preemption signal) combine as "any of" (``save_policy``);
     retention (``max_to_keep``, ``keep_period``, ``keep_time_interval``, ``best_fn``)
-    keeps what any of its rules keeps (``policy``).
+    keeps what any of its rules keeps (``retention``).
     """
 
     save_interval_steps: int | Literal["auto"] | None = 1
@@ -160,6 +160,12 @@ class ManagerOptions:
     expected_mtbf_seconds: float | None = None
     """Mean time between failures, for ``save_interval_steps="auto"``."""
 
+    timeout: float | None = None
+    """Seconds a rank waits for the others in anything the manager does together: save
+    decisions, saves and loads, retention, the restore agreement and peer copies (a number
+    or ``datetime.timedelta``; default ``SHARDSAFE_TIMEOUT``). A rank that stops calling
+    the manager turns into ``CheckpointTimeoutError`` naming it on the ranks that did."""
+
     compression: Compression | None = None
     """Lossless compression of the saved tensors: None, ``"zstd"`` or ``"auto"`` (see
     ``shardsafe.save``). Pays where writing is slow or storage costs; costs CPU."""
@@ -179,6 +185,7 @@ class ManagerOptions:
         set_(self, "save_on_steps", _steps(self.save_on_steps))
         set_(self, "save_interval_seconds", _seconds("save_interval_seconds", self.save_interval_seconds))
         set_(self, "keep_time_interval", _seconds("keep_time_interval", self.keep_time_interval))
+        set_(self, "timeout", _seconds("timeout", self.timeout))
         set_(self, "preemption_signals", _signals(self.preemption_signals))
         set_(self, "compression", check_compression(self.compression))
         if self.best_fn is not None and not callable(self.best_fn):
