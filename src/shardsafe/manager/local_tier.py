@@ -10,8 +10,11 @@ shards, see ``local_view``) saved by this rank alone. It is not saved here: the 
 stages a step once for every due tier (``engine.copies``: the local checkpoint is fed
 from the same staged bytes as the persistent save) and the tier's ``TierWriter`` waits
 for it. After each local save, this module applies the tier's retention (the newest
-``max_to_keep``, by ``retention.LatestN``; also after a failed save, so that a full
-directory frees itself) and, with replication, exchanges the new checkpoint with the
+``max_to_keep``, by ``retention.LatestN``; also after a failed save). The first save
+that finds the directory full (no space left) switches the tier to making room: from
+then on retention keeps one step fewer between saves, so the step being written fits
+where the newest ones already are, instead of every later save failing as well. With
+replication it then exchanges the new checkpoint with the
 peers (``peer_copy`` over the link of ``comm.agreement.Agreement.peer_link``, whose
 transfers give up after the manager's timeout).
 
@@ -24,6 +27,7 @@ but never writes here.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -65,7 +69,8 @@ class LocalTier:
                  replication: bool, agreement: Agreement, writable: bool) -> None:
         self.directory = os.path.abspath(directory)
         self.run, self.interval, self.writable = run, interval, writable
-        self.policy = LatestN(max_to_keep)
+        self.max_to_keep = max_to_keep
+        self.tight = False  # the directory was full once: keep a step fewer between saves
         self.rank = agreement.rank
         self.own_path = os.path.join(self.directory, f"rank_{self.rank}")
         storage, spath = storage_for(self.own_path)
@@ -163,6 +168,10 @@ class LocalTier:
         """Retention (also after a failed save: it frees the space the next one needs),
         then the peer exchange (always, to stay paired with the peers)."""
         problem: BaseException | None = None
+        if error is not None and not self.tight and _out_of_space(error):
+            self.tight = self.max_to_keep > 1
+            log.warning("the local directory %s is full: from now on it keeps %d step(s) between "
+                        "saves to make room for the next one", self.directory, max(1, self.max_to_keep - 1))
         try:
             self._retain(self.own)
         except (OSError, CheckpointError) as e:
@@ -178,7 +187,8 @@ class LocalTier:
     def _retain(self, steps: StepDirectory) -> None:
         committed = steps.committed()
         records = [StepRecord(s, 0.0) for s in committed]
-        steps.drop({s: committed[s] for s in steps_to_delete(records, self.policy)})
+        policy = LatestN(self.max_to_keep - 1 if self.tight else self.max_to_keep)
+        steps.drop({s: committed[s] for s in steps_to_delete(records, policy)})
 
     def _replicate(self, step: int, path: str | None, error: BaseException | None) -> None:
         assert self.link is not None
@@ -234,6 +244,16 @@ class LocalTier:
         if self.link is not None:
             self.link.close()
             self.link = None
+
+
+def _out_of_space(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) says the filesystem is full."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 __all__ = ["LOCAL_KEY", "LocalTier", "ROOT_KEY"]
