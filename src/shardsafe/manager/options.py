@@ -179,9 +179,6 @@ class ManagerOptions:
         _positive_int("keep_period", self.keep_period)
         if self.max_staging_bytes is not None:
             slot_count(self.max_staging_bytes, UNIT_SIZE)
-            if self.compression is not None and self.async_save:
-                raise ValueError("max_staging_bytes cannot be combined with compression in "
-                                 "asynchronous saves (yet): drop one, or async_save=False")
         set_(self, "save_on_steps", _steps(self.save_on_steps))
         set_(self, "save_interval_seconds", _seconds("save_interval_seconds", self.save_interval_seconds))
         set_(self, "keep_time_interval", _seconds("keep_time_interval", self.keep_time_interval))

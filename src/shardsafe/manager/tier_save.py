@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..engine.checkpointer import Checkpointer
+from ..engine.copies import Copy
 from ..engine.handle import SaveHandle
 from ..errors import CheckpointError
 from .local_tier import LocalTier
@@ -32,14 +33,18 @@ class _Done:
 class TierSaver:
     """Starts the saves of a manager's steps (one at a time), reusing the staging buffers.
 
+    A step due on both tiers is one engine save of the persistent checkpoint carrying the
+    local checkpoint as a copy (``engine.copies``): the state leaves training memory once
+    and both are written from the same staged bytes, within the same budget. A step due
+    on the local tier alone is an ordinary save of this rank's view of the state.
+
     Args:
         opts: The manager's options (async saves, budget, compression, timeout).
     """
 
     def __init__(self, opts: ManagerOptions) -> None:
         self.opts = opts
-        self._ckpt = Checkpointer(max_staging_bytes=opts.max_staging_bytes)
-        self._local_ckpt = Checkpointer(max_staging_bytes=opts.max_staging_bytes)
+        self._ckpt = Checkpointer(max_staging_bytes=opts.max_staging_bytes, compression=opts.compression)
 
     def save(self, step: int, state: Mapping[str, Any], *, metrics: Mapping[str, Any] | None,
              persistent: PersistentTier | None, local: LocalTier | None,
@@ -48,29 +53,40 @@ class TierSaver:
 
         Raises (before anything is written): TypeError for an unsaveable value, ValueError
         for metadata that is not JSON, CheckpointError when the step must not be written;
-        without ``async_save`` also the save's own failure.
+        without ``async_save`` also the persistent save's own failure. The local tier's
+        writer is started whatever happens (its peers expect this round).
         """
-        if persistent is not None:
-            self._persistent(step, state, metrics, persistent, writers[0], seq)
-        if local is not None:
-            view, path, md = local.target(step, state)
-            job: SaveHandle | _Done | BaseException
-            try:
-                if self.opts.async_save:
-                    job = self._local_ckpt.async_save(view, path, overwrite=True, collective=False, metadata=md)
-                else:
-                    self._local_ckpt.save(view, path, overwrite=True, collective=False, metadata=md)
-                    job = _Done()
-            except (OSError, CheckpointError) as e:
-                job = e
-            writers[1].start(step, job, seq)
+        copy = Copy(*local.target(step, state)) if local is not None else None
+        local_job: SaveHandle | _Done | BaseException = CheckpointError("the save did not start")
+        try:
+            if persistent is not None:
+                self._persistent(step, state, metrics, persistent, writers[0], seq, copy)
+            elif copy is not None:
+                self._local_only(copy)
+        except BaseException as e:
+            local_job = e
+            raise
+        finally:
+            if copy is not None:
+                writers[1].start(step, copy.handle if copy.handle is not None else local_job, seq)
+
+    def _local_only(self, copy: Copy) -> None:
+        kw: dict[str, Any] = dict(overwrite=True, collective=False, metadata=copy.metadata)
+        try:
+            if self.opts.async_save:
+                copy.handle = self._ckpt.async_save(copy.state, copy.path, **kw)
+            else:
+                self._ckpt.save(copy.state, copy.path, **kw)
+                copy.handle = _done(copy.path)
+        except (OSError, CheckpointError) as e:
+            copy.handle = _done(copy.path, e)
 
     def _persistent(self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None,
-                    tier: PersistentTier, writer: TierWriter, seq: int) -> None:
+                    tier: PersistentTier, writer: TierWriter, seq: int, copy: Copy | None) -> None:
         opts, url = self.opts, tier.path(step)
         kw: dict[str, Any] = dict(metadata=manager_metadata(step, time.time(), metrics), timeout=opts.timeout,
                                   storage_options=dict(opts.storage_options) if opts.storage_options else None,
-                                  compression=opts.compression, baseline=tier.baseline)
+                                  baseline=tier.baseline, copies=[copy] if copy is not None else [])
         job: SaveHandle | _Done | BaseException
         if opts.async_save:
             try:
@@ -88,7 +104,13 @@ class TierSaver:
     def close(self) -> None:
         """Frees the staging buffers (the saves were collected by the writers)."""
         self._ckpt.close()
-        self._local_ckpt.close()
+
+
+def _done(path: str, error: BaseException | None = None) -> SaveHandle:
+    """A handle of a save that already ended (with ``error``, or committed)."""
+    h = SaveHandle(path)
+    h.settle(error)
+    return h
 
 
 __all__ = ["TierSaver"]
