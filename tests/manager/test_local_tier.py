@@ -18,6 +18,10 @@ def make_state(step: int, n: int = 64) -> dict:
     return {"model": {"w": torch.full((n, 8), float(step))}, "step": step}
 
 
+def reader(tmp_path) -> CheckpointManager:  # noqa: ANN001
+    return CheckpointManager(tmp_path / "persistent", read_only=True, local_directory=str(tmp_path / "local"))
+
+
 def manager(tmp_path, **kw) -> CheckpointManager:  # noqa: ANN001
     opts = dict(save_interval_steps=4, local_directory=str(tmp_path / "local"),
                 local_save_interval_steps=2)
@@ -212,7 +216,7 @@ def test_local_step_number_comes_from_its_index(tmp_path, caplog) -> None:
     os.symlink(own / "step_00000004", own / "step_00000200")  # a link claiming a newer step
     shutil.copytree(own / "step_00000002", own / "step_00000100")  # a copy under another name
     state = make_state(-1)
-    with caplog.at_level(logging.WARNING, logger="shardsafe"), manager(tmp_path, read_only=True) as mgr:
+    with caplog.at_level(logging.WARNING, logger="shardsafe"), reader(tmp_path) as mgr:
         assert mgr.local_steps() == [2, 4]
         assert mgr.restore(state) == 4 and mgr.last_restore.tier == "local"
     assert torch.equal(state["model"]["w"], make_state(4)["model"]["w"])
@@ -226,7 +230,7 @@ def test_read_only_manager_restores_the_newer_local_step_and_writes_nothing(tmp_
     before = sorted(str(p) for p in tmp_path.rglob("*"))
     stamps = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
     state = make_state(-1)
-    with manager(tmp_path, read_only=True) as mgr:
+    with reader(tmp_path) as mgr:
         assert mgr.all_steps() == [0, 4] and mgr.local_steps() == [4, 6]
         assert mgr.restore(state) == 6 and mgr.last_restore.tier == "local"
         assert not mgr.should_save(8)

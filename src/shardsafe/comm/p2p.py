@@ -97,29 +97,34 @@ class PeerLink:
         self.holder = partners(self.nodes)  # type: ignore[arg-type]
         self.sources = [r for r, h in enumerate(self.holder) if h == self.rank]
 
-    def _wait(self, works: list[Any], sends: Sequence[int], receives: Sequence[int]) -> None:
-        try:
-            for w in works:
-                w.wait()
-        except RuntimeError as e:  # gloo reports a dead or absent peer as RuntimeError
-            cls = CheckpointTimeoutError if "imeout" in str(e) else CheckpointError
-            raise cls(f"rank {self.rank}: peer transfer (to ranks {sorted(sends)}, from ranks "
-                      f"{sorted(receives)}) failed within {self.timeout:g} s: a peer died, raised, "
-                      f"or is much slower: {e}") from e
-
     def exchange(self, sends: Mapping[int, Segments], receives: Sequence[int], sink: Sink) -> None:
         """Streams ``sends[dst]`` to each ``dst`` and each stream of ``receives`` into ``sink``.
 
         Raises:
-            CheckpointTimeoutError: a peer did not take part within the timeout (named).
+            CheckpointTimeoutError: a peer did not take part within the timeout (named); also
+                every later transfer with it (gloo closes the connection after a timeout).
             CheckpointError: a transfer failed (a peer died), naming the ranks.
         """
+        try:
+            self._exchange(sends, receives, sink)
+        except RuntimeError as e:  # gloo reports a dead or absent peer as RuntimeError
+            cls = CheckpointTimeoutError if "timeout" in str(e).lower() else CheckpointError
+            raise cls(f"rank {self.rank}: peer transfer (to ranks {sorted(sends)}, from ranks "
+                      f"{sorted(receives)}) failed within {self.timeout:g} s: a peer died, raised, "
+                      f"or is much slower: {e}") from e
+
+    @staticmethod
+    def _wait(works: list[Any]) -> None:
+        for w in works:
+            w.wait()
+
+    def _exchange(self, sends: Mapping[int, Segments], receives: Sequence[int], sink: Sink) -> None:
         lengths = {dst: [len(memoryview(s).cast("B")) for s in segs] for dst, segs in sends.items()}
         lens_in = {src: torch.zeros(1, dtype=torch.int64) for src in receives}
         works = [dist.irecv(t, src, group=self.group) for src, t in lens_in.items()]
         works += [dist.isend(torch.tensor([sum(ls)], dtype=torch.int64), dst, group=self.group)
                   for dst, ls in lengths.items()]
-        self._wait(works, list(sends), receives)
+        self._wait(works)
         total_in = {src: int(t.item()) for src, t in lens_in.items()}
         total_out = {dst: sum(ls) for dst, ls in lengths.items()}
         scratch = {dst: np.empty(min(CHUNK, n), dtype=np.uint8) for dst, n in total_out.items()}
@@ -132,7 +137,7 @@ class PeerLink:
                 if n > start:
                     piece = _chunk(sends[dst], lengths[dst], start, min(CHUNK, n - start), scratch[dst])
                     works.append(dist.isend(torch.from_numpy(piece), dst, group=self.group))
-            self._wait(works, list(sends), receives)
+            self._wait(works)
             for src, n in recv.items():
                 sink(src, start, memoryview(bufs[src].numpy())[:n])
 

@@ -32,9 +32,9 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from ..comm.agreement import Agreement
 from ..errors import CheckpointError, CheckpointNotFoundError
@@ -43,7 +43,8 @@ from . import recovery
 from .interval import AutoInterval
 from .local_tier import LocalTier
 from .lock import DirectoryLock
-from .options import ManagerOptions
+from ..format.codec import Compression
+from .options import BestFn, BestMode, ManagerOptions, Seconds, check_directory, option_docs
 from .persistent_tier import PersistentTier
 from .preemption import PreemptionWatcher
 from .records import StepRecords
@@ -74,15 +75,44 @@ class CheckpointManager:
 
     Args:
         directory: Where the ``step_<N>`` checkpoints live (a local path or URL).
-        **options: The fields of ``ManagerOptions`` (see there).
+        save_interval_steps ... compression: The options, each a field of
+            ``ManagerOptions`` with the same name, type and default (documented there and
+            listed below).
 
     Raises:
-        ValueError: Invalid or contradictory options.
+        ValueError: Invalid or contradictory options (the message names them).
     """
 
-    def __init__(self, directory: str | os.PathLike[str], **options: Any) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *,
+                 save_interval_steps: int | Literal["auto"] | None = 1,
+                 save_on_steps: Iterable[int] = frozenset(),
+                 save_interval_seconds: Seconds | None = None,
+                 initial_save: bool = False,
+                 max_to_keep: int | None = None,
+                 keep_period: int | None = None,
+                 keep_time_interval: Seconds | None = None,
+                 best_fn: BestFn | None = None,
+                 best_mode: BestMode = "max",
+                 keep_checkpoints_without_metrics: bool = True,
+                 async_save: bool = True,
+                 max_staging_bytes: int | None = None,
+                 preemption_signals: Iterable[int] = (),
+                 read_only: bool = False,
+                 restore_fallback: bool = True,
+                 storage_options: Mapping[str, Any] | None = None,
+                 incremental: bool = False,
+                 local_directory: str | os.PathLike[str] | None = None,
+                 local_save_interval_steps: int | None = None,
+                 local_max_to_keep: int = 2,
+                 local_replication: bool = False,
+                 expected_mtbf_seconds: Seconds | None = None,
+                 timeout: Seconds | None = None,
+                 compression: Compression | None = None) -> None:
+        given = locals()
+        options = {name: given[name] for name in ManagerOptions.__dataclass_fields__}
         self._opts = opts = ManagerOptions(**options)
         self._url = os.fspath(directory)
+        check_directory(opts, self._url)
         so = dict(opts.storage_options) if opts.storage_options is not None else None
         storage, spath = storage_for(self._url, so)
         self._dir = StepDirectory(storage, spath)
@@ -491,3 +521,16 @@ class CheckpointManager:
     def __repr__(self) -> str:
         mode = "read-only" if self._opts.read_only else "writable"
         return f"CheckpointManager({self._url!r}, {mode})"
+
+
+def _options_section() -> str:
+    """The manager's options and their docs, for ``help(CheckpointManager)``."""
+    docs = option_docs()
+    lines = ["", "    Options (fields of ``ManagerOptions``):", ""]
+    for f in ManagerOptions.__dataclass_fields__.values():
+        doc = " ".join(docs.get(f.name, "").split())
+        lines.append(f"        {f.name} (default {f.default!r}): {doc}")
+    return "\n".join(lines) + "\n"
+
+
+CheckpointManager.__doc__ = (CheckpointManager.__doc__ or "") + _options_section()

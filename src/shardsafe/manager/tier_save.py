@@ -91,6 +91,8 @@ class TierSaver:
         if opts.async_save:
             try:
                 job = self._ckpt.async_save(state, url, **kw)
+            except CheckpointError:
+                raise
             except OSError as e:
                 raise CheckpointError(f"saving step {step} to {url!r} failed: {e}") from e
         else:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CheckpointTimeoutError
 from .lock import DirectoryLock
 
 log = logging.getLogger("shardsafe")
@@ -104,8 +104,11 @@ class TierWriter:
             if isinstance(job, BaseException):
                 raise job
             job.result()
-        except (OSError, CheckpointError) as e:
-            error = CheckpointError(f"{self.tier.describe(step)} failed: {e}")
+        except Exception as e:  # noqa: BLE001 - any reason the save failed (or never started)
+            if not isinstance(e, (OSError, CheckpointError)) and not isinstance(job, BaseException):
+                raise
+            kind = CheckpointTimeoutError if isinstance(e, CheckpointTimeoutError) else CheckpointError
+            error = kind(f"{self.tier.describe(step)} failed: {e}")
             error.__cause__ = e
         try:
             try:
