@@ -40,17 +40,16 @@ from ..comm.agreement import Agreement
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ..storage import storage_for
 from . import recovery
-from .interval import AutoInterval
 from .local_tier import LocalTier
 from .lock import DirectoryLock
 from ..format.codec import Compression
-from .options import BestFn, BestMode, ManagerOptions, Seconds, check_directory, option_docs
+from .options import BestFn, BestMode, ManagerOptions, Seconds, check_directory, options_section
 from .persistent_tier import PersistentTier
-from .preemption import PreemptionWatcher
 from .records import StepRecords
 from .retention import best_step, policy_from_options
 from .run_identity import ensure_run_id, read_run_id
-from .save_policy import SaveContext, is_new_step, save_policy_from_options, varies_between_ranks
+from .save_policy import is_new_step
+from .schedule import SaveSchedule
 from .steps import StepDirectory, encode_metrics, step_name
 from .tier_restore import RestoreInfo, restore_local
 from .tier_save import TierSaver
@@ -117,15 +116,9 @@ class CheckpointManager:
         storage, spath = storage_for(self._url, so)
         self._dir = StepDirectory(storage, spath)
         self._agree = Agreement(opts.timeout)
-        self._auto = AutoInterval(opts.expected_mtbf_seconds, self._rank0_value) \
-            if opts.expected_mtbf_seconds is not None else None
-        self._save_policy = save_policy_from_options(opts, self._auto)
         self._records = StepRecords(self._dir, self._url, read_only=opts.read_only)
         self._persistent = PersistentTier(self._dir, self._url, self._records, policy_from_options(opts),
                                           self._agree, incremental=opts.incremental)
-        self._last_started: int | None = None
-        self._saved_after_signal = False
-        self._peer_preempted = False  # another rank received a preemption signal
         self._saves_started = 0
         self._closed = False
         self._owner_lock: DirectoryLock | None = None
@@ -133,7 +126,7 @@ class CheckpointManager:
         self._last_restore: RestoreInfo | None = None
         self._writers: list[TierWriter] = []
         self._saver: TierSaver | None = None
-        self._watcher = PreemptionWatcher(opts.preemption_signals)  # main thread check first
+        self._schedule = SaveSchedule(opts, self._agree, self._records.newest_time)  # signals: main thread first
         built = False
         try:
             run = self._open_directory()
@@ -146,8 +139,6 @@ class CheckpointManager:
                 if self._local is not None:
                     self._writers.append(TierWriter(self._local, "local", background=opts.async_save))
                 self._saver = TierSaver(opts)  # keeps its staging buffers from one save to the next
-            self._last_save_time = (time.time() if opts.save_interval_seconds is None or opts.read_only
-                                    else self._records.newest_time())
             built = True
         finally:
             if not built:  # a constructor that raised must not leave handlers or a lock behind
@@ -173,10 +164,6 @@ class CheckpointManager:
         if self._opts.local_directory is None:
             return None
         return ensure_run_id(self._dir.storage, self._dir.path)
-
-    def _rank0_value(self, value: int) -> int:
-        """Every rank gets rank 0's ``value`` (the agreed automatic interval)."""
-        return int(self._agree.leader_decides(lambda: value, what="agreeing on the save interval"))
 
     @classmethod
     def from_options(cls, directory: str | os.PathLike[str], options: ManagerOptions) -> CheckpointManager:
@@ -228,27 +215,6 @@ class CheckpointManager:
         return self._local.steps() if self._local is not None else []
 
     # ------------------------------------------------------------------ saving
-    def _preempted(self) -> bool:
-        return self._watcher.received is not None or self._peer_preempted
-
-    def _due(self, step: int) -> bool:
-        """Is ``step`` due by the save policy? With several ranks, all of them agree.
-
-        Step-based rules give every rank the same answer; a time interval and a
-        preemption signal may not, so then the ranks OR their answers (one bounded
-        round per call): if any rank is due, every rank saves.
-        """
-        # the listing costs a request per call on object stores: read it only when needed
-        latest = self._latest_known() if self._opts.initial_save else None
-        ctx = SaveContext(step=step, now=time.time(), last_save_time=self._last_save_time,
-                          latest_step=latest, preempted=self._preempted() and not self._saved_after_signal)
-        due = self._save_policy.should_save(ctx)
-        if self._agree.world_size > 1 and varies_between_ranks(self._opts):
-            due, peer_signal = self._agree.any_rank([due, self._preempted()])
-            if peer_signal and not self._preempted():
-                self._peer_preempted = True
-        return due
-
     def _latest_known(self) -> int | None:
         """Newest committed step, or the step being saved if that is newer."""
         latest = self.latest_step()
@@ -265,7 +231,7 @@ class CheckpointManager:
         """
         if self._opts.read_only or self._closed:
             return False
-        if not self._due(step):
+        if not self._schedule.due(step, self._latest_known):
             return False
         latest = self._latest_known()
         return latest is None or step > latest
@@ -306,7 +272,7 @@ class CheckpointManager:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         t0 = time.monotonic()
-        persistent = self._due(step) or force
+        persistent = self._schedule.due(step, self._latest_known) or force
         local = self._local is not None and self._local.due(step)
         if not (persistent or local):
             return False
@@ -323,10 +289,7 @@ class CheckpointManager:
         self._saver.save(step, state, metrics=metrics, persistent=self._persistent if persistent else None,
                          local=self._local if local else None, writers=self._writers, seq=self._saves_started)
         if persistent:
-            self._last_started, self._last_save_time = step, time.time()
-            self._saved_after_signal = self._preempted()
-            if self._auto is not None:
-                self._auto.saved(step, time.monotonic() - t0)
+            self._schedule.started(step, time.monotonic() - t0)
         if local_error is not None:
             raise local_error
         return persistent
@@ -349,9 +312,7 @@ class CheckpointManager:
         arrives after ``save(step)`` decided not to save yields False for that step, so the
         loop runs one more step, whose ``save`` is then due.
         """
-        if not self._preempted() or self._last_started is None:
-            return False
-        return self._saved_after_signal or step <= self._last_started
+        return self._schedule.reached_preemption(step)
 
     def delete(self, step: int) -> None:
         """Deletes ``step`` crash-safely (its index first, then its data).
@@ -448,8 +409,7 @@ class CheckpointManager:
             self._agree.leader_decides(lambda: recovery.roll_back_after(self._dir, self._url, step),
                                        what=f"rolling back {self._url!r} to step {step}")
             self._records.forget(step, and_newer=True)
-            if self._last_started is not None and self._last_started > step:
-                self._last_started = step
+            self._schedule.rolled_back(step)
 
     def _set_aside(self, corrupt: Mapping[int, tuple[str, str]], restored: int) -> None:
         if self._opts.read_only or not self._agree.is_leader:
@@ -471,10 +431,7 @@ class CheckpointManager:
     def current_interval_steps(self) -> int | None:
         """The persistent save interval in force (with ``"auto"``: Young/Daly's, None
         until the first save has been measured)."""
-        if self._auto is not None:
-            return self._auto.interval
-        interval = self._opts.save_interval_steps
-        return interval if isinstance(interval, int) else None
+        return self._schedule.interval
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
@@ -494,7 +451,7 @@ class CheckpointManager:
 
     def _release(self) -> None:
         """Stops workers, frees buffers and handlers, closes the peers' link, unlocks."""
-        self._watcher.close()
+        self._schedule.close()
         for w in self._writers:
             w.close()
         if self._saver is not None:
@@ -523,14 +480,4 @@ class CheckpointManager:
         return f"CheckpointManager({self._url!r}, {mode})"
 
 
-def _options_section() -> str:
-    """The manager's options and their docs, for ``help(CheckpointManager)``."""
-    docs = option_docs()
-    lines = ["", "    Options (fields of ``ManagerOptions``):", ""]
-    for f in ManagerOptions.__dataclass_fields__.values():
-        doc = " ".join(docs.get(f.name, "").split())
-        lines.append(f"        {f.name} (default {f.default!r}): {doc}")
-    return "\n".join(lines) + "\n"
-
-
-CheckpointManager.__doc__ = (CheckpointManager.__doc__ or "") + _options_section()
+CheckpointManager.__doc__ = (CheckpointManager.__doc__ or "") + options_section()

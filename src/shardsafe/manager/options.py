@@ -294,3 +294,13 @@ def option_docs() -> dict[str, str]:
                 isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
             out[node.target.id] = inspect.cleandoc(nxt.value.value)
     return out
+
+
+def options_section() -> str:
+    """The options and their docs as a docstring section (for ``help(CheckpointManager)``)."""
+    docs = option_docs()
+    lines = ["", "    Options (fields of ``ManagerOptions``):", ""]
+    for f in dataclasses.fields(ManagerOptions):
+        doc = " ".join(docs.get(f.name, "").split())
+        lines.append(f"        {f.name} (default {f.default!r}): {doc}")
+    return "\n".join(lines) + "\n"
