@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("lightning")
 
 import torch  # noqa: E402
+from dist_harness import run_script  # noqa: E402
+from helpers import assert_same, same  # noqa: E402
 from lightning_job import Net, data, full_and_resumed, resume, trainer, weights  # noqa: E402
 
 import shardsafe  # noqa: E402
-from shardsafe.comm import free_loopback_port  # noqa: E402
 from shardsafe.lightning import RNG_KEY, ShardsafeCheckpointIO, load_from_checkpoint  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.path.join(os.path.dirname(HERE), "src")
-
-
-def equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +27,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict, dict, obje
 
 def test_resume_from_last_is_bit_exact(job) -> None:  # noqa: ANN001
     root, full, resumed, _, _ = job
-    assert equal(full, resumed)
+    assert same(full, resumed)
     # the checkpoint carries the generators Lightning does not save itself
     assert RNG_KEY in shardsafe.load(os.path.join(root, "run", "last.ckpt"))
 
@@ -43,7 +37,7 @@ def test_without_the_generators_the_resume_diverges(job) -> None:  # noqa: ANN00
     (dropout masks and shuffles come from the new process's generators)."""
     root, full, _, _, _ = job
     _, _, model = resume(root, os.path.join(root, "stop2-no-rng.ckpt"), run="control")
-    assert not equal(full, weights(model))
+    assert not same(full, weights(model))
 
 
 def test_top_k_and_last_are_shardsafe_checkpoints_and_deletions_use_delete(job) -> None:  # noqa: ANN001
@@ -69,7 +63,7 @@ def test_load_from_checkpoint_builds_the_module(job) -> None:  # noqa: ANN001
     model = load_from_checkpoint(Net, best)
     assert isinstance(model, Net)
     assert model.hparams.hidden == 16 and model.hparams.tags == ["a", 1]
-    assert equal(weights(model), shardsafe.load(best)["state_dict"])
+    assert same(weights(model), shardsafe.load(best)["state_dict"])
     wider = load_from_checkpoint(Net, os.path.join(root, "run", "last.ckpt"), strict=False, lr=0.5)
     assert wider.hparams.lr == 0.5  # keyword arguments override the saved hyperparameters
 
@@ -116,23 +110,9 @@ def test_async_saves_are_waited_for_before_teardown_and_removal(tmp_path) -> Non
 def test_ddp_on_two_processes_resumes_bit_exactly(tmp_path) -> None:  # noqa: ANN001
     """strategy="ddp" on 2 CPU processes, asynchronous saves: Lightning saves from rank 0
     only (collective=False), every rank loads on its own."""
-    port = str(free_loopback_port())
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([SRC, HERE, os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "lightning_job.py"),
-                                       str(tmp_path)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    try:
-        outputs = [p.communicate(timeout=240)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    run_script(os.path.join(HERE, "lightning_job.py"), 2, str(tmp_path), timeout=240, env={"NODE_RANK": "0"})
     finals = [{kind: torch.load(tmp_path / f"final-r{r}-{kind}.pt") for kind in ("full", "resumed")}
               for r in range(2)]
     for r in range(2):
-        assert equal(finals[r]["full"], finals[r]["resumed"]), r
-    assert equal(finals[0]["resumed"], finals[1]["resumed"])  # DDP kept the replicas equal
+        assert_same(finals[r]["resumed"], finals[r]["full"], f"rank {r}")
+    assert_same(finals[1]["resumed"], finals[0]["resumed"])  # DDP kept the replicas equal

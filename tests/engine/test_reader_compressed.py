@@ -7,11 +7,12 @@ import os
 
 import pytest
 import torch
+from helpers import flip_byte
 
 import shardsafe
 from shardsafe.engine.commit import read_index
 from shardsafe.engine.prepared import BLOCK_SIZE
-from shardsafe.engine.reader import Reader, ReadJob
+from shardsafe.engine.reader import ChunkReader, ReadJob
 from shardsafe.plan.layout import block_file_name
 from shardsafe.storage.local import LocalStorage
 
@@ -33,7 +34,7 @@ def _read_rows(path: str, lo: int, hi: int) -> torch.Tensor:
     index = read_index(LocalStorage(), path)
     entry = index.tensors[0]
     out = torch.zeros(hi - lo, COLS)
-    Reader(LocalStorage(), path, index).run(
+    ChunkReader(LocalStorage(), path, index).run(
         [ReadJob(entry, out.view(-1).view(torch.uint8).numpy(), (lo, 0), (hi - lo, COLS))])
     return out
 
@@ -55,11 +56,7 @@ def test_a_piece_decodes_only_the_blocks_it_needs(saved, tmp_path) -> None:
         with open(os.path.join(src, name), "rb") as f, open(os.path.join(path, name), "wb") as g:
             g.write(f.read())
     (c,) = read_index(LocalStorage(), path).tensors[0].chunks
-    with open(os.path.join(path, BLOCKS), "r+b") as f:  # damage block 0 only
-        f.seek(c.offset + c.stored.sizes[0] // 2)
-        b = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([b[0] ^ 0xFF]))
+    flip_byte(os.path.join(path, BLOCKS), c.offset + c.stored.sizes[0] // 2)  # damage block 0 only
     last_rows = (2 * ROWS - 100, 2 * ROWS)  # all in block 1 (rows from 4096 on)
     assert torch.equal(_read_rows(path, *last_rows), w[last_rows[0]:])
     with pytest.raises(shardsafe.CorruptCheckpointError, match="block 0") as e:

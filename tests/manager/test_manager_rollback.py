@@ -11,6 +11,7 @@ import threading
 import pytest
 import torch
 
+import shardsafe
 from shardsafe import CheckpointError, CheckpointManager, CheckpointNotFoundError
 from shardsafe.manager.steps import ROLLBACK_MARKER, step_name
 
@@ -105,3 +106,37 @@ def test_rollback_failures_move_nothing(tmp_path) -> None:
             ro.restore(state(0), step=1, rollback=True)
         assert ro.all_steps() == [1, 2]
     assert not [n for n in os.listdir(tmp_path) if ROLLBACK_MARKER in n]
+
+
+def test_rolled_back_incremental_steps_load_and_rename_back(tmp_path) -> None:
+    """Steps 5 and 6 of an incremental manager reference step 4's data; after a rollback to
+    step 3 all three are set aside, and each still loads where it lies and after it is
+    renamed back (nothing it needs was renamed away from under it)."""
+    base = torch.arange(64 * 64, dtype=torch.float32).reshape(64, 64)
+
+    def st(s: int) -> dict:
+        w = base.clone()
+        if s >= 4:
+            w += 1  # step 4 rewrites the big tensor; 5 and 6 reference it
+        return {"w": w, "head": torch.full((4,), float(s)), "step": s}
+
+    with CheckpointManager(tmp_path, incremental=True, async_save=False) as mgr:
+        for s in range(1, 7):
+            assert mgr.save(s, st(s))
+        target = st(0)
+        assert mgr.restore(target, step=3, rollback=True) == 3
+        assert mgr.all_steps() == [1, 2, 3]
+    aside = {int(n.split(ROLLBACK_MARKER)[0][5:]): n for n in os.listdir(tmp_path) if ROLLBACK_MARKER in n}
+    assert sorted(aside) == [4, 5, 6]
+    for s in (4, 5, 6):
+        got = shardsafe.load(str(tmp_path / aside[s]))
+        assert torch.equal(got["w"], st(s)["w"]) and got["step"] == s
+    os.rename(tmp_path / aside[5], tmp_path / step_name(5))  # renamed back, on its own
+    with CheckpointManager(tmp_path, read_only=True) as mgr:
+        assert mgr.all_steps() == [1, 2, 3, 5]
+        got = st(0)
+        assert mgr.restore(got, step=5) == 5
+        assert torch.equal(got["w"], st(5)["w"]) and torch.equal(got["head"], st(5)["head"])
+    os.rename(tmp_path / aside[6], tmp_path.parent / "elsewhere")  # or anywhere else
+    got = shardsafe.load(str(tmp_path.parent / "elsewhere"))
+    assert torch.equal(got["w"], st(6)["w"]) and torch.equal(got["head"], st(6)["head"])

@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, MutableMapping
-from contextlib import contextmanager
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import dtensor, tensors
 from ..comm import distributed_active, get_comm
+from ..engine.buffers import allocating
 from ..engine.index_exchange import read_index_collective
 from ..engine.commit import is_committed, read_index
 from ..engine.mmap_load import load_mapped
-from ..engine.reader import Reader, ReadJob
-from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
+from ..engine.reader import ChunkReader, ReadJob
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
 from ..format.index import Index
 from ..per_rank import loading
+from ..plan.flatten import Stateful, is_stateful
 from ..storage import LocalStorage, storage_for
-from .restore import TensorTarget, build_new, match
+from .match import TensorTarget, build_new, match
 
 log = logging.getLogger("shardsafe")
 
@@ -36,7 +37,9 @@ class LoadResult:
     """Key paths whose shape or dtype differs between checkpoint and ``state`` (not loaded)."""
 
 
-def _read(reader: Reader, targets: list[TensorTarget]) -> None:
+def read_targets(reader: ChunkReader, targets: list[TensorTarget]) -> None:
+    """Reads (and verifies) every target's region, then runs the copies into targets that
+    are not contiguous host memory."""
     jobs: list[ReadJob] = []
     for tt in targets:
         e = tt.entry
@@ -44,7 +47,10 @@ def _read(reader: Reader, targets: list[TensorTarget]) -> None:
             jobs.append(ReadJob(e, tt.dest, (0,) * len(e.shape), e.shape))
             continue
         # a DTensor target reads only its own box of the global tensor
-        target, offsets, shape = dtensor.target_region(tt.target)
+        if tt.offsets is None:
+            target, offsets, shape = dtensor.target_region(tt.target)
+        else:
+            target, offsets, shape = tt.target, tt.offsets, tensors.shape_of(tt.target)
         dest = tensors.writable_bytes(target)
         if dest is not None:
             jobs.append(ReadJob(e, dest, offsets, shape))
@@ -58,7 +64,7 @@ def _read(reader: Reader, targets: list[TensorTarget]) -> None:
     reader.run(jobs)
 
 
-def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bool = True,
+def load(path: str, state: MutableMapping[str, Any] | Stateful | None = None, *, strict: bool = True,
          storage_options: dict | None = None, mmap: bool = False, process_group: Any = None,
          collective: bool | None = None, timeout: float | None = None) -> Any:
     """Loads the checkpoint at ``path``.
@@ -66,6 +72,10 @@ def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bo
     With ``state``: restores in place. Tensors are copied into the existing tensors (same
     objects, same memory), containers are updated, Stateful objects receive
     ``load_state_dict``. Returns a LoadResult listing what was skipped (``strict=False``).
+    ``state`` may also be a single Stateful object (a module, an optimizer,
+    ``ModelOptimizerState``, ...), for a checkpoint saved from one: it is loaded as if
+    it stood inside a mapping (into its ``state_dict()``, then ``load_state_dict``), and
+    the result is a LoadResult too.
     Without ``state``: returns a new nested dict (torch tensors on the CPU, numpy arrays
     for arrays saved from numpy; from 2 MiB on, each in a page-aligned mapping of its
     own that cold reads fill directly, see ``engine.buffers.new_tensor``). With ``mmap=True`` (local checkpoints, no ``state``)
@@ -86,17 +96,33 @@ def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bo
         CorruptCheckpointError: A checksum fails or a file is truncated/malformed.
         StateMismatchError: ``strict`` and the target's keys, shapes or dtypes differ.
     """
-    if state is not None and not isinstance(state, MutableMapping):
-        raise TypeError(f"state must be a mutable mapping (dict) to load into, got {type(state).__name__}; "
-                        f"wrap it: load(path, {{'model': model}})")
+    return load_checked(path, state, None, strict=strict, storage_options=storage_options, mmap=mmap,
+                        process_group=process_group, collective=collective, timeout=timeout)
+
+
+def load_checked(path: str, state: MutableMapping[str, Any] | Stateful | None,
+                 check: Callable[[Index], None] | None, *, strict: bool = True,
+                 storage_options: dict | None = None, mmap: bool = False, process_group: Any = None,
+                 collective: bool | None = None, timeout: float | None = None) -> Any:
+    """``load``, first calling ``check(index)`` with the validated index: it raises (a
+    ``CheckpointError``) to refuse the checkpoint before anything is read. The manager
+    checks that a step's index records the step and run it restores."""
+    if state is not None and not isinstance(state, MutableMapping) and not is_stateful(state):
+        raise TypeError(f"state must be a mutable mapping (dict) or a Stateful object (with "
+                        f"state_dict() and load_state_dict()) to load into, got {type(state).__name__}")
     storage, spath = storage_for(path, storage_options)
     if collective is not False and distributed_active(process_group):
         index = read_index_collective(storage, spath, get_comm(process_group), timeout)
+        if check is not None:
+            check(index)
         return _load_from(storage, spath, index, path, state, strict, mmap)
     for attempt in range(_ATTEMPTS):
         before = _identity(storage, spath)
         try:
-            return _load_from(storage, spath, read_index(storage, spath), path, state, strict, mmap)
+            index = read_index(storage, spath)
+            if check is not None:
+                check(index)
+            return _load_from(storage, spath, index, path, state, strict, mmap)
         except (CorruptCheckpointError, CheckpointNotFoundError) as e:
             if not is_committed(storage, spath):  # deleted (e.g. by retention) while we read it
                 raise CheckpointNotFoundError(f"no committed checkpoint at {path!r} (deleted while "
@@ -121,31 +147,22 @@ def _identity(storage: Any, spath: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-@contextmanager
-def _allocating(index: Index, path: str) -> Iterator[None]:
-    """Turns a failed host allocation (a checkpoint larger than memory, e.g. a forged one
-    over sparse files) into a CheckpointError."""
-    try:
-        yield
-    except (MemoryError, RuntimeError) as e:
-        if not isinstance(e, MemoryError) and "alloc" not in str(e):
-            raise  # a torch RuntimeError that is not about memory
-        total = sum(t.nbytes for t in index.tensors)
-        raise CheckpointError(f"cannot allocate memory to load {path!r} ({total} bytes of tensors): "
-                              f"{e}") from e
+def _total(index: Index, path: str) -> str:
+    return f"{path!r} ({sum(t.nbytes for t in index.tensors)} bytes of tensors)"
 
 
-def _load_from(storage: Any, spath: str, index: Index, path: str, state: MutableMapping[str, Any] | None,
+def _load_from(storage: Any, spath: str, index: Index, path: str,
+               state: MutableMapping[str, Any] | Stateful | None,
                strict: bool, mmap: bool) -> Any:
     if mmap:
         if state is not None or not isinstance(storage, LocalStorage):
             raise ValueError("mmap=True applies to load(path) of a local checkpoint, without a state")
         return load_mapped(spath, index)
-    reader = Reader(storage, spath, index)
+    reader = ChunkReader(storage, spath, index)
     if state is None:
-        with _allocating(index, path):
+        with allocating(lambda: _total(index, path)):
             value, targets = build_new(index)
-        _read(reader, targets)
+        read_targets(reader, targets)
         return value
     with loading():  # PerRank values describe only this rank's entry
         m = match(index, state)
@@ -155,8 +172,8 @@ def _load_from(storage: Any, spath: str, index: Index, path: str, state: Mutable
     if problems:
         log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(problems),
                     "\n  ".join(problems))
-    with _allocating(index, path):  # temporaries for device / strided targets
-        _read(reader, m.reads)
+    with allocating(lambda: _total(index, path)):  # temporaries for device / strided targets
+        read_targets(reader, m.reads)
     m.apply()
     return LoadResult(m.missing, m.unexpected, m.mismatched)
 
@@ -167,4 +184,4 @@ def read_checkpoint_index(path: str, storage_options: dict | None = None) -> Ind
     return read_index(storage, spath)
 
 
-__all__ = ["LoadResult", "load", "read_checkpoint_index"]
+__all__ = ["LoadResult", "load", "load_checked", "read_checkpoint_index", "read_targets"]

@@ -14,13 +14,15 @@ import logging
 import math
 import mmap
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from .. import tensors
 from .._numbers import ceil_div
+from ..errors import CheckpointError
 from ..format.datafile import ALIGN
 from ..format.dtypes import lookup
 from ..storage.memory import HUGE, anonymous
@@ -35,6 +37,18 @@ def round_up(n: int, to: int = ALIGN) -> int:
     """``n`` rounded up to a multiple of ``to`` (buffers are padded to ALIGN so that the
     last range of a file goes through direct I/O too)."""
     return ceil_div(n, to) * to
+
+
+@contextmanager
+def allocating(what: Callable[[], str]) -> Iterator[None]:
+    """Turns a failed host allocation (a checkpoint larger than memory, e.g. a forged one
+    over sparse files) into a ``CheckpointError``; ``what()`` says what was being read."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as e:
+        if not isinstance(e, MemoryError) and "alloc" not in str(e):
+            raise  # a torch RuntimeError that is not about memory
+        raise CheckpointError(f"cannot allocate memory to load {what()}: {e}") from e
 
 
 def new_tensor(kind: str, dtype: str, shape: tuple[int, ...]) -> tuple[Any, np.ndarray]:

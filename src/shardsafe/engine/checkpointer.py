@@ -41,6 +41,7 @@ from typing import Any, Literal, get_args
 from ..comm import Comm, SingleProcessComm, get_comm
 from ..errors import CheckpointError
 from ..format.codec import Compression
+from ..plan.flatten import Stateful
 from ..storage.base import Storage
 from .io_pool import io_threads
 from . import async_jobs, background, cuda, pipeline
@@ -50,7 +51,8 @@ from .buffers import BouncePool, HostBuffer, StagingArena
 from .copies import Copy, PreparedCopy, begin_copy, fail_copy, prepare_copy
 from .handle import SaveHandle
 from .incremental import Baseline
-from .prepared import UNIT_SIZE, PreparedSave
+from .entries import Entries
+from .prepared import UNIT_SIZE, PreparedSave, local_entries
 from .save_options import SaveOptions
 from .staging import StageTask, host_sources, stage_files
 from .units import FileUnits
@@ -120,7 +122,7 @@ class Checkpointer:
         return self.options.max_staging_bytes
 
     # ------------------------------------------------------------------ public
-    def save(self, state: Mapping[str, Any], path: str, *, overwrite: bool = False,
+    def save(self, state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool = False,
              metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
              process_group: Any = None, timeout: float | None = None,
              collective: bool | None = None, compression: Compression | None = None,
@@ -140,7 +142,7 @@ class Checkpointer:
                                            copies=copies)
             self._save_streamed(prep, prepared)
 
-    def _prepare(self, state: Mapping[str, Any], path: str, opts: SaveOptions, *, overwrite: bool,
+    def _prepare(self, state: Mapping[str, Any] | Stateful, path: str, opts: SaveOptions, *, overwrite: bool,
                  metadata: Mapping[str, Any] | None, storage_options: dict | None,
                  process_group: Any, timeout: float | None, collective: bool | None,
                  baseline: Baseline | None, copies: Sequence[Copy]) -> tuple[PreparedSave, list[PreparedCopy]]:
@@ -164,8 +166,8 @@ class Checkpointer:
             prepared.append(pc)
         return prep, prepared
 
-    def async_save(self, state: Mapping[str, Any], path: str, *, staging: StagingMode = "blocking",
-                   overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
+    def async_save(self, state: Mapping[str, Any] | Stateful, path: str, *,
+                   staging: StagingMode = "blocking", overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
                    storage_options: dict | None = None, process_group: Any = None,
                    timeout: float | None = None, collective: bool | None = None,
                    compression: Compression | None = None,
@@ -362,6 +364,37 @@ class Checkpointer:
         self._inflight = [handle] + [c.handle for c in copies]
         self._thread = background.start(prep, copies, handle, jobs, stage=stage)
 
+    def write_part(self, prep: PreparedSave) -> Entries:
+        """Writes this rank's files of a save planned and committed elsewhere, synchronously.
+
+        ``prep`` comes from ``pipeline.prepare_part``; its working directory exists. Returns
+        the entries of what this rank wrote (durable), for the coordinator's
+        ``pipeline.commit_parts``. Commits nothing and removes nothing: on failure the files
+        are closed and the error raised (the caller's coordinator never commits then).
+        """
+        with self._lock:
+            self._check_open()
+            self._wait_previous()
+            scratch: list[HostBuffer] = []
+            jobs = Jobs([], [], lambda threads: None)
+            try:
+                jobs = self._streamed_jobs(prep, [], scratch)
+                return local_entries(prep, *pipeline.finish_writes(prep, jobs.writes))
+            except BaseException:
+                for w in jobs.all_writes():
+                    w.cancel()
+                raise
+            finally:
+                for b in scratch:
+                    b.close()
+
+    def _streamed_jobs(self, prep: PreparedSave, copies: list[PreparedCopy], scratch: list[HostBuffer]) -> Jobs:
+        """The started writes of a sync save (``async_jobs.streamed``); ``scratch`` collects
+        the whole-file buffers of object stores."""
+        return async_jobs.streamed(prep, copies, self.unit_size,
+                                   lambda storage, path, units, mirrors: self._file_write(
+                                       storage, path, units, mirrors, scratch))
+
     def _save_streamed(self, prep: PreparedSave, copies: list[PreparedCopy]) -> None:
         """Sync save: stage per unit through bounce buffers (or gather), write, commit."""
         scratch: list[HostBuffer] = []
@@ -370,9 +403,7 @@ class Checkpointer:
             pipeline.begin(prep)
             for c in copies:
                 begin_copy(c)
-            jobs = async_jobs.streamed(prep, copies, self.unit_size,
-                                       lambda storage, path, units, mirrors: self._file_write(
-                                           storage, path, units, mirrors, scratch))
+            jobs = self._streamed_jobs(prep, copies, scratch)
             pipeline.finish_all(prep, jobs.writes, copies, jobs.copy_writes)
         except BaseException as e:
             for w in jobs.all_writes():

@@ -37,7 +37,7 @@ from typing import Any
 from ..comm import SingleProcessComm
 from ..plan.flatten import TensorItem, alias_key, flatten
 from ..plan.layout import FilePlan, block_file_name, data_file_name, plan_file
-from ..plan.sharding import localize
+from ..plan.localize import localize
 from ..storage import storage_for
 from ..storage.base import RangeWriter, Storage
 from ..storage.files import with_path

@@ -23,15 +23,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import knobs
-from ..comm import Comm, get_comm
+from ..comm import Comm, ExternalRank, get_comm
 from ..plan.flatten import TensorItem, flatten
 from ..plan.layout import FilePlan, block_file_name, data_file_name, plan_file
-from ..plan.sharding import localize
+from ..plan.localize import localize
 from ..storage import storage_for
 from . import commit, plan_exchange, two_phase_commit
 from .block_writer import BlockFileWrite
 from .copies import PreparedCopy, commit_copy, fail_copy
-from .entries import CodedFile
+from .entries import CodedFile, Entries
 from .incremental import Baseline
 from .writer import FileWrite
 from .prepared import BLOCK_SIZE, PreparedSave, build_index, check_metadata, local_entries, split_coded
@@ -80,6 +80,35 @@ def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
     plans = [plan_file(data_file_name(comm.rank), plain)]
     return PreparedSave(storage, txn, tree, items, plans, md, comm, baseline=baseline, split=split,
                         compression=compression, coded=_block_plans(comm.rank, coded))
+
+
+def prepare_part(items: Sequence[TensorItem], txn: commit.Transaction, comm: ExternalRank,
+                 compression: str | None = None) -> PreparedSave:
+    """Phase (b) for one rank of a save that another system plans and commits.
+
+    ``shardsafe.dcp`` drives the engine this way: DCP's planner decides which rank writes
+    which ``items`` (their ids index the tensor table the coordinator builds), every rank
+    writes them into ``txn``'s working directory with ``Checkpointer.write_part``, and the
+    coordinator publishes the index from every rank's entries with ``commit_parts``.
+    """
+    plain, coded = split_coded(items, compression)
+    return PreparedSave(txn.storage, txn, {"t": "dict", "k": [], "v": []}, list(items),
+                        [plan_file(data_file_name(comm.rank), plain)], {}, comm,
+                        compression=compression, coded=_block_plans(comm.rank, coded))
+
+
+def commit_parts(txn: commit.Transaction, tree: dict[str, Any], items: Sequence[TensorItem],
+                 parts: Sequence[Entries], metadata: Mapping[str, Any], world_size: int) -> None:
+    """Phase (e) of such a save: the index from every rank's entries, published in ``txn``.
+
+    ``items`` is the whole tensor table (the chunks of ``parts`` must cover each exactly);
+    ``tree`` the structure tree pointing into it.
+
+    Raises:
+        CheckpointError: the parts do not hold exactly each tensor's elements.
+    """
+    prep = PreparedSave(txn.storage, txn, tree, list(items), [], dict(metadata), ExternalRank(0, world_size))
+    commit.finish(txn, build_index(prep, parts))
 
 
 def _block_plans(rank: int, items: Sequence[TensorItem]) -> list[FilePlan]:
@@ -149,13 +178,11 @@ def finish_all(prep: PreparedSave, writes: Sequence[Any], copies: Sequence[Prepa
                copy_writes: Sequence[Sequence[Any]] = ()) -> None:
     """Phase (e) after the writes: finishes every write, commits each copy, then the save.
 
-    ``writes`` lists the save's writes: the ``FileWrite`` of each of ``prep.plans`` (their
-    block checksums), then the block-file writes of ``prep.coded`` (their ``CodedFile``s);
-    ``copy_writes`` the same for each copy's own files. Every write is finished even
-    after another failed, since a copy needs its mirrors and its own writes; block files
-    first, as their coding runs while ``finish`` drives it, on the I/O pool next to the
-    data files' writes, which are already queued. Each copy then commits or fails on its
-    own (its handle says which), before the save's commit, which may wait for other ranks.
+    ``writes`` lists the save's writes (as for ``finish_writes``), ``copy_writes`` the
+    same for each copy's own files. Every write is finished even after another failed,
+    since a copy needs its mirrors and its own writes. Each copy then commits or fails on
+    its own (its handle says which), before the save's commit, which may wait for other
+    ranks.
 
     Raises:
         BaseException: the first failure of the save's writes, or of its commit.
@@ -174,8 +201,30 @@ def finish_all(prep: PreparedSave, writes: Sequence[Any], copies: Sequence[Prepa
             commit_copy(copy, got)
     if error is not None:
         raise error
+    commit_save(prep, *_split(prep, results))
+
+
+def finish_writes(prep: PreparedSave, writes: Sequence[Any]) -> tuple[list[list[list[int]]], list[CodedFile]]:
+    """Finishes every write of this rank: the block checksums of each of ``prep.plans``, and
+    what the block files of ``prep.coded`` hold.
+
+    ``writes`` lists the ``FileWrite`` of each of ``prep.plans``, then the block-file
+    writes of ``prep.coded``. Block files are finished first: their coding runs while
+    ``finish`` drives it, on the I/O pool next to the data files' writes, which are
+    already queued.
+
+    Raises:
+        BaseException: the first failure (after every write was finished).
+    """
+    results, error = _finish(writes)
+    if error is not None:
+        raise error
+    return _split(prep, results)
+
+
+def _split(prep: PreparedSave, results: Sequence[Any]) -> tuple[list[list[list[int]]], list[CodedFile]]:
     n = len(prep.plans)
-    commit_save(prep, results[:n], [f for r in results[n:] for f in r])
+    return list(results[:n]), [f for r in results[n:] for f in r]
 
 
 def _finish(writes: Sequence[Any]) -> tuple[list[Any], BaseException | None]:

@@ -35,7 +35,7 @@ from .chunk_table import ChunkTable, Split, check_tensor_rows, detect_split
 from .dtypes import lookup
 from .index_common import (IndexHeader, MAX_DIM, MAX_INDEX_BYTES, FileEntry, StoredBlocks, bad, check_int, check_tree,
                            decode_files, finite_float, header_fields, reject_constant,
-                           tensor_header, unique_members)
+                           tensor_header, tensor_key, unique_members)
 
 MAGIC = b"SSAFEIDX"
 VERSION = 2
@@ -118,7 +118,7 @@ def encode(index: ColumnarIndex) -> bytes:
     names = COLUMNS + (CODED_COLUMNS if ct.coding is not None else ())
     tensors = []
     for t, info in enumerate(index.tensors):
-        row: dict[str, Any] = {"key": list(info.key), "kind": info.kind, "dtype": info.dtype,
+        row: dict[str, Any] = {"key": tree.encode_key_path(info.key), "kind": info.kind, "dtype": info.dtype,
                                "shape": list(info.shape),
                                "chunks": int(ct.tensor_start[t + 1] - ct.tensor_start[t])}
         s = ct.splits[t]
@@ -304,11 +304,7 @@ def _split_container(data: bytes) -> tuple[dict[str, Any], memoryview]:
 
 def _tensor(t: Any) -> tuple[TensorInfo, int, int, Split | None]:
     """One tensor row: (info, itemsize, chunk count, split)."""
-    if not isinstance(t, dict) or not isinstance(t.get("key"), list):
-        raise bad("tensor entry needs a key list")
-    key = tuple(t["key"])
-    if not all(isinstance(k, str) or (isinstance(k, int) and not isinstance(k, bool)) for k in key):
-        raise bad(f"tensor key {t['key']!r} must hold strings and integers")
+    key = tensor_key(t)
     name = tree.render_path(key)
     kind, dt, shape_t = tensor_header(t, name)
     count = check_int(t.get("chunks"), f"chunk count of {name}", 0, 1 << 40)

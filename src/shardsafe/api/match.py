@@ -10,6 +10,8 @@ restores fully; ``nn.Module`` state dicts are closed (extra keys are unexpected)
 
 from __future__ import annotations
 
+import argparse
+
 import copy as _copy
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -19,7 +21,7 @@ from .. import tensors
 from ..engine.buffers import new_tensor
 from ..format.index import Index, TensorEntry
 from ..format.tree import KeyPath, Node, build, dict_items, render_path
-from ..plan.flatten import alias_key, is_stateful
+from ..plan.flatten import Stateful, alias_key, is_stateful
 
 
 @dataclass(slots=True)
@@ -32,6 +34,9 @@ class TensorTarget:
     """The tensor (or DTensor) its bytes are read into."""
     dest: Any = None
     """A new tensor's writable bytes, known from its allocation (None: derived from ``target``)."""
+    offsets: tuple[int, ...] | None = None
+    """Where ``target`` starts in the global tensor, when it holds only a box of it (a DCP
+    read item); None: derived from ``target`` (all of it, or a DTensor's local shard)."""
 
 
 @dataclass(slots=True)
@@ -126,6 +131,9 @@ class _Matcher:
             return self.tensor(target, node, path, open_)
         if isinstance(target, MutableMapping) and t == "dict":
             return self.mapping(target, node, path, open_, copy_)
+        if type(target) is argparse.Namespace and node["t"] == "namespace":  # its attributes, in place
+            attrs = self.mapping(vars(target), node, path, open_, copy_)
+            return target if attrs is vars(target) else argparse.Namespace(**attrs)
         if isinstance(target, (list, tuple)) and t in ("list", "tuple"):
             if len(target) == len(node["v"]):
                 return self.sequence(target, node, path, open_, copy_)
@@ -192,12 +200,19 @@ class _Matcher:
         return target
 
 
-def match(index: Index, target: MutableMapping[str, Any]) -> Matching:
-    """Matches ``target`` against the checkpoint ``index`` without changing either."""
+def match(index: Index, target: MutableMapping[str, Any] | Stateful) -> Matching:
+    """Matches ``target`` against the checkpoint ``index`` without changing either.
+
+    A Stateful target is matched as it would be inside a mapping: through its
+    ``state_dict()``, with a ``load_state_dict`` call among the finalizers.
+    """
     if index.tree.get("t") != "dict":
         raise TypeError("the checkpoint's root is not a mapping")
     matcher = _Matcher(index)
-    matcher.mapping(target, index.tree, (), open_=False)
+    if is_stateful(target):
+        matcher.value(target, index.tree, (), open_=False)
+    else:
+        matcher.mapping(target, index.tree, (), open_=False)
     return matcher.m
 
 
