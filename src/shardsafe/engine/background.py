@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 from . import pipeline
 from .async_jobs import Jobs
-from .copies import PreparedCopy, begin_copy, fail_copy
+from .copies import PreparedCopy, begin_copy
 from .handle import SaveHandle
 from .prepared import PreparedSave
 
@@ -82,12 +82,7 @@ def _run(prep: PreparedSave, copies: list[PreparedCopy], handle: SaveHandle, job
     # Everything the save raises is delivered to the caller through the handles (result(),
     # the next save, close(), or the exit hook); nothing here swallows it.
     except BaseException as e:  # noqa: BLE001
-        for w in work.all_writes():
-            w.cancel()
-        pipeline.abort(prep, e)
-        for c in copies:
-            if not c.handle.done():
-                fail_copy(c, e)
+        pipeline.abort_all(prep, work.all_writes(), copies, e)
         handle.settle(e)
         log.debug("async save to %s failed: %s", handle.path, e)
         return

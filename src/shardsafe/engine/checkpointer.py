@@ -406,12 +406,7 @@ class Checkpointer:
             jobs = self._streamed_jobs(prep, copies, scratch)
             pipeline.finish_all(prep, jobs.writes, copies, jobs.copy_writes)
         except BaseException as e:
-            for w in jobs.all_writes():
-                w.cancel()
-            pipeline.abort(prep, e)
-            for c in copies:
-                if not c.handle.done():
-                    fail_copy(c, e)
+            pipeline.abort_all(prep, jobs.all_writes(), copies, e)
             raise
         finally:
             for b in scratch:

@@ -163,6 +163,18 @@ def abort(prep: PreparedSave, error: BaseException | None = None) -> None:
         log.warning("could not remove the unfinished save %s: %s", prep.txn.workdir, e)
 
 
+def abort_all(prep: PreparedSave, writes: Sequence[Any], copies: Sequence[PreparedCopy],
+              error: BaseException) -> None:
+    """After a failure: stops every write (the save's and the copies'), removes what the
+    save wrote (``abort``) and fails every copy not settled yet."""
+    for w in writes:
+        w.cancel()
+    abort(prep, error)
+    for c in copies:
+        if not c.handle.done():
+            fail_copy(c, error)
+
+
 def block_file_write(prep: PreparedSave, plan: FilePlan, *, name_of: Callable[[int], str] | None = None,
                      **source: Any) -> BlockFileWrite:
     """The writer of the block files of ``plan`` (one of ``prep.coded``), named
