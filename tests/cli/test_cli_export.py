@@ -77,11 +77,10 @@ def test_export_errors_are_one_line(cli, tmp_path) -> None:  # noqa: ANN001
 def test_export_of_a_tensor_larger_than_memory_is_a_clean_error(tmp_path, subprocess_env) -> None:  # noqa: ANN001
     from test_cli_diff import huge_tensor_checkpoint, run_limited
 
-    huge_tensor_checkpoint(str(tmp_path / "a"))
-    for out in ("x.safetensors", "x.pt"):
-        proc = run_limited(["export", tmp_path / "a", tmp_path / out], subprocess_env)
-        assert "cannot allocate memory" in one_line_error(proc)
-        assert not (tmp_path / out).exists()
+    huge_tensor_checkpoint(str(tmp_path / "a"))  # .pt reads through the same read_tensor
+    proc = run_limited(["export", tmp_path / "a", tmp_path / "x.safetensors"], subprocess_env)
+    assert "cannot allocate memory" in one_line_error(proc)
+    assert not (tmp_path / "x.safetensors").exists()
 
 
 def test_export_with_dtype_keeps_packed_float4(cli, tmp_path) -> None:  # noqa: ANN001
