@@ -107,6 +107,7 @@ def test_async_saves_are_waited_for_before_teardown_and_removal(tmp_path) -> Non
     assert not (tmp_path / "a.ckpt").exists()
 
 
+@pytest.mark.stress
 def test_ddp_on_two_processes_resumes_bit_exactly(tmp_path) -> None:  # noqa: ANN001
     """strategy="ddp" on 2 CPU processes, asynchronous saves: Lightning saves from rank 0
     only (collective=False), every rank loads on its own."""

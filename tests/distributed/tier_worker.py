@@ -84,7 +84,7 @@ def damage(out: str) -> None:
     dist.barrier()
     if RANK == 1:
         step = os.path.join(out, "node0", "rank_1", "step_00000006")
-        flip_byte(max((os.path.join(step, n) for n in os.listdir(step)), key=os.path.getsize))
+        flip_byte(max((os.path.join(step, n) for n in os.listdir(step)), key=os.path.getsize), -3)
     dist.barrier()
 
 

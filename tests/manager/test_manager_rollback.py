@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -25,7 +23,7 @@ def test_synchronous_save_returns_after_retention(tmp_path) -> None:
         for s in range(6):
             assert mgr.save(s, state(s))
             # nothing left for a background thread: the listing is already final
-            assert mgr._inflight.future is None
+            assert mgr._writers[0].slot.future is None
             assert mgr.all_steps() == list(range(max(0, s - 1), s + 1))
             names = sorted(n for n in os.listdir(tmp_path) if n.startswith("step_"))
             assert names == [step_name(x) for x in mgr.all_steps()]
@@ -55,7 +53,7 @@ def test_synchronous_retention_error_raises_from_save(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("async_save", [True, False])
-def test_rollback_moves_newer_steps_aside(tmp_path, async_save) -> None:
+def test_rollback_moves_newer_steps_aside(tmp_path, cli, async_save) -> None:  # noqa: ANN001
     with CheckpointManager(tmp_path, async_save=async_save) as mgr:
         for s in (100, 200, 300):
             assert mgr.save(s, state(s), metrics={"loss": s / 100})
@@ -78,14 +76,13 @@ def test_rollback_moves_newer_steps_aside(tmp_path, async_save) -> None:
     moved = [n for n in os.listdir(tmp_path) if n.startswith(step_name(200) + ROLLBACK_MARKER)]
     assert len(moved) == 2
     # shardsafe ls shows the moved-aside steps with their own state
-    out = subprocess.run([sys.executable, "-m", "shardsafe", "ls", "--json", str(tmp_path)],
-                         capture_output=True, text=True, check=True, env=os.environ)
+    out = cli("ls", "--json", tmp_path)
+    assert out.returncode == 0, out.stderr
     rows = {r["name"]: r for r in json.loads(out.stdout)}
     assert {r["state"] for n, r in rows.items() if ROLLBACK_MARKER in n} == {"rolled-back"}
     assert {r["step"] for n, r in rows.items() if ROLLBACK_MARKER in n} == {150, 200, 300}
     assert rows[step_name(100)]["state"] == "committed"
-    table = subprocess.run([sys.executable, "-m", "shardsafe", "ls", str(tmp_path)],
-                           capture_output=True, text=True, check=True, env=os.environ).stdout
+    table = cli("ls", tmp_path).stdout
     states = [line.split()[1] for line in table.splitlines()[1:]]
     assert states.count("rolled-back") == 4 and states.count("committed") == 1  # 200 twice
 

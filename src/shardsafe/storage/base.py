@@ -12,9 +12,13 @@ class RangeWriter(Protocol):
     Attributes:
         direct: True while aligned ranges bypass the page cache (callers then hand it
             page-aligned buffers; see ``storage.local.LocalFileWriter``).
+        size: The file's final size: ``close`` truncates to it. A writer that learns the
+            size only at the end (a block file being coded) opens with an upper bound and
+            lowers it before ``close``.
     """
 
     direct: bool
+    size: int
 
     def write_at(self, offset: int, data: memoryview) -> None:
         """Writes ``data`` at ``offset`` (ranges may extend past the size: ``close`` truncates)."""
