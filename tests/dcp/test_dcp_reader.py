@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from helpers import flip_byte
 from torch.distributed.checkpoint.api import CheckpointException
 
 import shardsafe
@@ -55,9 +56,7 @@ def test_damage_and_absence_raise_through_dcp(tmp_path) -> None:  # noqa: ANN001
     path = str(tmp_path / "ckpt")
     shardsafe.save({"w": torch.randn(1000)}, path)
     data_file = os.path.join(path, "data-r00000-000.safetensors")
-    damaged = bytearray(open(data_file, "rb").read())
-    damaged[-3] ^= 0xFF  # a byte of the tensor's data
-    open(data_file, "wb").write(damaged)
+    flip_byte(data_file, -3)  # a byte of the tensor's data
     with pytest.raises(CheckpointException) as info:
         dcp.load({"w": torch.zeros(1000)}, storage_reader=Reader(path))
     (exc, _), = info.value.failures.values()

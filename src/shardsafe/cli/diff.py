@@ -17,7 +17,7 @@ import numpy as np
 
 from . import EXIT_FAILED, EXIT_OK
 from .. import tensors
-from ._common import add_storage_options, open_checkpoint, progress, storage_options
+from ._common import add_command, open_checkpoint, progress, storage_options
 from ._tensors import Leaf, leaves, read_tensor
 from ..engine.reader import ChunkReader
 
@@ -109,15 +109,11 @@ def compare(ra: ChunkReader, rb: ChunkReader, on_bytes: Any = None) -> tuple[lis
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("diff", help="compare two checkpoints",
-                       description="List keys only in A (-), only in B (+) and changed (~), with "
-                                   "the max abs difference per changed tensor. Exits 0 when "
-                                   "identical, 1 when they differ.")
-    p.add_argument("a", metavar="A", help="first checkpoint")
-    p.add_argument("b", metavar="B", help="second checkpoint")
-    p.add_argument("--json", action="store_true", help="print JSON for machines")
-    add_storage_options(p)
-    p.set_defaults(func=run)
+    add_command(sub, "diff", run, "compare two checkpoints",
+                "List keys only in A (-), only in B (+) and changed (~), with the max abs "
+                "difference per changed tensor. Exits 0 when identical, 1 when they differ.",
+                ("a", "A", "first checkpoint"), ("b", "B", "second checkpoint"),
+                json_help="print JSON for machines")
 
 
 def _line(c: Change) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 from . import EXIT_OK
 from .. import tensors
-from ._common import add_storage_options, open_checkpoint, progress, storage_options
+from ._common import CKPT, add_command, open_checkpoint, progress, storage_options
 from ._tensors import as_torch, leaves, read_tensor, require_torch, subtree
 from ..engine.reader import ChunkReader
 from ..format.datafile import safetensors_header
@@ -38,18 +38,15 @@ _JSON_KINDS = ("int", "float", "str", "bool", "none")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write a checkpoint as one .safetensors or .pt file",
-                       description="Consolidate CKPT into OUT: .safetensors (keys are dotted key "
-                                   "paths; plain values go to __metadata__ as JSON) or .pt "
-                                   "(loadable with torch.load(weights_only=True)).")
-    p.add_argument("ckpt", metavar="CKPT", help="checkpoint directory or URL")
-    p.add_argument("out", metavar="OUT", help="output file (.safetensors, .pt or .pth)")
+    p = add_command(sub, "export", run, "write a checkpoint as one .safetensors or .pt file",
+                    "Consolidate CKPT into OUT: .safetensors (keys are dotted key paths; plain "
+                    "values go to __metadata__ as JSON) or .pt (loadable with "
+                    "torch.load(weights_only=True)).",
+                    CKPT, ("out", "OUT", "output file (.safetensors, .pt or .pth)"))
     p.add_argument("--only", metavar="KEY", help="export only this subtree (e.g. 'model'); its "
                                                  "prefix is dropped from the exported keys")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="cast floating-point tensors")
     p.add_argument("--format", choices=("safetensors", "pt"), help="default: from OUT's suffix")
-    add_storage_options(p)
-    p.set_defaults(func=run)
 
 
 def _out_format(args: argparse.Namespace) -> str:

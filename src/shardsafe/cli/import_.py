@@ -25,7 +25,7 @@ from typing import Any
 from . import EXIT_OK
 from .. import tensors
 from ..api.save import save
-from ._common import add_storage_options, storage_options
+from ._common import add_command, storage_options
 from ._tensors import require_torch
 from ..storage.files import kind_of
 
@@ -33,13 +33,12 @@ DCP_METADATA = ".metadata"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("import", help="convert a torch.save / safetensors / DCP checkpoint",
-                       description="Convert SRC into a shardsafe checkpoint at CKPT. SRC is a "
-                                   "torch.save file (loaded with weights_only=True), a "
-                                   ".safetensors file, or a DCP checkpoint directory (local and "
-                                   "trusted, with --trust-pickle: DCP metadata is a pickle).")
-    p.add_argument("src", metavar="SRC", help="source file or DCP directory (local)")
-    p.add_argument("ckpt", metavar="CKPT", help="checkpoint to create (directory or URL)")
+    p = add_command(sub, "import", run, "convert a torch.save / safetensors / DCP checkpoint",
+                    "Convert SRC into a shardsafe checkpoint at CKPT. SRC is a torch.save file "
+                    "(loaded with weights_only=True), a .safetensors file, or a DCP checkpoint "
+                    "directory (local and trusted, with --trust-pickle: DCP metadata is a pickle).",
+                    ("src", "SRC", "source file or DCP directory (local)"),
+                    ("ckpt", "CKPT", "checkpoint to create (directory or URL)"))
     p.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint")
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow reading a DCP directory: its .metadata is a Python pickle, which "
@@ -47,8 +46,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefix", metavar="KEY", default=None,
                    help="store the imported state under this top-level key (--prefix model: "
                         "load(CKPT, {'model': module}) restores a module in place)")
-    add_storage_options(p)
-    p.set_defaults(func=run)
 
 
 def read_torch_save(src: str) -> Any:
