@@ -1,4 +1,4 @@
-"""``python -m shardsafe.bench.tiers`` (its main, in process): both restores happen and the JSON line is complete;
+"""``python -m shardsafe.bench.tiers`` (its main, in process): the saves and both restores happen and the JSON line is complete;
 the local-tier section of ``shardsafe demo`` (a small state, in process) reports both times."""
 
 from __future__ import annotations
@@ -10,11 +10,14 @@ from shardsafe.bench.tiers import local_tier_section, main
 
 
 def test_tiers_bench_prints_its_json_line(tmp_path, capsys) -> None:  # noqa: ANN001
-    assert main(["--size", "4MiB", "--repeat", "1", "--dir", str(tmp_path / "p"),
+    assert main(["--size", "4MiB", "--repeat", "1", "--steps", "2", "--dir", str(tmp_path / "p"),
                  "--local-dir", str(tmp_path / "l")]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert r["state_bytes"] == 4 << 20 and r["local_s"] > 0 and r["persistent_cold_s"] > 0
-    assert (tmp_path / "l" / "rank_0").is_dir()  # the local tier was written where asked
+    assert r["save_persistent_s"] > 0 and r["save_both_s"] > 0 and r["save_budget_s"] > 0
+    assert r["both_vs_persistent"] > 0 and r["extra_both_bytes"] is not None
+    for name in ("both", "budget", "restore"):  # the local tier was written where asked
+        assert (tmp_path / "l" / name / "rank_0").is_dir(), name
 
 
 def test_local_tier_section_times_both_tiers() -> None:

@@ -56,17 +56,19 @@ def add_command(sub: argparse._SubParsersAction, name: str, run: Callable[[argpa
     return p
 
 
-def storage_options(args: argparse.Namespace) -> dict:
-    """The parsed ``--storage-options`` (an empty dict when absent)."""
-    raw = getattr(args, "storage_options", None)
+def storage_options(args: argparse.Namespace, name: str = "storage_options") -> dict:
+    """The parsed ``--storage-options`` (or the option stored as ``name``; an empty dict
+    when absent)."""
+    raw = getattr(args, name, None)
+    flag = "--" + name.replace("_", "-")
     if not raw:
         return {}
     try:
         value = json.loads(raw)
     except ValueError as e:
-        raise ValueError(f"--storage-options is not valid JSON: {e}") from None
+        raise ValueError(f"{flag} is not valid JSON: {e}") from None
     if not isinstance(value, dict):
-        raise ValueError("--storage-options must be a JSON object")
+        raise ValueError(f"{flag} must be a JSON object")
     return value
 
 

@@ -3,7 +3,7 @@
 Retention keeps the ``--max-to-keep`` newest committed checkpoints (by step for a
 manager directory of ``step_<N>`` checkpoints, else by creation time), plus every
 ``--keep-period``-th step, and deletes the others crash-safely (index first). The
-decision is the manager's own policy code (``manager.policy``), so ``gc`` and a
+decision is the manager's own policy code (``manager.retention``), so ``gc`` and a
 ``CheckpointManager`` with the same options keep the same steps. Leftovers are partial saves: hidden
 ``.<name>.shardsafe-tmp-<id>`` directories, object-store prefixes holding data but no
 index, and unfinished S3 multipart uploads. A leftover younger than ``--min-age``
@@ -25,7 +25,7 @@ from . import EXIT_OK
 from ._common import Entry, add_command, modified, scan, storage_options
 from ..engine.commit import is_temporary, uncommit
 from ..engine.sweep import plan_sweep, sweep
-from ..manager.policy import (AnyPreservationPolicy, EveryNSteps, LatestN, PreservationPolicy,
+from ..manager.retention import (AnyPreservationPolicy, EveryNSteps, LatestN, PreservationPolicy,
                               StepRecord, steps_to_delete)
 from ..manager.steps import MANAGER_KEY
 from ..storage import Storage, storage_for

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import knobs
@@ -30,8 +30,10 @@ from ..plan.localize import localize
 from ..storage import storage_for
 from . import commit, plan_exchange, two_phase_commit
 from .block_writer import BlockFileWrite
+from .copies import PreparedCopy, commit_copy, fail_copy
 from .entries import CodedFile, Entries
 from .incremental import Baseline
+from .writer import FileWrite
 from .prepared import BLOCK_SIZE, PreparedSave, build_index, check_metadata, local_entries, split_coded
 
 log = logging.getLogger("shardsafe")
@@ -161,29 +163,90 @@ def abort(prep: PreparedSave, error: BaseException | None = None) -> None:
         log.warning("could not remove the unfinished save %s: %s", prep.txn.workdir, e)
 
 
-def block_file_write(prep: PreparedSave, plan: FilePlan, **source: Any) -> BlockFileWrite:
+def abort_all(prep: PreparedSave, writes: Sequence[Any], copies: Sequence[PreparedCopy],
+              error: BaseException) -> None:
+    """After a failure: stops every write (the save's and the copies'), removes what the
+    save wrote (``abort``) and fails every copy not settled yet."""
+    for w in writes:
+        w.cancel()
+    abort(prep, error)
+    for c in copies:
+        if not c.handle.done():
+            fail_copy(c, error)
+
+
+def block_file_write(prep: PreparedSave, plan: FilePlan, *, name_of: Callable[[int], str] | None = None,
+                     **source: Any) -> BlockFileWrite:
     """The writer of the block files of ``plan`` (one of ``prep.coded``), named
-    ``data-r<rank>-<part>.blocks``; ``source``: ``staged=`` and ``nunits=``, or ``sources=``."""
+    ``data-r<rank>-<part>.blocks`` unless ``name_of`` names them; ``source``: ``staged=``
+    and ``nunits=``, or ``sources=``, and ``mirrors=``."""
     assert prep.compression is not None  # prep.coded is empty without compression
-    return BlockFileWrite(plan, prep.storage, prep.path_of, lambda part: block_file_name(prep.comm.rank, part),
+    return BlockFileWrite(plan, prep.storage, prep.path_of,
+                          name_of or (lambda part: block_file_name(prep.comm.rank, part)),
                           prep.compression, BLOCK_SIZE, **source)
+
+
+def finish_all(prep: PreparedSave, writes: Sequence[Any], copies: Sequence[PreparedCopy] = (),
+               copy_writes: Sequence[Sequence[Any]] = ()) -> None:
+    """Phase (e) after the writes: finishes every write, commits each copy, then the save.
+
+    ``writes`` lists the save's writes (as for ``finish_writes``), ``copy_writes`` the
+    same for each copy's own files. Every write is finished even after another failed,
+    since a copy needs its mirrors and its own writes. Each copy then commits or fails on
+    its own (its handle says which), before the save's commit, which may wait for other
+    ranks.
+
+    Raises:
+        BaseException: the first failure of the save's writes, or of its commit.
+    """
+    results, error = _finish(writes)
+    for copy, own in zip(copies, copy_writes):
+        if copy.error is not None:
+            for w in own:
+                w.cancel()
+            fail_copy(copy, copy.error)
+            continue
+        got, own_error = _finish(own)
+        if own_error is not None:
+            fail_copy(copy, own_error)
+        else:
+            commit_copy(copy, got)
+    if error is not None:
+        raise error
+    commit_save(prep, *_split(prep, results))
 
 
 def finish_writes(prep: PreparedSave, writes: Sequence[Any]) -> tuple[list[list[list[int]]], list[CodedFile]]:
     """Finishes every write of this rank: the block checksums of each of ``prep.plans``, and
     what the block files of ``prep.coded`` hold.
 
-    ``writes`` lists the ``FileWrite`` of each of ``prep.plans``, then the
-    ``BlockFileWrite`` of each of ``prep.coded``. Block files are finished first: their
-    coding runs while ``finish`` drives it, on the I/O pool next to the data files'
-    writes, which are already queued.
+    ``writes`` lists the ``FileWrite`` of each of ``prep.plans``, then the block-file
+    writes of ``prep.coded``. Block files are finished first: their coding runs while
+    ``finish`` drives it, on the I/O pool next to the data files' writes, which are
+    already queued.
+
+    Raises:
+        BaseException: the first failure (after every write was finished).
     """
-    order = sorted(range(len(writes)), key=lambda k: not isinstance(writes[k], BlockFileWrite))
-    results: dict[int, Any] = {k: writes[k].finish() for k in order}
+    results, error = _finish(writes)
+    if error is not None:
+        raise error
+    return _split(prep, results)
+
+
+def _split(prep: PreparedSave, results: Sequence[Any]) -> tuple[list[list[list[int]]], list[CodedFile]]:
     n = len(prep.plans)
-    return [results[k] for k in range(n)], [f for k in range(n, len(writes)) for f in results[k]]
+    return list(results[:n]), [f for r in results[n:] for f in r]
 
 
-def finish_and_commit(prep: PreparedSave, writes: Sequence[Any]) -> None:
-    """Phase (e) after the writes: finishes every write, then commits from their results."""
-    commit_save(prep, *finish_writes(prep, writes))
+def _finish(writes: Sequence[Any]) -> tuple[list[Any], BaseException | None]:
+    """Every write's result (block files first), and the first failure (None if none)."""
+    order = sorted(range(len(writes)), key=lambda k: isinstance(writes[k], FileWrite))
+    results: list[Any] = [None] * len(writes)
+    error: BaseException | None = None
+    for k in order:
+        try:
+            results[k] = writes[k].finish()
+        except Exception as e:  # noqa: BLE001 - the others are still finished (a copy needs them)
+            error = error or e
+    return results, error

@@ -35,12 +35,13 @@ OK, VANISHED, CORRUPT, FAILED = 0, 1, 2, 3
 
 def load_step(steps: StepDirectory, base_url: str, step: int, name: str,
               state: MutableMapping[str, Any], storage_options: Mapping[str, Any] | None,
-              agree: Callable[[int], int] | None = None) -> None:
+              agree: Callable[[int], int] | None = None, timeout: float | None = None) -> None:
     """Loads step ``step`` (directory ``name`` under ``base_url``) into ``state`` in place.
 
     ``agree`` (collective restores) turns this rank's outcome into the worst outcome of
     all ranks: each rank verifies only the bytes it reads, so a damaged chunk may be
-    seen by one rank alone, and then every rank must raise, not just that one.
+    seen by one rank alone, and then every rank must raise, not just that one. ``timeout``
+    bounds the collective load (default ``SHARDSAFE_TIMEOUT``).
 
     Raises:
         CheckpointNotFoundError: The step is not committed (or was deleted meanwhile).
@@ -49,7 +50,7 @@ def load_step(steps: StepDirectory, base_url: str, step: int, name: str,
     url = steps.storage.join(base_url, name)
     outcome, error = OK, None
     try:
-        _load(url, step, state, storage_options)
+        _load(url, step, state, storage_options, timeout)
     except CheckpointNotFoundError as e:
         outcome, error = VANISHED, e
     except CorruptCheckpointError as e:
@@ -68,10 +69,11 @@ def load_step(steps: StepDirectory, base_url: str, step: int, name: str,
 
 
 def _load(url: str, step: int, state: MutableMapping[str, Any],
-          storage_options: Mapping[str, Any] | None) -> None:
+          storage_options: Mapping[str, Any] | None, timeout: float | None) -> None:
     try:
         load_checked(url, state, _records(step),
-                     storage_options=dict(storage_options) if storage_options is not None else None)
+                     storage_options=dict(storage_options) if storage_options is not None else None,
+                     timeout=timeout)
     except FileNotFoundError as e:
         if isinstance(e, CheckpointNotFoundError):
             raise
@@ -107,7 +109,7 @@ class Outcome:
 
 def restore_newest(steps: StepDirectory, base_url: str, state: MutableMapping[str, Any], *,
                    fallback: bool, storage_options: Mapping[str, Any] | None,
-                   agree: Callable[[int], int] | None = None) -> Outcome:
+                   agree: Callable[[int], int] | None = None, timeout: float | None = None) -> Outcome:
     """Loads the newest committed step that verifies into ``state``.
 
     Raises:
@@ -123,7 +125,7 @@ def restore_newest(steps: StepDirectory, base_url: str, state: MutableMapping[st
             break
         step, name = max(candidates.items())
         try:
-            load_step(steps, base_url, step, name, state, storage_options, agree)
+            load_step(steps, base_url, step, name, state, storage_options, agree, timeout)
         except CheckpointNotFoundError:
             vanished.add(step)
             continue
