@@ -23,7 +23,7 @@ from shardsafe.cli import main
 
 def test_copy_is_exact_verified_and_refuses_to_replace(cli, tmp_path, capsys) -> None:  # noqa: ANN001
     src, dst = save_step(str(tmp_path / "run"), 1), str(tmp_path / "copy")
-    out = cli("cp", src, dst)  # the real command line once; the rest in this process
+    out = cli("cp", src, dst)  # the whole command (parser, output, exit code) once; then main()
     assert out.returncode == 0 and out.stdout.startswith("copied step_00000001"), out.stderr
     with open(os.path.join(src, "index.json"), "rb") as a, open(os.path.join(dst, "index.json"), "rb") as b:
         assert a.read() == b.read()  # nothing to rewrite: the same index bytes
