@@ -115,10 +115,12 @@ class Checkpointer:
 
     @property
     def unit_size(self) -> int:
+        """Bytes per staging/write unit (``options.unit_size``)."""
         return self.options.unit_size
 
     @property
     def max_staging_bytes(self) -> int | None:
+        """The default host staging budget of async saves (``options.max_staging_bytes``)."""
         return self.options.max_staging_bytes
 
     # ------------------------------------------------------------------ public
