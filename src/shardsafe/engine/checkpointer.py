@@ -159,13 +159,9 @@ class Checkpointer:
         for c in copies:
             c.handle = SaveHandle(c.path)
             try:
-                pc = prepare_copy(prep, c)
+                prepared.append(prepare_copy(prep, c))
             except (TypeError, ValueError, OSError, CheckpointError) as e:
                 c.handle.settle(e)  # the copy fails alone; the save goes on
-                continue
-            pc.handle = c.handle
-            c.handle.nbytes = sum(p.layout.size for p in pc.own_plans())
-            prepared.append(pc)
         return prep, prepared
 
     def async_save(self, state: Mapping[str, Any] | Stateful, path: str, *,

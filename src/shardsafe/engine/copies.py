@@ -140,7 +140,8 @@ def _same_data(a: FilePlan, b: FilePlan) -> bool:
 
 
 def prepare_copy(save: PreparedSave, copy: Copy) -> PreparedCopy:
-    """Plans ``copy`` next to ``save`` (flatten, match, lay out; writes nothing).
+    """Plans ``copy`` next to ``save`` (flatten, match, lay out; writes nothing); sets
+    ``copy.handle`` if it has none (its ``nbytes``: what is staged for the copy alone).
 
     Raises:
         TypeError: a value of the copy's state cannot be saved (naming its key path).
@@ -180,7 +181,11 @@ def prepare_copy(save: PreparedSave, copy: Copy) -> PreparedCopy:
     if own_coded:
         coded.append(plan_file(block_file_name(rank, OWN_PART), own_coded))
     prep = PreparedSave(storage, txn, tree, items, plans, md, comm, compression=save.compression, coded=coded)
-    return PreparedCopy(prep, mirrors, coded_mirrors, SaveHandle(copy.path, sum(p.layout.size for p in plans)), rank)
+    handle = copy.handle if copy.handle is not None else SaveHandle(copy.path)
+    copy.handle = handle
+    out = PreparedCopy(prep, mirrors, coded_mirrors, handle, rank)
+    handle.nbytes = sum(p.layout.size for p in out.own_plans() + out.own_coded())  # staged for it alone
+    return out
 
 
 class MirrorFile:
