@@ -2,7 +2,9 @@
 
 Usage: ``manager_bounded_worker.py OUT_DIR`` with RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT set. Both ranks build a manager with ``timeout=TIMEOUT``, a local tier per
-rank (two nodes) replicated to the other rank, and save step 0 on both tiers. Then:
+rank (two nodes) replicated to the other rank, and save step 0 on both tiers, counting
+the bytes copied out of the state (each rank writes part of the replicated state to the
+persistent tier and its local step holds all of it: still one copy). Then:
 
 1. rank 1's state holds a value that cannot be saved: its ``save(1)`` raises TypeError
    before anything of step 1 is written; rank 0 learns it at once, from the planning
@@ -28,6 +30,8 @@ import torch
 import torch.distributed as dist
 
 import shardsafe
+from shardsafe.engine import staging, writer
+from shardsafe.engine.units import HEADER
 
 TIMEOUT = 3.0
 
@@ -41,14 +45,30 @@ def timed(call: Callable[[], object]) -> dict:
     return {"error": None, "s": time.monotonic() - t0}
 
 
+def count_copies() -> list[int]:
+    """Counts the tensor bytes copied out of the state (where every save path copies them)."""
+    count = [0]
+    orig = staging.copy_unit
+
+    def spy(units, k, sources, out, base=0):  # noqa: ANN001, ANN202
+        count[0] += sum(p.length for p in units.parts(k) if p.item != HEADER and sources[p.item] is not None)
+        return orig(units, k, sources, out, base)
+
+    staging.copy_unit = writer.copy_unit = spy
+    return count
+
+
 def main(out: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    state = {"w": torch.arange(1000.0) + rank, "step": 0}
+    state = {"w": [torch.arange(4096.0) * i for i in range(1, 5)], "step": 0}  # the same on both ranks
     mgr = shardsafe.CheckpointManager(os.path.join(out, "persistent"), timeout=TIMEOUT,
                                       local_directory=os.path.join(out, f"node{rank}"),
                                       local_replication=True)
+    copied = count_copies()
     res: dict = {"save0": timed(lambda: (mgr.save(0, state), mgr.wait_until_finished()))}
+    res["copied0"], res["state_bytes"] = copied[0], sum(t.numel() * 4 for t in state["w"])
+    res["local_files"] = sorted(os.listdir(os.path.join(out, f"node{rank}", f"rank_{rank}", "step_00000000")))
     bad = dict(state, oops=object()) if rank == 1 else state
     res["fail1"] = timed(lambda: mgr.save(1, bad))
     res["fail1_wait"] = timed(mgr.wait_until_finished)

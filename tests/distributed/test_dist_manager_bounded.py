@@ -21,8 +21,12 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return [json.loads((out / f"r{r}.json").read_text()) for r in range(2)]
 
 
-def test_both_tiers_saved_step_0(seen) -> None:  # noqa: ANN001
+def test_both_tiers_saved_step_0_from_one_copy(seen) -> None:  # noqa: ANN001
     assert [s["save0"]["error"] for s in seen] == [None, None], seen
+    for s in seen:  # each rank writes part of the state; its local step holds it all, copied once
+        assert s["copied0"] == s["state_bytes"], s
+        assert "data-r00000-000.safetensors" in s["local_files"] or "data-r00001-000.safetensors" in s["local_files"]
+        assert any("-500." in n for n in s["local_files"]), s["local_files"]  # the other rank's share
 
 
 def test_a_rank_failing_before_its_local_save_costs_no_wait(seen) -> None:  # noqa: ANN001

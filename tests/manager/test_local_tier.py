@@ -252,3 +252,31 @@ def test_local_restore_reads_nothing_from_the_persistent_tier(tmp_path) -> None:
     with manager(tmp_path) as mgr:
         assert mgr.restore(state) == 4 and mgr.last_restore.tier == "local"
     assert torch.equal(state["model"]["w"], make_state(4)["model"]["w"])
+
+
+def test_a_local_only_step_does_not_wait_for_a_slow_persistent_save(tmp_path, s3) -> None:
+    """The persistent tier on S3 behind a 2 MB/s link: its upload of step 0 takes seconds,
+    and the local-only steps meanwhile return at memory speed."""
+    import time
+    from urllib.parse import urlparse
+
+    from shardsafe.bench.throttle import ThrottledProxy
+
+    end = urlparse(s3.endpoint)
+    proxy = ThrottledProxy((end.hostname, end.port), rate=2e6)
+    try:
+        so = dict(s3.storage_options, endpoint_url=f"http://127.0.0.1:{proxy.port}")
+        state = {"w": torch.randn(1 << 20)}  # 4 MiB: about 2 s up the link
+        with CheckpointManager(f"{s3.url}/run", storage_options=so, save_interval_steps=10,
+                               local_directory=str(tmp_path / "local")) as mgr:
+            assert mgr.save(0, state)  # both tiers; the upload goes on in the background
+            t0 = time.monotonic()
+            for step in (1, 2):
+                assert not mgr.save(step, state)  # local only
+            blocked = time.monotonic() - t0
+            upload_pending = mgr.all_steps() == []
+            mgr.wait_until_finished()
+            assert mgr.all_steps() == [0] and mgr.local_steps() == [1, 2]
+    finally:
+        proxy.close()
+    assert upload_pending and blocked < 1.0, blocked

@@ -123,6 +123,7 @@ class BlockFileWrite:
             raise ValueError("give exactly one of staged= and sources=")
         self.plan, self.storage, self.path_of, self.name_of = plan, storage, path_of, name_of
         self.mirrors = list(mirrors)
+        self._parts: list[CodedFile] = []  # the parts written so far
         self._write_error: BaseException | None = None
         self.compression, self.block_size = compression, block_size
         if staged is not None:
@@ -198,8 +199,7 @@ class BlockFileWrite:
                         part = _Part(self.name_of(len(done)))
                 blocks.append(fut.result())
             part.add(self.plan.items[item], blocks)
-            done.append(self._write(part))
-            self._finish_mirrors(done, None)
+            done.append(self._write(part, last=True))
         except BaseException as e:
             self._finish_mirrors(None, e)
             raise
@@ -214,11 +214,16 @@ class BlockFileWrite:
         for m in mirrors:
             m.finish(done, error)
 
-    def _write(self, part: _Part) -> CodedFile:
+    def _write(self, part: _Part, *, last: bool = False) -> CodedFile:
+        """Writes ``part`` to the mirrors, then to its own file; after the ``last`` part
+        the mirrors are finished before its own write (a copy does not wait for an upload)."""
         path = self.path_of(part.out.name)
         buffers = [memoryview(x) for x in part.buffers]
         for m in self.mirrors:
             m.write_file(part.out.name, buffers)
+        if last:
+            self._finish_mirrors(self._parts + [part.out], None)
+        self._parts.append(part.out)
         if self._write_error is None:
             try:
                 self.storage.write(path, buffers)

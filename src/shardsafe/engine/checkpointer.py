@@ -115,10 +115,12 @@ class Checkpointer:
 
     @property
     def unit_size(self) -> int:
+        """Bytes per staging/write unit (``options.unit_size``)."""
         return self.options.unit_size
 
     @property
     def max_staging_bytes(self) -> int | None:
+        """The default host staging budget of async saves (``options.max_staging_bytes``)."""
         return self.options.max_staging_bytes
 
     # ------------------------------------------------------------------ public
@@ -157,13 +159,9 @@ class Checkpointer:
         for c in copies:
             c.handle = SaveHandle(c.path)
             try:
-                pc = prepare_copy(prep, c)
+                prepared.append(prepare_copy(prep, c))
             except (TypeError, ValueError, OSError, CheckpointError) as e:
                 c.handle.settle(e)  # the copy fails alone; the save goes on
-                continue
-            pc.handle = c.handle
-            c.handle.nbytes = sum(p.layout.size for p in pc.own_plans())
-            prepared.append(pc)
         return prep, prepared
 
     def async_save(self, state: Mapping[str, Any] | Stateful, path: str, *,

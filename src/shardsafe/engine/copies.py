@@ -29,6 +29,7 @@ save copies out of training memory anyway, so nothing leaves training memory twi
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -139,7 +140,8 @@ def _same_data(a: FilePlan, b: FilePlan) -> bool:
 
 
 def prepare_copy(save: PreparedSave, copy: Copy) -> PreparedCopy:
-    """Plans ``copy`` next to ``save`` (flatten, match, lay out; writes nothing).
+    """Plans ``copy`` next to ``save`` (flatten, match, lay out; writes nothing); sets
+    ``copy.handle`` if it has none (its ``nbytes``: what is staged for the copy alone).
 
     Raises:
         TypeError: a value of the copy's state cannot be saved (naming its key path).
@@ -179,7 +181,11 @@ def prepare_copy(save: PreparedSave, copy: Copy) -> PreparedCopy:
     if own_coded:
         coded.append(plan_file(block_file_name(rank, OWN_PART), own_coded))
     prep = PreparedSave(storage, txn, tree, items, plans, md, comm, compression=save.compression, coded=coded)
-    return PreparedCopy(prep, mirrors, coded_mirrors, SaveHandle(copy.path, sum(p.layout.size for p in plans)), rank)
+    handle = copy.handle if copy.handle is not None else SaveHandle(copy.path)
+    copy.handle = handle
+    out = PreparedCopy(prep, mirrors, coded_mirrors, handle, rank)
+    handle.nbytes = sum(p.layout.size for p in out.own_plans() + out.own_coded())  # staged for it alone
+    return out
 
 
 class MirrorFile:
@@ -201,6 +207,7 @@ class MirrorFile:
         self.shift = plan.layout.data_start - self.start_at
         self.error: BaseException | None = None
         self.sums: list[list[int]] | None = None
+        self.done = threading.Event()  # set by finish (the copy may commit once all are)
         self._writer: RangeWriter | None = None
 
     def _record(self, e: BaseException) -> None:
@@ -238,19 +245,22 @@ class MirrorFile:
     def finish(self, sums: list[list[int]] | None, error: BaseException | None = None) -> None:
         """Makes the file durable and keeps the save's checksums of it (``error``: the
         save could not produce them, so the copy fails too)."""
+        if self.done.is_set():
+            return
         if error is not None:
             self._record(error)
         w, self._writer = self._writer, None
-        if w is None:
-            return
         try:
-            if self.error is None:
+            if w is not None and self.error is None:
                 w.close(sync=True)
                 self.sums = [list(s) for s in sums or []]
-                return
+            elif w is not None:
+                w.abort()
         except Exception as e:  # noqa: BLE001 - recorded: only this copy fails
             self._record(e)
-        w.abort()
+            w.abort()
+        finally:
+            self.done.set()
 
 
 class MirrorBlocks:
@@ -268,6 +278,7 @@ class MirrorBlocks:
         self._items = {id(s): c for s, c in zip(save_plan.items, plan.items)}
         self.error: BaseException | None = None
         self.coded: list[CodedFile] | None = None
+        self.done = threading.Event()  # set by finish (the copy may commit once all are)
         self._writers: dict[str, RangeWriter] = {}
 
     def _record(self, e: BaseException, path: str) -> None:
@@ -297,6 +308,14 @@ class MirrorBlocks:
     def finish(self, coded: Sequence[CodedFile] | None, error: BaseException | None = None) -> None:
         """Closes the files written piece by piece (at their final sizes, from ``coded``)
         and keeps what each part holds, with the copy's items."""
+        if self.done.is_set():
+            return
+        try:
+            self._finish(coded, error)
+        finally:
+            self.done.set()
+
+    def _finish(self, coded: Sequence[CodedFile] | None, error: BaseException | None) -> None:
         if error is not None and self.error is None:
             self.error = error
         sizes = {c.name: c.size for c in coded or []}
@@ -323,11 +342,12 @@ def begin_copy(copy: PreparedCopy) -> None:
 
 
 def commit_copy(copy: PreparedCopy, own: Sequence[Any]) -> None:
-    """Commits the copy once its mirrored files (``copy.targets``) and its own writes
-    (``own``: the finished results of ``own_plans`` then ``own_coded``) are durable;
-    else removes what it wrote. Settles ``copy.handle`` either way."""
+    """Commits the copy once its mirrored files (``copy.targets``, waited for) and its own
+    writes (``own``: the finished results of ``own_plans`` then ``own_coded``) are
+    durable; else removes what it wrote. Settles ``copy.handle`` either way."""
     try:
         for t in copy.targets:
+            t.done.wait()
             if t.error is not None:
                 raise t.error
         n_plain = len(copy.own_plans())

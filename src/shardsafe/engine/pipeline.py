@@ -18,6 +18,7 @@ background thread (bounded by ``timeout``). What the phases hand each other,
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -191,29 +192,54 @@ def finish_all(prep: PreparedSave, writes: Sequence[Any], copies: Sequence[Prepa
     """Phase (e) after the writes: finishes every write, commits each copy, then the save.
 
     ``writes`` lists the save's writes (as for ``finish_writes``), ``copy_writes`` the
-    same for each copy's own files. Every write is finished even after another failed,
-    since a copy needs its mirrors and its own writes. Each copy then commits or fails on
-    its own (its handle says which), before the save's commit, which may wait for other
-    ranks.
+    same for each copy's own files. With copies, the save's writes are finished on a
+    helper thread while each copy commits as soon as its own files and its mirrors are
+    durable (a mirror is done before the save's own file is synced or uploaded: a copy
+    never waits for slow storage). Every write is finished even after another failed,
+    since a copy needs its mirrors and its own writes. Each copy commits or fails on its
+    own (its handle says which); the save commits last, possibly waiting for other ranks.
 
     Raises:
         BaseException: the first failure of the save's writes, or of its commit.
     """
-    results, error = _finish(writes)
-    for copy, own in zip(copies, copy_writes):
-        if copy.error is not None:
-            for w in own:
+    box: dict[str, Any] = {"error": RuntimeError("the save's writes were not finished")}
+
+    def finish_save() -> None:
+        try:
+            box["results"], box["error"] = _finish(writes)
+        except BaseException as e:  # noqa: BLE001 - raised below; the mirrors must not wait for it
+            box["error"] = e
+            for w in writes:
                 w.cancel()
-            fail_copy(copy, copy.error)
-            continue
-        got, own_error = _finish(own)
-        if own_error is not None:
-            fail_copy(copy, own_error)
+
+    helper = threading.Thread(target=finish_save, name="shardsafe-finish") if copies else None
+    if helper is not None:
+        helper.start()
+    try:
+        for copy, own in zip(copies, copy_writes):
+            _finish_copy(copy, own)
+    finally:
+        if helper is not None:
+            helper.join()
         else:
-            commit_copy(copy, got)
+            finish_save()
+    if box["error"] is not None:
+        raise box["error"]
+    commit_save(prep, *_split(prep, box["results"]))
+
+
+def _finish_copy(copy: PreparedCopy, own: Sequence[Any]) -> None:
+    """Finishes a copy's own writes and commits it (``copies.commit_copy``), or fails it."""
+    if copy.error is not None:
+        for w in own:
+            w.cancel()
+        fail_copy(copy, copy.error)
+        return
+    got, error = _finish(own)
     if error is not None:
-        raise error
-    commit_save(prep, *_split(prep, results))
+        fail_copy(copy, error)
+    else:
+        commit_copy(copy, got)
 
 
 def finish_writes(prep: PreparedSave, writes: Sequence[Any]) -> tuple[list[list[list[int]]], list[CodedFile]]:

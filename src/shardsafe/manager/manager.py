@@ -20,10 +20,13 @@ that stops calling the manager turns into ``CheckpointTimeoutError`` naming it. 
 alone locks and deletes (retention, ``delete``, leftovers, setting corrupt or
 rolled-back steps aside) and the others learn its outcome.
 
-Errors: at most one save per tier is in flight. The next ``save`` waits for both; a
-persistent failure is raised before anything of the new step is saved, a local-tier
-failure only once the new step's saves have started (the local tier never stops the
-persistent one). ``wait_until_finished`` and ``close`` raise them too; none is lost.
+Errors: at most one save per tier is in flight. A step due on the persistent tier waits
+for the persistent save in flight and raises its failure before anything of the new step
+is saved; every step waits for the local save in flight (a local write is fast) and
+raises its failure only once the new step's saves have started (the local tier never
+stops the persistent one). A step due on the local tier alone does not wait for a
+persistent save still writing (``tier_save``). ``wait_until_finished`` and ``close``
+raise them too; none is lost.
 """
 
 from __future__ import annotations
@@ -279,8 +282,10 @@ class CheckpointManager:
         if not (persistent or local):
             return False
         encode_metrics(metrics)  # fail on bad metrics before waiting or writing anything
-        self._writers[0].wait()  # a persistent failure: nothing of this step is saved
-        local_error = self._writers[1].take_error() if local else None
+        if persistent:
+            self._writers[0].wait()  # a persistent failure: nothing of this step is saved
+        # the local save in flight ends first (raised once this step's saves have started)
+        local_error = self._writers[1].take_error() if self._local is not None else None
         if persistent:
             committed = self._dir.committed()
             persistent = is_new_step(step, committed, force=force, where=self._url)

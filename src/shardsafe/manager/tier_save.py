@@ -36,7 +36,11 @@ class TierSaver:
     A step due on both tiers is one engine save of the persistent checkpoint carrying the
     local checkpoint as a copy (``engine.copies``): the state leaves training memory once
     and both are written from the same staged bytes, within the same budget. A step due
-    on the local tier alone is an ordinary save of this rank's view of the state.
+    on the local tier alone is an ordinary save of this rank's view of the state. It does
+    not wait for a persistent save still writing (slow storage must not hold up the
+    local tier): without a budget it then stages into a second Checkpointer's buffers
+    (made on first need, kept: two copies of the state while both are busy); with a
+    budget it waits, since the budget bounds all staging memory together.
 
     Args:
         opts: The manager's options (async saves, budget, compression, timeout).
@@ -45,6 +49,7 @@ class TierSaver:
     def __init__(self, opts: ManagerOptions) -> None:
         self.opts = opts
         self._ckpt = Checkpointer(max_staging_bytes=opts.max_staging_bytes, compression=opts.compression)
+        self._spare: Checkpointer | None = None  # local-only steps while the persistent save writes
 
     def save(self, step: int, state: Mapping[str, Any], *, metrics: Mapping[str, Any] | None,
              persistent: PersistentTier | None, local: LocalTier | None,
@@ -62,7 +67,7 @@ class TierSaver:
             if persistent is not None:
                 self._persistent(step, state, metrics, persistent, writers[0], seq, copy)
             elif copy is not None:
-                self._local_only(copy)
+                self._local_only(copy, writers[0])
         except BaseException as e:
             local_job = e
             raise
@@ -70,13 +75,20 @@ class TierSaver:
             if copy is not None:
                 writers[1].start(step, copy.handle if copy.handle is not None else local_job, seq)
 
-    def _local_only(self, copy: Copy) -> None:
+    def _local_only(self, copy: Copy, persistent: TierWriter) -> None:
+        ckpt = self._ckpt
+        if persistent.step is not None and self.opts.max_staging_bytes is None:
+            if self._spare is None:
+                self._spare = Checkpointer(compression=self.opts.compression)
+            ckpt = self._spare  # the persistent save is still writing: do not wait for it
+        else:
+            persistent.wait()  # its outcome is collected before its Checkpointer is reused
         kw: dict[str, Any] = dict(overwrite=True, collective=False, metadata=copy.metadata)
         try:
             if self.opts.async_save:
-                copy.handle = self._ckpt.async_save(copy.state, copy.path, **kw)
+                copy.handle = ckpt.async_save(copy.state, copy.path, **kw)
             else:
-                self._ckpt.save(copy.state, copy.path, **kw)
+                ckpt.save(copy.state, copy.path, **kw)
                 copy.handle = _done(copy.path)
         except (OSError, CheckpointError) as e:
             copy.handle = _done(copy.path, e)
@@ -106,6 +118,8 @@ class TierSaver:
     def close(self) -> None:
         """Frees the staging buffers (the saves were collected by the writers)."""
         self._ckpt.close()
+        if self._spare is not None:
+            self._spare.close()
 
 
 def _done(path: str, error: BaseException | None = None) -> SaveHandle:
