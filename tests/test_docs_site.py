@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_docs_site_builds_strict(tmp_path: Path) -> None:
     site = tmp_path / "site"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+    # no --quiet: it drops warnings before strict mode counts them
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
                            "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

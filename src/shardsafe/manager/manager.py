@@ -78,9 +78,10 @@ class CheckpointManager:
 
     Args:
         directory: Where the ``step_<N>`` checkpoints live (a local path or URL).
-        save_interval_steps ... compression: The options, each a field of
-            ``ManagerOptions`` with the same name, type and default (documented there and
-            listed below).
+
+    The keyword options, ``save_interval_steps`` to ``compression``, are the fields of
+    ``ManagerOptions``: each has the same name, type and default there, where it is
+    documented (and listed below).
 
     Raises:
         ValueError: Invalid or contradictory options (the message names them).
