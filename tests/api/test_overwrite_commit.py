@@ -77,6 +77,17 @@ def test_trailing_slash_and_nested_parent(tmp_path) -> None:
     assert sorted(os.listdir(tmp_path / "a" / "b")) == ["c"]
 
 
+@pytest.mark.parametrize("suffix", ["/.", "/./"])
+def test_a_path_ending_in_a_dot_names_its_directory(tmp_path, suffix: str) -> None:
+    os.makedirs(tmp_path / "c")  # an empty directory the user made, as "." from inside it
+    path = str(tmp_path / "c") + suffix  # a string: pathlib would drop the "."
+    shardsafe.save({"w": 1}, path)
+    shardsafe.save({"w": 2}, path, overwrite=True)
+    assert shardsafe.load(path) == {"w": 2}
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+    assert not [n for n in os.listdir(os.path.realpath(path)) if n.startswith(".")]
+
+
 def test_leftover_temporary_of_a_crashed_save_is_not_a_checkpoint(tmp_path) -> None:
     stale = tmp_path / ".c.shardsafe-tmp-deadbeef"
     stale.mkdir()

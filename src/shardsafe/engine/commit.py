@@ -136,12 +136,16 @@ def plan_transaction(storage: Storage, path: str, *, overwrite: bool, token: str
     """Checks that a save to ``path`` is allowed and names its working directory.
 
     Pure apart from reads; every rank of a distributed save computes the same result
-    when given the same ``token``.
+    when given the same ``token``. A local path that ends in ``.`` or ``..`` (``ckpt/.``,
+    ``.`` from inside it) is made absolute, so the checkpoint is renamed into place under
+    its own name.
     """
+    if storage.atomic_rename and _split(path)[1] in (".", ".."):
+        path = os.path.abspath(path)
     committed = is_committed(storage, path)
     if committed and not overwrite:
         raise CheckpointError(f"a committed checkpoint already exists at {path!r}; "
-                              f"pass overwrite=True to replace it")
+                              f"pass overwrite=True (on the command line --overwrite) to replace it")
     if not committed and storage.list(path):
         if storage.atomic_rename:
             raise CheckpointError(f"{path!r} exists and is not a shardsafe checkpoint; refusing to "
