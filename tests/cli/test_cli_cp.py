@@ -125,3 +125,49 @@ def test_recoding_in_batches(tmp_path) -> None:  # noqa: ANN001
     files = sorted(os.listdir(tmp_path / "raw"))
     assert len(files) > 5 and not any(f.endswith(".blocks") for f in files)
     assert main(["verify", str(tmp_path / "raw")]) == 0
+
+
+def test_a_failed_copy_of_an_incremental_step_leaves_no_partial_reference(tmp_path, capsys) -> None:  # noqa: ANN001
+    # step 1 references step 0's 20 MiB file (two blocks); damage in its second block stops
+    # the copy after the first piece of that file has been written next to the destination
+    run, out = tmp_path / "run", tmp_path / "out"
+    with shardsafe.CheckpointManager(run, max_to_keep=1, incremental=True, async_save=False) as mgr:
+        for step in range(2):
+            mgr.save(step, {"base": torch.ones(5 << 20), "adapter": torch.full((4,), float(step))})
+    src, ref = str(run / "step_00000001"), str(run / "step_00000000" / "data-r00000-000.safetensors")
+    flip_byte(ref, 18 << 20)  # in the base's second block
+    assert main(["cp", src, str(out / "step_00000001")]) == 4
+    assert "checksum mismatch" in capsys.readouterr().err
+    assert [f for _, _, files in os.walk(out) for f in files] == []  # no partial file, no leftover
+    flip_byte(ref, 18 << 20)  # repaired: the same command simply runs again
+    assert main(["cp", src, str(out / "step_00000001")]) == 0
+    shutil.rmtree(run)
+    assert torch.equal(shardsafe.load(str(out / "step_00000001"))["base"], torch.ones(5 << 20))
+
+
+def test_a_copy_onto_its_own_source_keeps_it(tmp_path, capsys) -> None:  # noqa: ANN001
+    src = "memory://cp-self/ckpt"  # an object store: replacing deletes the old checkpoint first
+    shardsafe.save({"w": torch.arange(100.0)}, src)
+    assert main(["cp", src, src, "--overwrite"]) == 0 and "up to date" in capsys.readouterr().out
+    assert main(["cp", src, src, "--overwrite", "--compression", "zstd"]) == 1
+    assert "is the source itself" in capsys.readouterr().err
+    assert torch.equal(shardsafe.load(src)["w"], torch.arange(100.0))
+    local = save_step(str(tmp_path / "run"), 1)  # a file system replaces by renaming: allowed
+    assert main(["cp", local, local + "/.", "--overwrite", "--compression", "zstd"]) == 0
+    assert_same(shardsafe.load(local), shardsafe.load(save_step(str(tmp_path / "again"), 1)))
+
+
+def test_a_recoded_copy_is_up_to_date_when_run_again(tmp_path, capsys) -> None:  # noqa: ANN001
+    run, out = tmp_path / "run", str(tmp_path / "out")
+    for step in (1, 2):
+        save_step(str(run), step)
+    assert main(["cp", str(run), out, "--all", "--compression", "zstd"]) == 0
+    shutil.rmtree(os.path.join(out, "step_00000002"))  # as if interrupted before its commit
+    capsys.readouterr()
+    assert main(["cp", str(run), out, "--all", "--compression", "zstd", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["copied"], got["skipped"], got["damaged"]) == (["step_00000002"], ["step_00000001"], [])
+    assert_same(shardsafe.load(os.path.join(out, "step_00000002")), shardsafe.load(str(run / "step_00000002")))
+    # coded another way it is another copy: refused without --overwrite
+    assert main(["cp", str(run), out, "--all", "--compression", "none"]) == 1
+    assert "--overwrite" in capsys.readouterr().err

@@ -80,9 +80,8 @@ def _jobs(args: argparse.Namespace, src: Storage, spath: str, dst: Storage,
 def _copy_one(args: argparse.Namespace, src: Storage, dst: Storage, j: _Job, on_bytes) -> CopyResult:  # noqa: ANN001
     if args.compression is None:
         return copy_checkpoint(src, j.src, dst, j.dst, overwrite=args.overwrite, on_bytes=on_bytes)
-    nbytes = recode_checkpoint(src, j.src, dst, j.dst, overwrite=args.overwrite, on_bytes=on_bytes,
-                               compression=None if args.compression == "none" else args.compression)
-    return CopyResult(len(read_index(dst, j.dst).files), nbytes)
+    return recode_checkpoint(src, j.src, dst, j.dst, overwrite=args.overwrite, on_bytes=on_bytes,
+                             compression=None if args.compression == "none" else args.compression)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,12 +14,21 @@ sibling steps (``<sibling>/<file>``, docs/FORMAT.md section 13) are copied to th
 sibling next to the destination, so the index is copied byte for byte and the references
 hold there. A sibling file the destination has already (from copying another step of the
 same run) is verified against the chunks this step uses instead of being written again;
-one that holds other bytes is refused.
+one that holds other bytes is refused. A sibling file is written under a hidden temporary
+name and renamed into place once durable (on an object store an upload appears whole or
+not at all), so an interrupted copy never leaves a partial one that a new run would
+refuse; a failed copy removes the sibling files it wrote.
+
+A copy onto its own source (the same path on the same store) has nothing to do: it is
+reported as up to date, and a re-coding one (``engine.recode``) is refused where the
+store cannot rename, since replacing the destination there deletes the source first.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -29,6 +38,7 @@ from ..format.block_verify import BlockSpan, BlockStream, chunk_spans
 from ..format.index import FileEntry, Index
 from ..format.tree import render_path
 from ..storage.base import Storage
+from ..storage.local import LocalStorage
 from . import commit
 from .buffers import HostBuffer
 from .locations import data_file
@@ -104,11 +114,13 @@ def copy_checkpoint(src: Storage, src_path: str, dst: Storage, dst_path: str, *,
             something that is not a checkpoint, or a sibling file with other bytes.
     """
     data, index = commit.read_index_bytes(src, src_path)
-    if not overwrite and commit.is_committed(dst, dst_path) and _same_index(dst, dst_path, data):
+    if same_location(src, src_path, dst, dst_path) or (
+            not overwrite and commit.is_committed(dst, dst_path) and _same_index(dst, dst_path, data)):
         return CopyResult(0, 0, skipped=True)
     txn = commit.plan_transaction(dst, dst_path, overwrite=overwrite)
     spans = _spans_by_file(index)
     buf = HostBuffer(PIECE, prefault=False)
+    written: list[str] = []  # sibling files this copy created
     commit.begin(txn)
     try:
         for f in index.files:
@@ -117,33 +129,66 @@ def copy_checkpoint(src: Storage, src_path: str, dst: Storage, dst_path: str, *,
                 continue
             pieces = _verified_pieces(src, data_file(src, src_path, f.name), f, fspans,
                                       index.block_size, buf, on_bytes)
-            dst.write_stream(_target(dst, dst_path, txn, f), f.size, pieces)
+            if f.reference is None:
+                dst.write_stream(dst.join(txn.workdir, f.name), f.size, pieces)
+            else:
+                written.append(_write_sibling(dst, dst_path, f, pieces))
         commit.finish(txn, data)
     except BaseException:
-        abandon(txn)
+        abandon(txn, written)
         raise
     finally:
         buf.close()
     return CopyResult(len(index.files), sum(f.size for f in index.files))
 
 
-def abandon(txn: commit.Transaction) -> None:
-    """Removes what an unfinished copy wrote; a failure to is logged (another error is
-    on its way up)."""
+def same_location(a: Storage, a_path: str, b: Storage, b_path: str) -> bool:
+    """Whether ``a_path`` on ``a`` and ``b_path`` on ``b`` name the same checkpoint (the
+    same real local directory, or the same path on one object store with the same options)."""
+    if isinstance(a, LocalStorage) and isinstance(b, LocalStorage):
+        return os.path.realpath(a_path) == os.path.realpath(b_path)
+    fa, fb = getattr(a, "fs", None), getattr(b, "fs", None)
+    if fa is None or fb is None:
+        return False
+    same_fs = fa is fb or (type(fa) is type(fb) and fa.storage_options == fb.storage_options)
+    return same_fs and a_path.rstrip("/") == b_path.rstrip("/")
+
+
+def abandon(txn: commit.Transaction, siblings: list[str] | None = None) -> None:
+    """Removes what an unfinished copy wrote (its working directory and the sibling files
+    it created); a failure to is logged (another error is on its way up)."""
+    for path in siblings or ():
+        try:
+            txn.storage.delete(path)
+        except OSError as e:
+            log.warning("could not remove %s of the unfinished copy: %s", path, e)
     try:
         commit.abort(txn)
     except OSError as e:
         log.warning("could not remove the unfinished copy %s: %s", txn.workdir, e)
 
 
-def _target(dst: Storage, dst_path: str, txn: commit.Transaction, f: FileEntry) -> str:
-    """Where the copy of data file ``f`` goes: the working directory, or for a reference
-    the sibling directory it names next to the destination (created if need be)."""
-    if f.reference is None:
-        return dst.join(txn.workdir, f.name)
-    directory, name = f.reference
+def _write_sibling(dst: Storage, dst_path: str, f: FileEntry, pieces: Iterator[memoryview]) -> str:
+    """Writes referenced file ``f`` into the sibling directory it names next to the
+    destination (created if need be); returns its path.
+
+    On a file system the bytes go to a hidden temporary name first and are renamed into
+    place once durable, so no partial file ever carries the real name.
+    """
+    directory, name = f.reference  # type: ignore[misc]
     dst.makedirs(dst.join(commit.split_path(dst_path)[0], directory))
-    return dst.sibling_file(dst_path, directory, name)
+    final = dst.sibling_file(dst_path, directory, name)
+    if not dst.atomic_rename:  # an object store shows an upload whole or not at all
+        dst.write_stream(final, f.size, pieces)
+        return final
+    tmp = dst.sibling_file(dst_path, directory, f".{name}{commit.TMP_MARKER}{uuid.uuid4().hex[:16]}")
+    try:
+        dst.write_stream(tmp, f.size, pieces)
+        dst.rename(tmp, final)
+    except BaseException:
+        dst.delete(tmp)
+        raise
+    return final
 
 
 def _sibling_holds(dst: Storage, dst_path: str, f: FileEntry, spans: list[BlockSpan], block_size: int,
@@ -178,4 +223,4 @@ def _same_index(storage: Storage, path: str, data: bytes) -> bool:
         return False
 
 
-__all__ = ["PIECE", "CopyResult", "abandon", "copy_checkpoint"]
+__all__ = ["PIECE", "CopyResult", "abandon", "copy_checkpoint", "same_location"]
