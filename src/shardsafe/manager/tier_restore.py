@@ -114,7 +114,10 @@ def _fetch(tier: LocalTier, step: int, tiers: Sequence[str], holders: Sequence[i
         if t == "peer" and holders[r] == tier.rank:
             held = tier.held().get(r, [])
             path = f"{tier.peer_path(r)}/{step_name(step)}" if step in held else None
-            outs.append(peer_copy.outgoing(step, r, path, None if path else "copy is gone"))
+            try:
+                outs.append(peer_copy.outgoing(step, r, path, None if path else "copy is gone"))
+            except (OSError, CheckpointError) as e:  # the owner still waits for this round: send why
+                outs.append(peer_copy.outgoing(step, r, None, f"reading the copy failed: {e}"))
             sends[r] = outs[-1].segments
     src = holders[tier.rank]
     receives = [src] if tiers[tier.rank] == "peer" and src is not None else []
