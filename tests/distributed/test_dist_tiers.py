@@ -80,6 +80,17 @@ def test_lost_node_restores_from_peers_bit_exactly(recovered) -> None:  # noqa: 
     assert [g["peer"]["local_steps"] for g in got] == [[6] if n1 else [4, 6] for n1 in on_node_1(got)]
 
 
+def test_a_peer_copy_holding_a_link_or_a_fifo_is_refused_at_once(recovered) -> None:  # noqa: ANN001
+    out, _, got = recovered
+    planted = [g["planted"] for g in got]
+    assert [(p["step"], p["tier"]) for p in planted] == [(4, "peer" if n1 else "local") for n1 in on_node_1(got)]
+    assert max(p["seconds"] for p in planted) < 15, planted  # the owner heard why, no 30 s timeout
+    assert_same(load_file(os.path.join(out, "ref-4.safetensors")),
+                load_file(os.path.join(out, "got-planted.safetensors")), key_order=False)
+    for root, _, files in os.walk(os.path.join(out, "node1")):  # nothing of the link's target came over
+        assert "data-extra.safetensors" not in files and "fifo" not in files, root
+
+
 def test_without_local_copies_restores_newest_persistent_step(recovered) -> None:  # noqa: ANN001
     out, _, got = recovered
     assert [(g["persistent"]["step"], g["persistent"]["tier"]) for g in got] == [(4, "persistent")] * len(got)

@@ -9,8 +9,9 @@ writes the full model+optimizer after steps 4 and 6 as the uninterrupted referen
 step 7 and then every rank SIGKILLs itself. ``recover`` restores three times into a
 freshly initialised model: from every node's local directory; after node 1's directory
 is damaged (that rank fetches it from its peer); after node 1's directory
-is deleted (its ranks fetch from their peers); after every local directory is deleted
-(the persistent tier); then an automatic interval is agreed. Each writes the restored full state for the test to compare.
+is deleted (its ranks fetch from their peers); after node 1 is lost again and node 0's
+copies of its step 6 hold a symlink and a FIFO (step 4 from the peers, at once); after
+every local directory is deleted (the persistent tier); then an automatic interval is agreed. Each writes the restored full state for the test to compare.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ RANK = int(os.environ["RANK"])
 NODE = RANK // max(1, int(os.environ["WORLD_SIZE"]) // 2)
 
 
-def manager(out: str) -> shardsafe.CheckpointManager:
+def manager(out: str, timeout: float | None = None) -> shardsafe.CheckpointManager:
     return shardsafe.CheckpointManager(
         os.path.join(out, "persistent"), save_interval_steps=4,
         local_directory=os.path.join(out, f"node{NODE}"), local_save_interval_steps=2,
-        local_max_to_keep=2, local_replication=True)
+        local_max_to_keep=2, local_replication=True, timeout=timeout)
 
 
 def train(out: str) -> None:
@@ -58,17 +59,19 @@ def train(out: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)  # the whole job crashes: nothing is closed
 
 
-def recover_once(out: str, case: str) -> dict:
+def recover_once(out: str, case: str, timeout: float | None = None) -> dict:
     model, opt = dw.build_fsdp(1234)  # another init: the restore must overwrite everything
     state = {"app": shardsafe.ModelOptimizerState(model, opt), "step": 0}
-    with manager(out) as mgr:
+    with manager(out, timeout) as mgr:
+        t0 = time.monotonic()
         step = mgr.restore(state)
+        seconds = time.monotonic() - t0
         info = mgr.last_restore
         dw.write_full_state(model, opt, os.path.join(out, f"got-{case}.safetensors"))
         loss = dw.train(model, opt, 7, 1) if step == 6 else None
         local = mgr.local_steps()
     return {"step": step, "state_step": state["step"], "tier": info.tier, "loss7": loss,
-            "local_steps": local}
+            "local_steps": local, "seconds": seconds}
 
 
 def wipe(out: str, nodes: list[int]) -> None:
@@ -85,6 +88,19 @@ def damage(out: str) -> None:
     if RANK == 1:
         step = os.path.join(out, f"node{NODE}", "rank_1", "step_00000006")
         flip_byte(max((os.path.join(step, n) for n in os.listdir(step)), key=os.path.getsize), -3)
+    dist.barrier()
+
+
+def plant(out: str) -> None:
+    """Node 1 is lost again, and node 0's copies of its ranks' step 6 hold a symlink to a
+    file outside and a FIFO: the holder must refuse them and tell the owner at once."""
+    wipe(out, [1])
+    if RANK == 0:
+        peers = os.path.join(out, "node0", "peer")
+        for owner in os.listdir(peers):
+            step = os.path.join(peers, owner, "step_00000006")
+            os.symlink(os.path.join(out, "ref-6.safetensors"), os.path.join(step, "data-extra.safetensors"))
+            os.mkfifo(os.path.join(step, "fifo"))
     dist.barrier()
 
 
@@ -106,6 +122,8 @@ def recover(out: str) -> None:
     res["damaged"] = recover_once(out, "damaged")
     wipe(out, [1])  # node 1 is lost: its ranks fetch their copies from node 0
     res["peer"] = recover_once(out, "peer")
+    plant(out)  # node 1's ranks cannot take step 6 from their peers: step 4 then, from them
+    res["planted"] = recover_once(out, "planted", timeout=30.0)
     wipe(out, [0, 1])
     res["persistent"] = recover_once(out, "persistent")
     res["auto"] = auto_interval(out)
