@@ -9,6 +9,17 @@ from __future__ import annotations
 
 import os
 
+def environment() -> dict[str, str]:
+    """A copy of this process's environment (what a child process starts from)."""
+    return dict(os.environ)
+
+
+def export(**variables: str) -> None:
+    """Sets ``variables`` in this process's environment (e.g. the ``env://`` rendezvous
+    variables torch.distributed reads when a rank joins a new group)."""
+    os.environ.update(variables)
+
+
 TIMEOUT = "SHARDSAFE_TIMEOUT"
 COPY_THREADS = "SHARDSAFE_COPY_THREADS"
 IO_THREADS = "SHARDSAFE_IO_THREADS"

@@ -25,6 +25,7 @@ from typing import Any
 
 import shardsafe
 
+from .. import knobs
 from ..comm import free_loopback_port
 
 SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(shardsafe.__file__)))
@@ -33,7 +34,7 @@ SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(shardsafe.__file__)))
 def child_env(*paths: str, **overrides: str) -> dict[str, str]:
     """This process's environment for a child: shardsafe's source and then ``paths``
     first on ``PYTHONPATH``, ``OMP_NUM_THREADS=1`` unless set, then ``overrides``."""
-    env = dict(os.environ)
+    env = knobs.environment()
     env["PYTHONPATH"] = os.pathsep.join([SOURCE, *paths, env.get("PYTHONPATH", "")])
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(overrides)
@@ -101,8 +102,8 @@ def phases(spec: str, rank: int) -> Iterator[tuple[str, int]]:
         name, world, port = phase.split(":")
         if rank >= int(world):
             continue
-        os.environ.update(WORLD_SIZE=world, LOCAL_WORLD_SIZE=world, LOCAL_RANK=str(rank),
-                          MASTER_PORT=port)
+        knobs.export(WORLD_SIZE=world, LOCAL_WORLD_SIZE=world, LOCAL_RANK=str(rank),
+                     MASTER_PORT=port)
         dist.init_process_group("gloo")
         yield name, int(world)
         dist.barrier()
