@@ -25,7 +25,7 @@ from .index_common import (IndexHeader, MAX_DIM, MAX_INDEX_BYTES, MAX_NDIM, File
                            tensor_header, unique_members)
 from .chunk_table import ChunkTable
 from .index_common import ChunkEntry
-from .lazy_chunks import LazyChunks
+from .lazy_chunks import LazyChunks, LazyTensors
 
 V1 = 1  # the version of the JSON format this module encodes and decodes
 # Limits that keep decoding linear in the index size (docs/FORMAT.md section 9). JSON
@@ -86,6 +86,8 @@ class Index(IndexHeader):
     block_size: int
     format_version: int = V1
     table: ChunkTable | None = field(default=None, compare=False, repr=False)
+    infos: tuple[index_v2.TensorInfo, ...] | None = field(default=None, compare=False, repr=False)
+    """Decoded from v2: key path, kind, dtype and shape of each tensor, without an entry object."""
 
 
 def num_blocks(nbytes: int, block_size: int) -> int:
@@ -333,9 +335,9 @@ def decode_index(data: bytes) -> Index:
 
 
 def _from_v2(ci: index_v2.ColumnarIndex) -> Index:
-    """The ``Index`` of a decoded v2 index: per-tensor objects; chunks stay columns until asked for."""
-    tensors = tuple(TensorEntry(i.key, i.kind, i.dtype, i.shape, LazyChunks(ci, t))
-                    for t, i in enumerate(ci.tensors))
-    return Index(tree=ci.tree, tensors=tensors, files=ci.files, block_size=ci.block_size,
+    """The ``Index`` of a decoded v2 index: tensor entries and their chunks are built from
+    the columns when asked for (``LazyTensors``)."""
+    return Index(tree=ci.tree, tensors=LazyTensors(ci, TensorEntry),  # type: ignore[arg-type]
+                 files=ci.files, block_size=ci.block_size,
                  world_size=ci.world_size, created=ci.created, metadata=ci.metadata,
-                 library=ci.library, format_version=2, table=ci.chunks)
+                 library=ci.library, format_version=2, table=ci.chunks, infos=ci.tensors)

@@ -20,9 +20,13 @@ FORMAT.md section 9 ask, with numpy, in time and memory linear in the index size
 from __future__ import annotations
 
 import json
+import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from itertools import chain, repeat
+from operator import itemgetter, mul
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -33,7 +37,8 @@ from .blockfile import RAW, BlockCoding
 from .codec import CODECS
 from .chunk_table import ChunkTable, Split, check_tensor_rows, detect_split
 from .dtypes import lookup
-from .index_common import (IndexHeader, MAX_DIM, MAX_INDEX_BYTES, FileEntry, StoredBlocks, bad, check_int, check_tree,
+from .index_common import (IndexHeader, MAX_DIM, MAX_EXTENT_BYTES, MAX_INDEX_BYTES, MAX_NDIM, TENSOR_KINDS,
+                           FileEntry, StoredBlocks, bad, check_int, check_tree,
                            decode_files, finite_float, header_fields, reject_constant,
                            tensor_header, unique_members)
 
@@ -47,8 +52,7 @@ CODED_COLUMNS = ("codec", "stored", "stored_crc32c")
 WIDTHS = ("<u1", "<u2", "<u4", "<u8")
 
 
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
     """A tensor of a v2 index (its chunks are rows of the ``ChunkTable``)."""
 
     key: tree.KeyPath
@@ -116,24 +120,18 @@ def encode(index: ColumnarIndex) -> bytes:
     cols = stored_columns(ct)
     kinds = {n: ("<u4" if n.endswith("crc32c") else _narrowest(a)) for n, a in cols.items()}
     names = COLUMNS + (CODED_COLUMNS if ct.coding is not None else ())
-    tensors = []
-    for t, info in enumerate(index.tensors):
-        row: dict[str, Any] = {"key": list(info.key), "kind": info.kind, "dtype": info.dtype,
-                               "shape": list(info.shape),
-                               "chunks": int(ct.tensor_start[t + 1] - ct.tensor_start[t])}
-        s = ct.splits[t]
-        if s is not None:
-            row["split"] = [s.dim, s.step, s.file0, s.file_stride]
-        tensors.append(row)
-    body = {"library": index.library, "created": index.created, "world_size": index.world_size,
-            "checksum": ALGORITHM, "block_size": ct.block_size, "metadata": index.metadata,
-            "files": [{"name": f.name, "size": f.size, "data_start": f.data_start, "rank": f.rank}
-                      for f in index.files],
-            "tensors": tensors, "columns": {n: [kinds[n], len(cols[n])] for n in names}}
+    body: dict[str, Any] = {
+        "library": index.library, "created": index.created, "world_size": index.world_size,
+        "checksum": ALGORITHM, "block_size": ct.block_size, "metadata": index.metadata,
+        "files": [{"name": f.name, "size": f.size, "data_start": f.data_start, "rank": f.rank}
+                  for f in index.files]}
+    rest: dict[str, Any] = {"columns": {n: [kinds[n], len(cols[n])] for n in names}}
     if ct.coding is not None:
-        body["codecs"] = list(ct.coding.codecs)
-    body["tree"] = index.tree
-    js = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        rest["codecs"] = list(ct.coding.codecs)
+    rest["tree"] = index.tree
+    head, tail = _dumps(body), _dumps(rest)
+    # the JSON of {**body, "tensors": [...], **rest}, with the rows written as text
+    js = "".join([head[:-1], ',"tensors":[', _tensor_rows(index.tensors, ct), "],", tail[1:]]).encode("utf-8")
     parts = [b"", js, b"\0" * _pad8(len(js))]
     clen = 0
     for n in names:
@@ -143,6 +141,38 @@ def encode(index: ColumnarIndex) -> bytes:
     parts[0] = HEADER.pack(MAGIC, VERSION, HEADER.size, len(js), clen)
     out = b"".join(parts)
     return out + struct.pack("<I", crc32c(out))
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _tensor_rows(tensors: Sequence[TensorInfo], ct: ChunkTable) -> str:
+    """The ``tensors`` rows as JSON text, as ``json.dumps`` writes them (one format per row:
+    everything after the key is the same text for tensors of one kind, dtype, shape,
+    chunk count and split, and is made once)."""
+    esc = json.encoder.encode_basestring  # what json.dumps uses with ensure_ascii=False
+    counts = np.diff(ct.tensor_start).tolist()
+    tails: dict[tuple[Any, ...], str] = {}
+    rows = []
+    for info, count, split in zip(tensors, counts, ct.splits):
+        key = info.key
+        if len(key) == 1 and type(key[0]) is str:
+            kt = "[" + esc(key[0]) + "]"
+        elif all(type(k) is str or type(k) is int for k in key):
+            kt = "[" + ",".join(esc(k) if type(k) is str else str(k) for k in key) + "]"
+        else:
+            kt = _dumps(list(key))
+        tk = (info.kind, info.dtype, info.shape, count, split)
+        tail = tails.get(tk)
+        if tail is None:
+            row: dict[str, Any] = {"kind": info.kind, "dtype": info.dtype, "shape": list(info.shape),
+                                   "chunks": int(count)}
+            if split is not None:
+                row["split"] = [split.dim, split.step, split.file0, split.file_stride]
+            tail = tails[tk] = "," + _dumps(row)[1:]
+        rows.append('{"key":' + kt + tail)
+    return ",".join(rows)
 
 
 # ----------------------------------------------------------------------------- v1 objects
@@ -321,6 +351,69 @@ def _tensor(t: Any) -> tuple[TensorInfo, int, int, Split | None]:
     return TensorInfo(key, kind, dt.name, shape_t), dt.itemsize, count, split
 
 
+_ROW = itemgetter("key", "kind", "dtype", "shape", "chunks")
+
+
+def _tensor_columns(rows: list[Any]) -> tuple[tuple[TensorInfo, ...], list[int], list[int],
+                                              list[Split | None]] | None:
+    """``_tensor`` of every row at once, checked column by column (set and min/max tests
+    over all rows instead of a Python function per row). None when any row is unusual in
+    any way, even a valid one: the caller then checks row by row, which names the problem.
+    """
+    if not rows:
+        return (), [], [], []
+    if set(map(type, rows)) != {dict}:
+        return None
+    try:
+        keys, kinds, dtypes, shapes, counts = zip(*map(_ROW, rows))
+        dts = {d: lookup(d) for d in set(dtypes)}
+    except (KeyError, TypeError, ValueError):  # a member missing, an unhashable or unknown dtype
+        return None
+    if set(map(type, keys)) != {list} or not set(kinds) <= set(TENSOR_KINDS):
+        return None
+    if not set(map(type, chain.from_iterable(keys))) <= {str, int}:  # bool is not int here
+        return None
+    if any(k == "numpy" and dts[d].numpy is None for k, d in set(zip(kinds, dtypes))):
+        return None
+    if set(map(type, shapes)) != {list} or max(map(len, shapes)) > MAX_NDIM:
+        return None
+    dims = list(chain.from_iterable(shapes))
+    if not set(map(type, dims)) <= {int} or (dims and (min(dims) < 1 or max(dims) > MAX_DIM)):
+        return None  # (zero-size tensors: the extent bound needs max(dim, 1), row by row)
+    if not set(map(type, counts)) == {int} or min(counts) < 0 or max(counts) > 1 << 40:
+        return None
+    shape_t = list(map(tuple, shapes))
+    itemsizes = [dts[d].itemsize for d in dtypes]
+    if max(map(mul, map(math.prod, shape_t), itemsizes)) > MAX_EXTENT_BYTES:
+        return None
+    splits = _split_rules(list(map(dict.get, rows, repeat("split"))))
+    if splits is None:
+        return None
+    infos = tuple(map(TensorInfo, map(tuple, keys), kinds, dtypes, shape_t))
+    return infos, itemsizes, list(counts), splits
+
+
+def _split_rules(raw: list[Any]) -> list[Split | None] | None:
+    """The ``split`` members as ``Split`` objects (one shared object per distinct rule), or
+    None when one is not a list of 4 integers."""
+    rules: dict[tuple[int, ...], Split] = {}
+    out: list[Split | None] = []
+    for s in raw:
+        if s is None:
+            out.append(None)
+            continue
+        if type(s) is not list or len(s) != 4:
+            return None
+        key = tuple(s)
+        sp = rules.get(key)
+        if sp is None:
+            if not all(type(v) is int and 0 <= v <= MAX_DIM for v in key):
+                return None
+            sp = rules[key] = Split(*key)
+        out.append(sp)
+    return out
+
+
 def _columns(raw: Any, section: memoryview, expected: dict[str, int | None]) -> dict[str, np.ndarray]:
     """Views of the stored columns; their lengths must be the ones the tensor rows imply."""
     names = COLUMNS + (CODED_COLUMNS if isinstance(raw, dict) and "codec" in raw else ())
@@ -358,10 +451,13 @@ def decode(data: bytes) -> ColumnarIndex:
     files = decode_files(raw.get("files"))
     if not isinstance(raw.get("tensors"), list):
         raise bad("tensors must be a list")
-    rows = [_tensor(t) for t in raw["tensors"]]
-    infos = tuple(r[0] for r in rows)
-    counts = [r[2] for r in rows]
-    splits = [r[3] for r in rows]
+    fast = _tensor_columns(raw["tensors"])
+    if fast is not None:
+        infos, itemsizes, counts, splits = fast
+    else:  # something is unusual: the row-by-row check names it
+        rows = [_tensor(t) for t in raw["tensors"]]
+        infos = tuple(r[0] for r in rows)
+        itemsizes, counts, splits = [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]
 
     def name(t: int) -> str:
         return tree.render_path(infos[t].key)
@@ -381,7 +477,7 @@ def decode(data: bytes) -> ColumnarIndex:
     elif "codecs" in raw:
         raise bad("codecs listed without the coding columns")
     table = ChunkTable.build(
-        [i.shape for i in infos], [r[1] for r in rows], splits, counts, cols["offset"], cols["file"],
+        [i.shape for i in infos], itemsizes, splits, counts, cols["offset"], cols["file"],
         cols["pos"], cols["extent"], cols["crc32c"], block_size,
         np.array([f.size for f in files], dtype=np.int64),
         np.array([f.data_start for f in files], dtype=np.int64), name, coding)
