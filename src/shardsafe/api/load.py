@@ -9,7 +9,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .. import dtensor, tensors
+from .._collector import paused
 from ..comm import distributed_active, get_comm
 from ..engine.index_exchange import read_index_collective
 from ..engine.commit import is_committed, read_index
@@ -19,7 +22,9 @@ from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpoint
 from ..format.index import Index
 from ..per_rank import loading
 from ..storage import LocalStorage, storage_for
-from .restore import TensorTarget, build_new, match
+from . import new_state
+from .new_state import Allocated, whole_raw
+from .restore import TensorTarget, match
 
 log = logging.getLogger("shardsafe")
 
@@ -36,12 +41,24 @@ class LoadResult:
     """Key paths whose shape or dtype differs between checkpoint and ``state`` (not loaded)."""
 
 
-def _read(reader: Reader, targets: list[TensorTarget]) -> None:
+def _read(reader: Reader, targets: list[TensorTarget], new: Allocated | None = None) -> None:
+    """Reads every target (and the tensors of a new state): tensors stored as one raw chunk
+    whose target is contiguous host memory go by table row and address (``Reader.whole_tasks``),
+    the others through ``ReadJob``s."""
     jobs: list[ReadJob] = []
+    direct = new or Allocated()
+    whole = whole_raw(reader.index.table) if reader.index.table is not None else None
+    starts = reader.index.table.tensor_start if whole is not None else None
     for tt in targets:
         e = tt.entry
         if tt.dest is not None:  # a new tensor: its bytes are known, and it is the whole
             jobs.append(ReadJob(e, tt.dest, (0,) * len(e.shape), e.shape))
+            continue
+        addr = _address(tt.target) if whole is not None and tt.tid >= 0 and whole[tt.tid] else None
+        if addr is not None:
+            direct.tensors.append(tt.tid)
+            direct.rows.append(int(starts[tt.tid]))
+            direct.addrs.append(addr)
             continue
         # a DTensor target reads only its own box of the global tensor
         target, offsets, shape = dtensor.target_region(tt.target)
@@ -55,7 +72,26 @@ def _read(reader: Reader, targets: list[TensorTarget]) -> None:
             tensors.copy_into(target, tmp)
 
         jobs.append(ReadJob(e, tmp_bytes, offsets, shape, done))
-    reader.run(jobs)
+    tasks = reader.tasks(jobs)
+    if direct.rows:
+        tasks += reader.whole_tasks(np.asarray(direct.rows, dtype=np.int64), direct.addrs,
+                                    np.asarray(direct.tensors, dtype=np.int64))
+    reader.run_tasks(tasks)
+    for job in jobs:
+        if job.done is not None:
+            job.done()
+
+
+def _address(x: Any) -> int | None:
+    """The address of a plain host tensor's memory when a load may write it directly
+    (contiguous, on the CPU, no conj/neg bit, numpy: writeable); else None."""
+    if type(x) in tensors.PLAIN_TENSOR_TYPES:
+        if x.is_cpu and x.is_contiguous() and not x.is_conj() and not x.is_neg():
+            return x.data_ptr()
+        return None
+    if type(x) is np.ndarray and x.flags.c_contiguous and x.flags.writeable:
+        return x.ctypes.data
+    return None
 
 
 def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bool = True,
@@ -89,6 +125,12 @@ def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bo
     if state is not None and not isinstance(state, MutableMapping):
         raise TypeError(f"state must be a mutable mapping (dict) to load into, got {type(state).__name__}; "
                         f"wrap it: load(path, {{'model': model}})")
+    with paused():  # building thousands of tensors and entries: no collection meanwhile
+        return _load(path, state, strict, storage_options, mmap, process_group, collective, timeout)
+
+
+def _load(path: str, state: MutableMapping[str, Any] | None, strict: bool, storage_options: dict | None,
+          mmap: bool, process_group: Any, collective: bool | None, timeout: float | None) -> Any:
     storage, spath = storage_for(path, storage_options)
     if collective is not False and distributed_active(process_group):
         index = read_index_collective(storage, spath, get_comm(process_group), timeout)
@@ -144,8 +186,8 @@ def _load_from(storage: Any, spath: str, index: Index, path: str, state: Mutable
     reader = Reader(storage, spath, index)
     if state is None:
         with _allocating(index, path):
-            value, targets = build_new(index)
-        _read(reader, targets)
+            value, new = new_state.build(index)
+        _read(reader, new.others, new)
         return value
     with loading():  # PerRank values describe only this rank's entry
         m = match(index, state)

@@ -32,6 +32,8 @@ class TensorTarget:
     """The tensor (or DTensor) its bytes are read into."""
     dest: Any = None
     """A new tensor's writable bytes, known from its allocation (None: derived from ``target``)."""
+    tid: int = -1
+    """The tensor's position in the index's tensor table (-1: not known)."""
 
 
 @dataclass(slots=True)
@@ -187,7 +189,7 @@ class _Matcher:
         key = alias_key(target)
         done = self.read_into.setdefault(node["id"], set())
         if key is None or key not in done:  # a tied target already being read needs no second read
-            self.m.reads.append(TensorTarget(e, target))
+            self.m.reads.append(TensorTarget(e, target, tid=node["id"]))
             done.add(key)
         return target
 
