@@ -5,14 +5,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo demo-distributed test test-stress bench setup clean
+.PHONY: demo demo-distributed test test-stress bench docs setup clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[torch,s3,dev,lightning,accelerate,zstd,bench]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[torch,s3,dev,lightning,accelerate,zstd,bench,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -32,5 +32,9 @@ test-stress: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/shardsafe bench
 
+# the documentation site (docs/ and mkdocs.yml) into site/; any warning fails the build
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) build dist site src/*.egg-info

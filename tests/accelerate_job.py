@@ -54,7 +54,7 @@ def main(root: str, steps: int, mode: str) -> None:
     model, opt, sched, loader = acc.prepare(model, opt, sched, loader)
     counter = Counter()
     acc.register_for_checkpointing(counter)
-    state = {"train": training_state(acc)}
+    state = training_state(acc)  # a single Stateful is a state too
     mgr = shardsafe.CheckpointManager(os.path.join(root, "ckpts"), save_interval_steps=3)
     step = mgr.restore(state) or 0 if mode == "resume" else 0
     seen = []

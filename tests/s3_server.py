@@ -1,9 +1,6 @@
 """A real S3-compatible server for tests: moto in server mode on 127.0.0.1, its own port.
 
-Import the fixtures into a directory's conftest.py to use them there::
-
-    from s3_server import s3, s3_server  # noqa: F401  (pytest fixtures)
-
+tests/conftest.py registers this module as a plugin, so every test may ask for the fixtures:
 ``s3_server`` (session) runs one ``python -m moto.server`` subprocess; ``s3`` (per test)
 creates a fresh bucket and yields an :class:`S3Location` holding its URL, the
 ``storage_options`` for fsspec/s3fs and environment variables for child processes.

@@ -13,8 +13,10 @@ pytest.importorskip("accelerate")
 pytest.importorskip("torchdata")
 
 import torch  # noqa: E402
+from helpers import assert_same  # noqa: E402
 
 import shardsafe  # noqa: E402
+from shardsafe.harness.processes import child_env  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 JOB = os.path.join(HERE, "accelerate_job.py")
@@ -28,23 +30,10 @@ def run(env: dict[str, str], root: str, steps: int, mode: str) -> dict:
     return torch.load(os.path.join(root, f"{mode}-{steps}.pt"))
 
 
-def flat(x: object) -> list:
-    """Every leaf of a nested state, in order (tensors compared bit for bit)."""
-    if isinstance(x, dict):
-        return [(k, v) for key in x for k, v in [(key, flat(x[key]))]]
-    if isinstance(x, (list, tuple)):
-        return [flat(v) for v in x]
-    if isinstance(x, torch.Tensor):
-        return [str(x.dtype), list(x.shape), x.reshape(-1).view(torch.uint8).tolist()]
-    return x
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict, dict, dict]:
     root = tmp_path_factory.mktemp("accelerate")
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.path.join(os.path.dirname(HERE), "src") + os.pathsep
-               + os.environ.get("PYTHONPATH", ""))
+    env = child_env(OMP_NUM_THREADS="1")
     full = run(env, str(root / "full"), 2 * N, "fresh")
     first = run(env, str(root / "split"), N, "fresh")
     resumed = run(env, str(root / "split"), 2 * N, "resume")
@@ -58,7 +47,7 @@ def test_a_resumed_process_continues_bit_exactly(runs) -> None:  # noqa: ANN001
     assert resumed["counter"] == full["counter"]  # the registered object came back
     assert resumed["lr"] == full["lr"]  # the scheduler
     for key in ("params", "optim", "rng"):
-        assert flat(resumed[key]) == flat(full[key]), key
+        assert_same(resumed[key], full[key], key)
 
 
 def test_training_state_holds_what_save_state_writes(runs) -> None:  # noqa: ANN001
@@ -66,7 +55,7 @@ def test_training_state_holds_what_save_state_writes(runs) -> None:  # noqa: ANN
     mgr = shardsafe.CheckpointManager(os.path.join(root, "split", "ckpts"), read_only=True)
     assert mgr.all_steps() == [3, 6, 9, 12]
     ck = shardsafe.load(os.path.join(root, "split", "ckpts", sorted(os.listdir(
-        os.path.join(root, "split", "ckpts")))[0]))["train"]
+        os.path.join(root, "split", "ckpts")))[0]))  # the job saves training_state(acc) itself
     assert sorted(ck) == ["custom", "dataloaders", "models", "optimizers", "rng", "schedulers", "step"]
     assert sorted(ck["models"][0]) == ["0.bias", "0.weight", "3.bias", "3.weight"]
     assert ck["optimizers"][0]["state"][0]["step"] is not None

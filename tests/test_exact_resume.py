@@ -21,6 +21,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchdata")
 
+from helpers import assert_same, same  # noqa: E402
+
+from shardsafe.harness.processes import child_env  # noqa: E402
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resume_worker.py")
 N = 30  # 200 samples / 16 per batch = 13 batches per epoch: both halves cross an epoch end
 
@@ -35,24 +39,10 @@ def _load(path: str) -> dict[str, Any]:
     return torch.load(path, weights_only=True)
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Bit-exact equality of nested results (tensors via torch.equal plus dtype)."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     d = tmp_path_factory.mktemp("resume")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.join(os.path.dirname(os.path.dirname(WORKER)), "src") + \
-        os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = "1"
+    env = child_env(OMP_NUM_THREADS="1")
     ckpt = str(d / "ckpt")
     out = {name: str(d / f"{name}.pt") for name in ("first", "resumed", "straight", "no_rng",
                                                       "no_loader")}
@@ -71,9 +61,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
 def test_resumed_run_matches_uninterrupted_bit_for_bit(runs: dict[str, dict[str, Any]]) -> None:
     resumed, straight = runs["resumed"], runs["straight"]
     assert resumed["step"] == straight["step"] == 2 * N
-    assert _same(resumed["params"], straight["params"])
-    assert _same(resumed["optim"], straight["optim"])  # exp_avg, exp_avg_sq, step, param_groups
-    assert _same(resumed["sched"], straight["sched"])
+    assert_same(resumed["params"], straight["params"])
+    assert_same(resumed["optim"], straight["optim"])  # exp_avg, exp_avg_sq, step, param_groups
+    assert_same(resumed["sched"], straight["sched"])
 
 
 def test_resumed_run_sees_the_same_batches(runs: dict[str, dict[str, Any]]) -> None:
@@ -88,9 +78,9 @@ def test_resumed_run_sees_the_same_batches(runs: dict[str, dict[str, Any]]) -> N
 def test_forgetting_the_rng_changes_the_result(runs: dict[str, dict[str, Any]]) -> None:
     # same batches, different dropout masks: parameters must differ
     assert runs["no_rng"]["batches"] == runs["resumed"]["batches"]
-    assert not _same(runs["no_rng"]["params"], runs["straight"]["params"])
+    assert not same(runs["no_rng"]["params"], runs["straight"]["params"])
 
 
 def test_forgetting_the_loader_position_changes_the_batches(runs: dict[str, dict[str, Any]]) -> None:
     assert runs["no_loader"]["batches"] != runs["resumed"]["batches"]
-    assert not _same(runs["no_loader"]["params"], runs["straight"]["params"])
+    assert not same(runs["no_loader"]["params"], runs["straight"]["params"])

@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("lightning")
 
 import torch  # noqa: E402
+from dist_harness import run_script  # noqa: E402
+from helpers import assert_same  # noqa: E402
 from lightning_job import Net, data, full_and_resumed, resume, trainer, weights  # noqa: E402
 
 import shardsafe  # noqa: E402
-from shardsafe.comm import free_loopback_port  # noqa: E402
 from shardsafe.lightning import RNG_KEY, ShardsafeCheckpointIO, load_from_checkpoint  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.path.join(os.path.dirname(HERE), "src")
-
-
-def equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.fixture(scope="module")
@@ -116,23 +110,9 @@ def test_async_saves_are_waited_for_before_teardown_and_removal(tmp_path) -> Non
 def test_ddp_on_two_processes_resumes_bit_exactly(tmp_path) -> None:  # noqa: ANN001
     """strategy="ddp" on 2 CPU processes, asynchronous saves: Lightning saves from rank 0
     only (collective=False), every rank loads on its own."""
-    port = str(free_loopback_port())
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([SRC, HERE, os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "lightning_job.py"),
-                                       str(tmp_path)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    try:
-        outputs = [p.communicate(timeout=240)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outputs)
+    run_script(os.path.join(HERE, "lightning_job.py"), 2, str(tmp_path), timeout=240, env={"NODE_RANK": "0"})
     finals = [{kind: torch.load(tmp_path / f"final-r{r}-{kind}.pt") for kind in ("full", "resumed")}
               for r in range(2)]
     for r in range(2):
-        assert equal(finals[r]["full"], finals[r]["resumed"]), r
-    assert equal(finals[0]["resumed"], finals[1]["resumed"])  # DDP kept the replicas equal
+        assert_same(finals[r]["resumed"], finals[r]["full"], f"rank {r}")
+    assert_same(finals[1]["resumed"], finals[0]["resumed"])  # DDP kept the replicas equal

@@ -1,7 +1,7 @@
 """Tuning knobs: the one library module that reads environment variables.
 
 Every variable is read when its getter is called (not at import), so a test or a
-launcher may set it before the first save. README.md ("Environment variables") lists
+launcher may set it before the first save. docs/reference/environment.md lists
 them all; add a new one there and here, nowhere else.
 """
 

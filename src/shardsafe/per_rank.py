@@ -11,10 +11,12 @@ a value in ``PerRank`` and every rank's copy is saved, under the rank's number::
 On load each rank restores its own entry, so per-rank state resumes exactly on the
 same number of ranks. A rank whose number the checkpoint lacks (a job resumed on more
 ranks) raises ``StateMismatchError`` unless ``missing="keep"`` was given, which keeps
-its current value. When saving, ``state_dict()`` is a collective call (every rank's
-local state goes to every rank, as JSON bytes: nothing is pickled), which
-``shardsafe.save`` makes on every rank anyway; inside ``shardsafe.load`` it only names
-this rank's entry (see ``loading``), so loads need no extra collective.
+its current value. Inside a collective ``shardsafe.save`` ``state_dict()`` describes
+only this rank's entry (see ``own_entry``): the planning exchange carries it to rank 0
+alone, which writes every rank's entry into the index. Called directly, it is a
+collective call (every rank's local state goes to every rank, as JSON bytes: nothing
+is pickled). Inside ``shardsafe.load`` it only names this rank's entry (see
+``loading``), so loads need no extra collective.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ MissingPolicy = Literal["raise", "keep"]
 MISSING_POLICIES: tuple[MissingPolicy, ...] = get_args(MissingPolicy)
 
 _LOADING: contextvars.ContextVar[bool] = contextvars.ContextVar("shardsafe_loading", default=False)
+_OWN_ENTRY: contextvars.ContextVar[bool] = contextvars.ContextVar("shardsafe_own_entry", default=False)
 
 
 @contextlib.contextmanager
@@ -51,6 +54,17 @@ def loading() -> Iterator[None]:
         yield
     finally:
         _LOADING.reset(token)
+
+
+@contextlib.contextmanager
+def own_entry() -> Iterator[None]:
+    """Marks the flattening of a collective save (``PerRank.state_dict`` then gives this
+    rank's entry alone; the planning exchange brings every rank's entry to rank 0)."""
+    token = _OWN_ENTRY.set(True)
+    try:
+        yield
+    finally:
+        _OWN_ENTRY.reset(token)
 
 
 def _encode(value: Mapping[str, Any]) -> bytes:
@@ -125,13 +139,14 @@ class PerRank:
         """``{"<rank>": state of that rank}`` for every rank (a collective call).
 
         During ``shardsafe.load``: only this rank's entry (empty with ``missing="keep"``,
-        so that a checkpoint without it is no mismatch).
+        so that a checkpoint without it is no mismatch). During a collective save: only
+        this rank's entry (rank 0 gathers the entries while it plans).
         """
         comm = get_comm(self.process_group)
         if _LOADING.get():
             return {str(comm.rank): self._local()} if self.missing == "raise" else {}
-        if comm.world_size == 1:
-            return {"0": self._local()}
+        if comm.world_size == 1 or _OWN_ENTRY.get():
+            return {str(comm.rank): self._local()}
         everyone = _exchange(comm, _encode(self._local()))
         head, _, rest = everyone.partition(b"\n")
         out, pos = {}, 0

@@ -30,7 +30,9 @@ from shardsafe.format.checksum import crc32c
 from shardsafe.format.index import decode_index, encode_index
 from shardsafe.manager import CheckpointManager
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "format"))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(TESTS, "format"), TESTS]
+from helpers import flip_byte  # noqa: E402
 from v2_forge import seal_v2, split_v2  # noqa: E402
 
 CASE_SECONDS = 20
@@ -114,11 +116,7 @@ def damage(ckpt: str, rng: random.Random, version: int, outside: str) -> str:
     size = os.path.getsize(target)
     if kind.startswith("flip"):
         pos = rng.randrange(size)
-        with open(target, "r+b") as f:
-            f.seek(pos)
-            b = f.read(1)[0]
-            f.seek(pos)
-            f.write(bytes([b ^ (1 << rng.randrange(8))]))
+        flip_byte(target, pos, 1 << rng.randrange(8))
         return f"{kind} at {pos}"
     if kind.startswith("truncate"):
         n = rng.randrange(size)

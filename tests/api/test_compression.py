@@ -14,7 +14,8 @@ from shardsafe.format.dtypes import DTYPES
 from shardsafe.format.index import decode_index
 from shardsafe.plan.layout import block_file_name
 
-from roundtrip_helpers import assert_same, random_tensor
+from helpers import assert_same, flip_byte
+from roundtrip_helpers import random_tensor
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 
@@ -107,14 +108,6 @@ def test_mmap_load_decodes_compressed_tensors(tmp_path) -> None:
     assert_same(shardsafe.load(path, mmap=True), state)
 
 
-def _flip(path: str, pos: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(pos)
-        b = f.read(1)[0]
-        f.seek(pos)
-        f.write(bytes([b ^ 0x10]))
-
-
 @pytest.mark.parametrize("mmap", [False, True])
 def test_flipped_byte_in_compressed_data_names_file_and_key(tmp_path, mmap) -> None:
     state = {"w": (torch.randn(300, 200) * 0.02).to(torch.bfloat16)}
@@ -123,12 +116,12 @@ def test_flipped_byte_in_compressed_data_names_file_and_key(tmp_path, mmap) -> N
     (c,) = _index(path).tensors[0].chunks
     assert c.stored is not None
     for pos in (c.offset, c.offset + c.stored.nbytes // 2, c.offset + c.stored.nbytes - 1):
-        _flip(os.path.join(path, BLOCKS), pos)
+        flip_byte(os.path.join(path, BLOCKS), pos, 0x10)
         with pytest.raises(shardsafe.CorruptCheckpointError) as e:
             shardsafe.load(path, mmap=mmap)
         assert e.value.file == BLOCKS and e.value.key == "w"
         assert "stored checksum mismatch" in str(e.value)
-        _flip(os.path.join(path, BLOCKS), pos)  # undo
+        flip_byte(os.path.join(path, BLOCKS), pos, 0x10)  # undo
     assert_same(shardsafe.load(path, mmap=mmap), state)
 
 

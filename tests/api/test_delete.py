@@ -75,3 +75,52 @@ def test_delete_on_an_fsspec_url() -> None:
     assert storage.list(spath) == []
     with pytest.raises(shardsafe.CheckpointNotFoundError):
         shardsafe.delete(url)
+
+
+def _incremental_steps(root) -> dict:  # noqa: ANN001
+    """Steps 1-3 of an incremental save: 2 and 3 reference step 1's data file."""
+    import torch
+
+    from shardsafe.engine.checkpointer import Checkpointer
+    from shardsafe.engine.incremental import Baseline
+
+    state = {"base": torch.arange(4096, dtype=torch.float32).reshape(128, 32), "head": torch.zeros(4)}
+    b, c = Baseline(), Checkpointer()
+    for s in (1, 2, 3):
+        state["head"].fill_(s)
+        c.save(state, str(root / f"step_{s:08d}"), baseline=b)
+    c.close()
+    return state
+
+
+def _later_steps_load(root, state) -> None:  # noqa: ANN001
+    import torch
+
+    for s in (2, 3):
+        got = shardsafe.load(str(root / f"step_{s:08d}"))
+        assert torch.equal(got["base"], state["base"]) and torch.equal(got["head"], torch.full((4,), float(s)))
+
+
+@pytest.mark.parametrize("spelling", ["step_00000001/.", "step_00000001/", "./step_00000001/./",
+                                      "cwd:.", "cwd:./"])
+def test_delete_by_another_spelling_keeps_what_later_steps_use(tmp_path, monkeypatch, spelling: str) -> None:  # noqa: ANN001
+    state = _incremental_steps(tmp_path)
+    if spelling.startswith("cwd:"):
+        monkeypatch.chdir(tmp_path / "step_00000001")
+        shardsafe.delete(spelling[4:])
+    else:
+        monkeypatch.chdir(tmp_path)
+        shardsafe.delete(spelling)
+    assert not is_committed(storage_for(str(tmp_path))[0], str(tmp_path / "step_00000001"))
+    _later_steps_load(tmp_path, state)
+
+
+def test_delete_through_a_symlink_is_refused(tmp_path) -> None:  # noqa: ANN001
+    state = _incremental_steps(tmp_path)
+    os.symlink(tmp_path / "step_00000001", tmp_path / "latest")
+    for link in (tmp_path / "latest", str(tmp_path / "latest") + "/"):
+        with pytest.raises(shardsafe.CheckpointError, match="symbolic link"):
+            shardsafe.delete(link)
+    assert is_committed(storage_for(str(tmp_path))[0], str(tmp_path / "step_00000001"))
+    _later_steps_load(tmp_path, state)
+    assert shardsafe.load(str(tmp_path / "step_00000001"))["head"][0] == 1

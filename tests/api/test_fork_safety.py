@@ -1,4 +1,4 @@
-"""Fork safety (issue 10 item 8, FORMAT.md section 9): a child forked after the parent
+"""Fork safety (FORMAT.md section 9): a child forked after the parent
 saved and loaded can save and load itself, instead of waiting forever on the parent's
 I/O pool, staging pool, Checkpointer lock or in-flight save.
 

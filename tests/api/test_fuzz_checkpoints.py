@@ -1,4 +1,4 @@
-"""Fuzz (issue 10 "Done when"): random seeded damage to real checkpoints through load,
+"""Fuzz: random seeded damage to real checkpoints through load,
 load(mmap=True), in-place load, ``verify`` and CheckpointManager.restore. Only
 CheckpointError comes out (restore falls back), each case within a time bound, and the
 whole run in a child process limited to 4 GiB of address space (bounded memory).

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from helpers import flip_byte
 
 import shardsafe
 from shardsafe.format.index import decode_index
@@ -30,14 +31,6 @@ def ckpt(tmp_path) -> str:
     return path
 
 
-def _flip(path: str, pos: int, mask: int = 0x01) -> None:
-    with open(path, "r+b") as f:
-        f.seek(pos)
-        b = f.read(1)[0]
-        f.seek(pos)
-        f.write(bytes([b ^ mask]))
-
-
 def _chunk_ranges(ckpt: str) -> dict[str, tuple[int, int]]:
     with open(os.path.join(ckpt, "index.json"), "rb") as f:
         index = decode_index(f.read())
@@ -48,14 +41,14 @@ def test_every_single_byte_flip_in_tensor_data_is_caught(ckpt) -> None:
     data = os.path.join(ckpt, DATA)
     for key, (off, n) in _chunk_ranges(ckpt).items():
         for pos in range(off, off + n):
-            _flip(data, pos)
+            flip_byte(data, pos, 0x01)
             for load in (lambda: shardsafe.load(ckpt), lambda: shardsafe.load(ckpt, _target()),
                          lambda: shardsafe.load(ckpt, mmap=True)):
                 with pytest.raises(shardsafe.CorruptCheckpointError) as info:
                     load()
                 assert info.value.file == DATA and info.value.key == key
                 assert DATA in str(info.value) and repr(key) in str(info.value)
-            _flip(data, pos)  # undo
+            flip_byte(data, pos, 0x01)  # undo
     assert torch.equal(shardsafe.load(ckpt)["w"], torch.arange(8, dtype=torch.float32))
 
 
@@ -64,7 +57,7 @@ def test_flip_in_second_checksum_block_of_a_large_tensor(tmp_path) -> None:
     n = (16 << 20) // 4 + 1024  # just over one 16 MiB checksum block
     shardsafe.save({"big": torch.ones(n)}, path)
     off, nbytes = _chunk_ranges(path)["big"]
-    _flip(os.path.join(path, DATA), off + nbytes - 5, 0x80)
+    flip_byte(os.path.join(path, DATA), off + nbytes - 5, 0x80)
     with pytest.raises(shardsafe.CorruptCheckpointError, match="block 1") as info:
         shardsafe.load(path)
     assert info.value.key == "big"
@@ -84,7 +77,7 @@ def test_every_single_bit_flip_in_the_index_is_caught(ckpt) -> None:
 
 
 def test_flipped_index_byte_through_load(ckpt) -> None:
-    _flip(os.path.join(ckpt, "index.json"), 40)
+    flip_byte(os.path.join(ckpt, "index.json"), 40, 0x01)
     with pytest.raises(shardsafe.CorruptCheckpointError, match="index") as info:
         shardsafe.load(ckpt)
     assert info.value.file == "index.json"
@@ -119,7 +112,7 @@ def test_missing_data_file(ckpt) -> None:
 
 
 def test_target_is_unchanged_by_a_failed_index(ckpt) -> None:
-    _flip(os.path.join(ckpt, "index.json"), 10)
+    flip_byte(os.path.join(ckpt, "index.json"), 10, 0x01)
     target = _target()
     with pytest.raises(shardsafe.CorruptCheckpointError):
         shardsafe.load(ckpt, target)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import assert_same
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import shardsafe
@@ -129,8 +130,8 @@ def test_never_stepped_optimizer_and_scheduler_restore_fully(tmp_path, kind: str
     assert opt2.state_dict()["state"] == {}
     result = shardsafe.load(_path(tmp_path), {"model": model2, "opt": opt2, "sched": sched2})
     assert result == shardsafe.LoadResult()
-    assert _equal(opt2.state_dict(), opt.state_dict())
-    assert _equal(sched2.state_dict(), sched.state_dict())
+    assert_same(opt2.state_dict(), opt.state_dict())
+    assert_same(sched2.state_dict(), sched.state_dict())
     # the optimizer state now belongs to model2's parameters
     assert all(p in opt2.state for p in model2.parameters())
     # and training continues bit-identically
@@ -139,17 +140,7 @@ def test_never_stepped_optimizer_and_scheduler_restore_fully(tmp_path, kind: str
         _train(m, o, s, 3, seed=2)
     for a, b in zip(model.state_dict().values(), model2.state_dict().values()):
         assert torch.equal(a, b)
-    assert _equal(opt2.state_dict(), opt.state_dict())
-
-
-def _equal(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
+    assert_same(opt2.state_dict(), opt.state_dict())
 
 
 def test_grad_scaler(tmp_path) -> None:
@@ -211,10 +202,13 @@ def test_user_stateful_receives_materialised_state(tmp_path) -> None:
     assert list(fresh.items) == [0, 5] and torch.equal(fresh.items[5], torch.zeros(3))
 
 
-def test_load_state_must_be_a_mapping(tmp_path) -> None:
+def test_load_state_must_be_a_mapping_or_a_stateful(tmp_path) -> None:
     shardsafe.save({"w": torch.ones(1)}, _path(tmp_path))
     with pytest.raises(TypeError, match="mapping"):
-        shardsafe.load(_path(tmp_path), torch.nn.Linear(1, 1))  # type: ignore[arg-type]
+        shardsafe.load(_path(tmp_path), (torch.ones(1),))  # type: ignore[arg-type]
+    # a module is a target (tests/api/test_stateful_root.py), matched by its keys
+    with pytest.raises(shardsafe.StateMismatchError, match="missing in checkpoint: weight"):
+        shardsafe.load(_path(tmp_path), torch.nn.Linear(1, 1))
 
 
 class Plain:

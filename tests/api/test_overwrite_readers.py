@@ -1,4 +1,4 @@
-"""Readers during an overwrite (issue 10 item 9): a load whose checkpoint is replaced
+"""Readers during an overwrite: a load whose checkpoint is replaced
 between reading the index and reading the data sees the old or the new checkpoint,
 never a CorruptCheckpointError on a healthy one.
 

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 import shardsafe
 
-from roundtrip_helpers import assert_same, random_tensor
+from helpers import assert_same
+from roundtrip_helpers import random_tensor
 
 TORCH_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float8_e4m3fn,
                 torch.float8_e5m2, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64,

@@ -12,7 +12,8 @@ import torch
 import shardsafe
 from shardsafe.format.dtypes import DTYPES
 
-from roundtrip_helpers import assert_same, random_tensor
+from helpers import assert_same
+from roundtrip_helpers import random_tensor
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 

@@ -12,7 +12,8 @@ from safetensors import safe_open
 import shardsafe
 from shardsafe.format.dtypes import DTYPES
 
-from roundtrip_helpers import raw_bytes, random_tensor
+from helpers import raw_bytes
+from roundtrip_helpers import random_tensor
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 

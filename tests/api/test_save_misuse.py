@@ -1,4 +1,4 @@
-"""Misuse cannot commit a bad checkpoint (issue 10 items 6, 7 and disk-full errors).
+"""Misuse cannot commit a bad checkpoint.
 
 Real threads, processes and filesystems: a thread mutating the state during a sync save,
 concurrent writers on one path, a full tmpfs and a file size limit.

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import assert_same
 
 import shardsafe
 
@@ -85,18 +86,6 @@ def _snapshot(state: dict) -> dict:
     return out
 
 
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, np.ndarray):
-        return a.dtype == b.dtype and np.array_equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return a == b
-
-
 def test_strict_lists_every_problem_and_touches_nothing(tmp_path) -> None:
     path = _saved(tmp_path)
     target = _target()
@@ -109,7 +98,7 @@ def test_strict_lists_every_problem_and_touches_nothing(tmp_path) -> None:
     for line in EXPECTED:
         assert line in str(info.value)
     assert target.keys() == objects.keys() and all(target[k] is objects[k] for k in target)
-    assert _same(_snapshot(target), before)
+    assert_same(_snapshot(target), before)
     assert target["r"].calls == 0  # no load_state_dict ran, not even for matching Statefuls
 
 
@@ -130,8 +119,8 @@ def test_non_strict_loads_the_intersection(tmp_path, caplog) -> None:
     assert target["c"]["d"] == 1
     # what did not is left alone
     for k in ("a", "x", "f", "g", "h", "i", "k"):
-        assert _same(_snapshot({k: target[k]})[k], before[k]), k
-    assert _same(target["c"]["e"], before["c"]["e"])
+        assert_same(_snapshot({k: target[k]})[k], before[k], k)
+    assert_same(target["c"]["e"], before["c"]["e"])
 
 
 def test_strict_success_returns_an_empty_result(tmp_path) -> None:

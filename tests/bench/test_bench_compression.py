@@ -97,7 +97,7 @@ def test_end_to_end_local_rows(tmp_path):
     from shardsafe.bench import compression_e2e as e2e
 
     st = e2e.state(256 << 10)
-    rows = e2e.measure(st, e2e.Target("local disk", str(tmp_path / "e2e")), 1)
+    rows = e2e.measure(st, e2e.Destination("local disk", str(tmp_path / "e2e")), 1)
     assert [r.compression for r in rows] == [None, "auto"]
     assert rows[1].stored < rows[0].stored / 1.2  # "auto" really stored fewer bytes
     assert all(len(r.save_s) == len(r.load_s) == 1 for r in rows)

@@ -26,9 +26,9 @@ def test_distributed_bench_smoke(tmp_path, subprocess_env) -> None:  # noqa: ANN
     assert text.startswith("# Benchmarks\n\nthe single-process tables\n")  # kept
     assert text.count("<!-- distributed-bench:begin -->") == 1 and "| 2 | shardsafe save |" in text
     # a second run replaces the section instead of appending another
-    from shardsafe.bench.distributed import write_doc
+    from shardsafe.bench.distributed import write_section
 
-    write_doc(str(doc), "new table", "cmd")
+    write_section(str(doc), "new table", "cmd")
     text = doc.read_text()
     assert text.count("<!-- distributed-bench:begin -->") == 1 and "new table" in text
     assert "| 2 | shardsafe save |" not in text

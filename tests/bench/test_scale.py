@@ -41,36 +41,36 @@ def test_planning_exchange_bytes_first_and_repeat() -> None:
     out = run(16, 20)
     keys = ("plan_bytes_first", "plan_bytes_first_rank0", "plan_bytes_first_rank", "plan_bytes_repeat",
             "plan_bytes_repeat_rank0", "plan_bytes_repeat_rank", "plan_report_bytes", "plan_decision_bytes",
-            "plan_first_s")
+            "plan_first_s", "save_plan_s", "plan_bytes_exchanged", "plan_peak_rss_mib")
     for key in keys:
         assert out[key] > 0, key
-    # a repeat save exchanges only the 33-byte digests and a short "same" decision
-    assert out["plan_bytes_repeat"] * 10 < out["plan_bytes_first"]
-    assert out["plan_bytes_repeat_rank"] < 33 + 200 < out["plan_bytes_first_rank"]
-    # rank 0 reads every rank's report: at least 16 of them
-    assert out["plan_bytes_first_rank0"] > 16 * out["plan_report_bytes"] // 2
-    assert out["plan_bytes_first"] > 16 * out["plan_report_bytes"] // 2 + 15 * out["plan_decision_bytes"]
+    # a repeat save exchanges only the 49-byte hellos and a short "same" decision: under
+    # 1 KB per rank (the first save is small too now: one shape, 40-byte reports)
+    assert out["plan_bytes_repeat"] <= 16 * 1024 and out["plan_bytes_repeat"] * 3 < out["plan_bytes_first"]
+    assert out["plan_bytes_repeat_rank"] < 49 + 200 < out["plan_bytes_first_rank"]
+    # rank 0 reads every rank's hello and report (40 bytes each here) and one shape, its own
+    # (set and fetched)
+    assert 16 * (49 + 40) < out["plan_bytes_first_rank0"] < 16 * (49 + 40) + 2 * out["plan_report_bytes"] + 1000
+    assert out["plan_bytes_exchanged"] == out["plan_bytes_first"]
 
 
 def test_simulated_messages_are_the_exchange_messages() -> None:
     from shardsafe.bench.exchange import SimulatedJob
-    from shardsafe.engine.plan_exchange import decide_full
-    from shardsafe.plan.distribute import decode_plan
+    from shardsafe.bench.scale import job_tensors
+    from shardsafe.plan.answer import decide_full, read_hellos
+    from shardsafe.plan.report import decode_report
 
-    job = SimulatedJob(build_index(4, 6))
-    reports = [job.full(r) for r in range(4)]
-    assert all(len(job.first(r, True)) == 33 and job.first(r, False)[:1] == b"N" for r in range(4))
-    kept: list[object] = []
-    decision = decide_full(4, reports, lambda: {"token": "t", "workdir": "w", "replace": False}, kept.append)
-    assert "error" not in decision and len(kept) == 1
-    assert decision["solo"] == [] and len(decision["paths"]) == 6
+    job = SimulatedJob(4, *job_tensors(4, 6))
+    index = build_index(4, 6)
+    hellos = read_hellos((job.hello(r, False) for r in range(4)), 4)
+    reports = [job.report(r, r == 0) for r in range(4)]
+    assert all(len(job.hello(r, True)) == 49 and job.hello(r, False)[:1] == b"N" for r in range(4))
+    for r, raw in enumerate(reports):  # each rank's own bytes are its chunks of the index
+        ct = index.chunks
+        assert decode_report(raw, r).own == int(ct.nbytes[ct.file == r].sum())
+    decision, parts, lead = decide_full(None, hellos, iter(reports),
+                                        lambda: {"token": "t", "workdir": "w", "replace": False})
+    assert lead is not None and decision["tensors"] == 6 and list(parts) == ["shape/" + job.shape.digest.hex()]
     # every rank writes its own shards: no box is left for the planner to assign
-    plan = decode_plan(decision["plan"].encode("utf-8"))
-    assert plan.shared == () and plan.everywhere == ((), ())
-    assert list(plan.loads) == job.nbytes.sum(axis=0).tolist()
-
-
-def test_large_jobs_skip_rank0s_union_but_count_reports() -> None:
-    out = run(8, 5, reports_max=4)
-    assert out["plan_first_s"] is None and out["plan_decision_bytes"] is None
-    assert out["plan_bytes_first"] > out["plan_bytes_repeat"] > 0
+    assert lead.joined.plan.shared == ()
+    assert list(lead.joined.plan.loads) == [int(index.chunks.nbytes[index.chunks.file == r].sum()) for r in range(4)]

@@ -20,15 +20,6 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def flip_byte(path: str, offset: int) -> None:
-    """Flips bit 4 of the byte at ``offset`` of file ``path`` (damage a checksum must catch)."""
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0x10]))
-
-
 def manager_state(step: int) -> dict:
     """A small training state whose values depend on ``step``."""
     g = torch.Generator().manual_seed(step)

@@ -1,4 +1,4 @@
-"""Fixtures for CLI tests: run ``python -m shardsafe`` in a subprocess; the S3 test server."""
+"""Fixtures for CLI tests: run ``python -m shardsafe`` in a subprocess."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import sys
 from collections.abc import Callable
 
 import pytest
-from s3_server import s3, s3_server  # noqa: F401  (pytest fixtures)
 
 Run = Callable[..., subprocess.CompletedProcess]
 

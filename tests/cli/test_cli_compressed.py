@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 import shardsafe  # noqa: E402
-from cli_helpers import flip_byte  # noqa: E402
+from helpers import flip_byte  # noqa: E402
 from shardsafe.engine.commit import read_index  # noqa: E402
 from shardsafe.format.index import Index, TensorEntry, encode_index  # noqa: E402
 from shardsafe.plan.layout import block_file_name  # noqa: E402
@@ -47,7 +47,7 @@ def test_verify_intact_compressed_checkpoint(cli, ckpt) -> None:  # noqa: ANN001
 
 def test_verify_names_damaged_stored_bytes(cli, ckpt) -> None:  # noqa: ANN001
     c = next(t for t in read_index(LocalStorage(), ckpt).tensors if t.key == ("m",)).chunks[0]
-    flip_byte(os.path.join(ckpt, BLOCKS), c.offset + c.stored.nbytes // 2)
+    flip_byte(os.path.join(ckpt, BLOCKS), c.offset + c.stored.nbytes // 2, 0x10)
     (line,) = _bad_lines(cli("verify", ckpt))
     assert f"file='{BLOCKS}'" in line and "key='m'" in line and "stored checksum mismatch" in line
 
@@ -70,7 +70,7 @@ def test_verify_checks_the_decoded_bytes_too(cli, ckpt) -> None:  # noqa: ANN001
 
 
 def test_verify_checks_the_block_file_magic(cli, ckpt) -> None:  # noqa: ANN001
-    flip_byte(os.path.join(ckpt, BLOCKS), 0)
+    flip_byte(os.path.join(ckpt, BLOCKS), 0, 0x10)
     lines = _bad_lines(cli("verify", ckpt))
     assert any("does not start with" in line and BLOCKS in line for line in lines)
 

@@ -71,3 +71,44 @@ def test_gc_orders_unnamed_checkpoints_by_creation_time(cli, tmp_path) -> None: 
 def test_gc_rejects_keeping_nothing(cli, tmp_path) -> None:  # noqa: ANN001
     proc = cli("gc", tmp_path, "--max-to-keep", "0")
     assert proc.returncode == 1 and "at least 1" in proc.stderr
+
+
+def _outside(tmp_path) -> tuple[str, str]:  # noqa: ANN001
+    """A directory of unrelated files and a committed checkpoint of another run."""
+    victim = tmp_path / "elsewhere"
+    victim.mkdir()
+    (victim / "notes.txt").write_text("unrelated")
+    (victim / "data-r00000-000.safetensors").write_bytes(b"\0" * 64)
+    other = save_step(str(tmp_path / "other_run"), 1)
+    (tmp_path / "other_run" / "step_00000001" / "unrelated.txt").write_text("keep me")
+    return str(victim), other
+
+
+def test_gc_never_deletes_through_a_symlinked_step(cli, tmp_path) -> None:  # noqa: ANN001
+    run = str(tmp_path / "run")
+    for step in (5, 6):
+        save_step(run, step)
+    victim, other = _outside(tmp_path)
+    before = {p: sorted(os.listdir(p)) for p in (victim, other)}
+    os.symlink(victim, os.path.join(run, "step_00000002"))  # no index: looks like a leftover
+    os.symlink(other, os.path.join(run, "step_00000001"))  # committed, older: would expire
+    os.symlink(victim, os.path.join(run, ".step_00000009.shardsafe-tmp-0123456789abcdef"))
+    proc = cli("gc", run, "--max-to-keep", "1", "--min-age", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["deleted step_00000005 (step 5)"]
+    assert {p: sorted(os.listdir(p)) for p in (victim, other)} == before
+    assert shardsafe.load(other)["optim"]["step"] == 1
+    assert sorted(os.listdir(run)) == [".step_00000009.shardsafe-tmp-0123456789abcdef",
+                                       "step_00000001", "step_00000002", "step_00000006"]
+    ls = cli("ls", run)
+    assert ls.returncode == 0 and "step_00000001" not in ls.stdout, ls.stdout
+
+
+def test_gc_leaves_a_fifo_named_like_a_step(cli, tmp_path) -> None:  # noqa: ANN001
+    run = str(tmp_path / "run")
+    save_step(run, 5)
+    os.mkfifo(os.path.join(run, "step_00000004"))
+    proc = cli("gc", run, "--min-age", "0", timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "nothing to remove"
+    assert os.path.exists(os.path.join(run, "step_00000004"))

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from shardsafe._numbers import ceil_div
-from shardsafe.cli._common import Entry
+from shardsafe.cli._common import Entry, scan
 from shardsafe.cli._tensors import leaves, subtree
 from shardsafe.cli.gc import expired
 from shardsafe.cli.verify import plan_reads
 from shardsafe.format.index import ChunkEntry, FileEntry, Index, TensorEntry
+from shardsafe.storage import LocalStorage
 
 BS = 4096
 
@@ -40,7 +41,7 @@ def test_plan_reads_coalesces_neighbours_and_splits_at_the_limit() -> None:
     ]
     # every block is checked exactly once, with its own checksum
     blocks = [b for r in ranges for b in r.blocks]
-    assert sorted((b.key, b.number, b.crc) for b in blocks) == [
+    assert sorted((b.key, b.number, b.chunk.checksums[b.number]) for b in blocks) == [
         ("a", 0, 0), ("b", 0, 0), ("c", 0, 0), ("c", 1, 1), ("c", 2, 2), ("d", 0, 0)]
 
 
@@ -95,3 +96,13 @@ def test_subtree_finds_keys_containing_dots() -> None:
     assert [leaf.dotted for leaf in leaves(idx, *subtree(idx, "model"))] == ["model.layer.weight", "model.0"]
     with pytest.raises(KeyError):
         subtree(idx, "model.nope")
+
+
+@pytest.mark.parametrize("data_file", ["data-r00000-000.safetensors", "data-r00000-001.blocks"])
+def test_scan_takes_a_directory_of_data_files_without_index_for_an_unfinished_save(tmp_path, data_file) -> None:  # noqa: ANN001
+    for name in ("run_a", "notes"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "run_a" / data_file).write_bytes(b"\0" * 16)  # an object store's upload, no index
+    (tmp_path / "notes" / "readme.txt").write_text("not a checkpoint")
+    found = [(e.name, e.state) for e in scan(LocalStorage(), str(tmp_path))]
+    assert found == [("run_a", "partial")]

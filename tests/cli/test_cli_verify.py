@@ -15,7 +15,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from cli_helpers import flip_byte, save_step  # noqa: E402
+from cli_helpers import save_step  # noqa: E402
+from helpers import flip_byte  # noqa: E402
 
 from shardsafe.engine.commit import read_index  # noqa: E402
 from shardsafe.storage import LocalStorage  # noqa: E402
@@ -43,8 +44,8 @@ def test_verify_names_each_bad_file_and_key(cli, tmp_path) -> None:  # noqa: ANN
     good = save_step(run, 1)
     bad = save_step(run, 2)
     w, t = _chunk(bad, ("model", "layer.weight")), _chunk(bad, ("table",))
-    flip_byte(os.path.join(bad, w.file), w.offset + 5)
-    flip_byte(os.path.join(bad, t.file), t.offset + t.nbytes - 1)
+    flip_byte(os.path.join(bad, w.file), w.offset + 5, 0x10)
+    flip_byte(os.path.join(bad, t.file), t.offset + t.nbytes - 1, 0x10)
     proc = cli("verify", run)
     assert proc.returncode == 1
     lines = proc.stdout.splitlines()
@@ -64,8 +65,8 @@ def test_verify_reports_damaged_header_index_and_truncation(cli, tmp_path) -> No
     index = save_step(run, 2)
     trunc = save_step(run, 3)
     data = "data-r00000-000.safetensors"
-    flip_byte(os.path.join(header, data), 20)  # inside the safetensors JSON header
-    flip_byte(os.path.join(index, "index.json"), 60)
+    flip_byte(os.path.join(header, data), 20, 0x10)  # inside the safetensors JSON header
+    flip_byte(os.path.join(index, "index.json"), 60, 0x10)
     with open(os.path.join(trunc, data), "r+b") as f:
         f.truncate(os.path.getsize(os.path.join(trunc, data)) - 3)
     proc = cli("verify", run)

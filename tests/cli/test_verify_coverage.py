@@ -1,4 +1,4 @@
-"""``shardsafe verify`` verifies everything it claims (issue 10 item 3, FORMAT.md section 9):
+"""``shardsafe verify`` verifies everything it claims (FORMAT.md section 9):
 the whole safetensors header of each data file against the index, in bounded memory."""
 
 from __future__ import annotations

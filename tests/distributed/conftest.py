@@ -9,10 +9,11 @@ from dist_harness import run_ranks
 
 Results = dict[tuple[str, int], list[dict[str, Any] | None]]
 
-# save on 4 ranks, reload on 4, 3 and 2, comm checks and async saves on 3: one interpreter
-# start-up per process instead of one per phase
+# save on 4 ranks, reload on 4, 3 and 2, comm checks and async saves on 3, ranks with
+# different trees saved on 4 and loaded on 3: one interpreter start-up per process
+# instead of one per phase
 PHASES = [("save", 4), ("load", 4), ("load", 3), ("load", 2), ("comm", 3), ("async", 3),
-          ("manager", 3), ("incremental", 3)]
+          ("manager", 3), ("incremental", 3), ("many", 4), ("many_load", 3)]
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Rank program for the distributed tests (launched by dist_harness.run_ranks).
+"""Rank program for the distributed tests (launched by tests/dist_harness.run_ranks).
 
 ``python dist_worker.py <name:world:port,...> <out_dir> [args...]`` with RANK and
 MASTER_ADDR set. Each phase forms a gloo group of ``world`` ranks on ``port`` (ranks
@@ -27,8 +27,10 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
 import shardsafe
-from dist_harness import phases
+from helpers import flip_byte
+from shardsafe.harness.processes import phases
 from shardsafe.comm import get_comm
+from shardsafe.engine import plan_exchange
 from shardsafe.storage.local import LocalStorage
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -290,15 +292,6 @@ def s_async(out: str) -> dict[str, Any]:
             "budget_peak": budgeted.arena.peak_nbytes, "staged": handles[-1].nbytes}
 
 
-def flip_near_end(path: str) -> None:
-    """Inverts the third-last byte of ``path`` (tensor data a checksum must catch)."""
-    with open(path, "r+b") as f:
-        f.seek(os.path.getsize(path) - 3)
-        b = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([b[0] ^ 0xFF]))
-
-
 def s_manager(out: str) -> dict[str, Any]:
     """CheckpointManager on every rank: retention, a signal only rank 1 gets, fallback."""
     res: dict[str, Any] = {}
@@ -321,7 +314,7 @@ def s_manager(out: str) -> dict[str, Any]:
     res["steps_after_retention"] = shardsafe.CheckpointManager(directory, read_only=True).all_steps()
     dist.barrier()
     if RANK == 0:  # damage a chunk of step 7 that only rank 2 reads
-        flip_near_end(os.path.join(directory, "step_00000007", "data-r00002-000.safetensors"))
+        flip_byte(os.path.join(directory, "step_00000007", "data-r00002-000.safetensors"), -3)
     dist.barrier()
     model2, opt2 = build_fsdp(1234)
     state2 = {"app": shardsafe.ModelOptimizerState(model2, opt2), "step": 0}
@@ -334,8 +327,6 @@ def s_manager(out: str) -> dict[str, Any]:
 
 def s_lost(out: str) -> dict[str, Any]:
     """Rank 1's share of the plan is lost (as a planner bug would lose it): nothing commits."""
-    from shardsafe.engine import plan_exchange
-
     res: dict[str, Any] = {}
     mesh = init_device_mesh("cpu", (WORLD,))
     x = distribute_tensor(torch.arange(WORLD * 64, dtype=torch.float32).reshape(WORLD * 8, 8),
@@ -442,9 +433,56 @@ def s_compressed_load(out: str) -> dict[str, Any]:
 
 
 
+def many_full() -> dict[str, torch.Tensor]:
+    """Full tensors of the many-rank state (distinct values reveal any misplacement)."""
+    return {"row": torch.arange(16 * 5 * 3, dtype=torch.float32).reshape(80, 3),
+            "col": torch.arange(7 * 33, dtype=torch.int64).reshape(7, 33),
+            "grid": torch.arange(12 * 10, dtype=torch.float64).reshape(12, 10) / 7}
+
+
+def s_many(out: str) -> dict[str, Any]:
+    """Ranks with different trees: DTensors on a 1-D mesh (33 columns: uneven, some ranks
+    empty) and on a 2-D mesh (boxes held by 2 ranks), plain tensors, keys of 4 stages
+    (each held by a quarter of the ranks) and PerRank values; saved twice, the second
+    time with new PerRank values only."""
+    full = many_full()
+    flat = init_device_mesh("cpu", (WORLD,))
+    grid = init_device_mesh("cpu", (2, WORLD // 2))
+    stage = RANK * 4 // WORLD
+    state: dict[str, Any] = {
+        "row": distribute_tensor(full["row"], flat, [Shard(0)]),
+        "col": distribute_tensor(full["col"], flat, [Shard(1)]),
+        "grid": distribute_tensor(full["grid"], grid, [Replicate(), Shard(0)]),
+        "plain": torch.arange(6), "step": 9,
+        "stage": {f"s{stage}": torch.full((2,), float(stage))},
+        "mine": shardsafe.PerRank({"rank": RANK, "t": torch.full((3,), float(RANK))})}
+    shardsafe.save(state, os.path.join(out, "many"))
+    first = plan_exchange.STATS.last
+    state["mine"].value["rank"] = RANK + 100  # a new PerRank value: only the values travel
+    shardsafe.save(state, os.path.join(out, "many"), overwrite=True)
+    return {"first": first, "again": plan_exchange.STATS.last, "again_full": plan_exchange.STATS.full}
+
+
+def s_many_load(out: str) -> dict[str, Any]:
+    """Any world size: load ``s_many``'s checkpoint onto other shardings of this world."""
+    full = many_full()
+    mesh = init_device_mesh("cpu", (WORLD,))
+    placements = {"row": Shard(1), "col": Shard(0), "grid": Shard(0)}
+    tgt = {k: distribute_tensor(torch.zeros_like(v), mesh, [placements[k]]) for k, v in full.items()}
+    state: dict[str, Any] = {**tgt, "plain": torch.zeros(6, dtype=torch.int64), "step": 0,
+                             "stage": {f"s{s}": torch.zeros(2) for s in range(4)},
+                             "mine": shardsafe.PerRank({"rank": -1, "t": torch.zeros(3)}, missing="keep")}
+    shardsafe.load(os.path.join(out, "many"), state)
+    return {"equal": {k: bool(torch.equal(tgt[k].full_tensor(), v)) for k, v in full.items()},
+            "plain": state["plain"].tolist() == list(range(6)) and state["step"] == 9,
+            "stage": [state["stage"][f"s{s}"].tolist() for s in range(4)],
+            "mine": [state["mine"].value["rank"], state["mine"].value["t"].tolist()]}
+
+
 SCENARIOS = {"comm": s_comm, "save": s_save, "load": s_load, "kill": s_kill, "async": s_async,
              "manager": s_manager, "lost": s_lost, "incremental": s_incremental,
-             "compressed": s_compressed, "compressed_load": s_compressed_load}
+             "compressed": s_compressed, "compressed_load": s_compressed_load,
+             "many": s_many, "many_load": s_many_load}
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ from torch.distributed.tensor import DTensor
 
 import shardsafe
 from dist_worker import flat_tensors
-from dist_harness import phases
+from shardsafe.harness.processes import phases
 
 RANK = int(os.environ.get("RANK", "0"))
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)

@@ -1,4 +1,4 @@
-"""The README's torchrun example runs, checkpoints, and resumes on another world size."""
+"""The torchrun example of docs/guides/fsdp2.md runs, checkpoints, and resumes on another world size."""
 
 from __future__ import annotations
 
@@ -9,15 +9,14 @@ import sys
 from dist_harness import SRC
 
 from shardsafe.comm import free_loopback_port
+from shardsafe.harness.processes import child_env
 
 EXAMPLE = os.path.join(os.path.dirname(SRC), "examples", "fsdp_torchrun.py")
 
 
 def torchrun(nproc: int, *args: str) -> str:
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                          f"--master_port={free_loopback_port()}", EXAMPLE, *args], env=env,
+                          f"--master_port={free_loopback_port()}", EXAMPLE, *args], env=child_env(OMP_NUM_THREADS="1"),
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     return out.stdout

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from dist_worker import flat_tensors, mesh_tensors, replicated_state
+from helpers import assert_same
 from safetensors.torch import load_file
 
 import shardsafe
@@ -23,14 +24,6 @@ from shardsafe.api.load import read_checkpoint_index
 def saved(cluster) -> tuple[str, list[dict[str, Any]]]:  # noqa: ANN001
     out, results = cluster
     return out, results[("save", 4)]
-
-
-def assert_bit_identical(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> None:
-    assert sorted(want) == sorted(got)
-    for k in want:
-        a, b = want[k], got[k]
-        assert (a.dtype, a.shape) == (b.dtype, b.shape), k
-        assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), k
 
 
 def test_fsdp_checkpoint_holds_each_shard_once(saved) -> None:  # noqa: ANN001
@@ -49,14 +42,14 @@ def test_fsdp_reloads_bit_identically_on_other_world_sizes(cluster, saved, world
     results = cluster[1][("load", world)]
     assert all(r["step"] == 3 for r in results)
     ref = load_file(os.path.join(out, "fsdp-ref.safetensors"))
-    assert_bit_identical(ref, load_file(os.path.join(out, f"fsdp-loaded-{world}.safetensors")))
+    assert_same(ref, load_file(os.path.join(out, f"fsdp-loaded-{world}.safetensors")))
     # the 2x2-mesh checkpoint onto a 1-D mesh of this world size (resharded)
     for r in results:
         assert r["mesh_equal"] == {"a": True, "b": True, "c": True} and r["plain_equal"]
         assert r["absent"] == "CheckpointNotFoundError"
     if world == 4:  # training goes on exactly as it did in the saving job
         assert [r["losses_after"] for r in results] == [r["losses_after"] for r in before]
-        assert_bit_identical(load_file(os.path.join(out, "fsdp-ref-after.safetensors")),
+        assert_same(load_file(os.path.join(out, "fsdp-ref-after.safetensors")),
                              load_file(os.path.join(out, "fsdp-loaded-after.safetensors")))
 
 
@@ -65,7 +58,7 @@ def test_fsdp_loads_in_one_process_without_a_process_group(saved) -> None:  # no
     state = shardsafe.load(os.path.join(out, "fsdp"))
     assert state["step"] == 3
     assert state["app"]["optim"]["param_groups"][0]["lr"] == 0.01
-    assert_bit_identical(load_file(os.path.join(out, "fsdp-ref.safetensors")),
+    assert_same(load_file(os.path.join(out, "fsdp-ref.safetensors")),
                          flat_tensors(state["app"]))
     mesh = shardsafe.load(os.path.join(out, "mesh2d"))
     for k, full in mesh_tensors().items():

@@ -13,57 +13,24 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
-from dist_harness import HERE, SRC
+from dist_harness import run_job
+from helpers import assert_same
 from safetensors.torch import load_file
-from test_dist_fsdp import assert_bit_identical
-
-from shardsafe.comm import free_loopback_port
 
 WORLD = 4
-
-
-def launch(mode: str, out: str, timeout: float = 120) -> list[int]:
-    """Runs ``tier_worker.py mode out`` as 4 ranks; their exit codes."""
-    port = str(free_loopback_port())
-    procs = []
-    for rank in range(WORLD):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
-                   OMP_NUM_THREADS="1",
-                   PYTHONPATH=os.pathsep.join([SRC, HERE, os.environ.get("PYTHONPATH", "")]))
-        log = open(os.path.join(out, f"{mode}-r{rank}.log"), "w")
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "tier_worker.py"), mode, out],
-                                      env=env, stdout=log, stderr=subprocess.STDOUT))
-        log.close()
-    try:
-        return [p.wait(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-
-
-def logs(out: str, mode: str) -> str:
-    parts = []
-    for r in range(WORLD):
-        with open(os.path.join(out, f"{mode}-r{r}.log")) as f:
-            parts.append(f"--- rank {r}\n{f.read()[-3000:]}")
-    return "\n".join(parts)
 
 
 @pytest.fixture(scope="module")
 def recovered(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict], list[dict]]:
     out = str(tmp_path_factory.mktemp("tiers"))
-    codes = launch("train", out)
-    assert codes == [-signal.SIGKILL] * WORLD, logs(out, "train")
+    job = run_job("tier_worker.py", WORLD, "train", out, log_dir=out, name="train")
+    assert job.codes == [-signal.SIGKILL] * WORLD, job.logs()
     trained = [json.load(open(os.path.join(out, f"train-r{r}.json"))) for r in range(WORLD)]
-    codes = launch("recover", out)
-    assert codes == [0] * WORLD, logs(out, "recover")
+    job = run_job("tier_worker.py", WORLD, "recover", out, log_dir=out, name="recover")
+    assert job.codes == [0] * WORLD, job.logs()
     got = [json.load(open(os.path.join(out, f"recover-r{r}.json"))) for r in range(WORLD)]
     return out, trained, got
 
@@ -79,7 +46,7 @@ def test_crash_restores_newest_local_step_bit_exactly(recovered) -> None:  # noq
     assert [g["local"]["step"] for g in got] == [6] * WORLD
     assert [g["local"]["state_step"] for g in got] == [6] * WORLD
     assert [g["local"]["tier"] for g in got] == ["local"] * WORLD
-    assert_bit_identical(load_file(os.path.join(out, "ref-6.safetensors")),
+    assert_same(load_file(os.path.join(out, "ref-6.safetensors")),
                          load_file(os.path.join(out, "got-local.safetensors")))
     # and training goes on exactly as in the run that crashed
     assert [g["local"]["loss7"] for g in got] == [t["loss7"] for t in trained]
@@ -89,7 +56,7 @@ def test_damaged_local_copy_falls_back_to_the_peer_copy(recovered) -> None:  # n
     out, trained, got = recovered
     assert [(g["damaged"]["step"], g["damaged"]["tier"]) for g in got] == \
         [(6, "local"), (6, "peer"), (6, "local"), (6, "local")]
-    assert_bit_identical(load_file(os.path.join(out, "ref-6.safetensors")),
+    assert_same(load_file(os.path.join(out, "ref-6.safetensors")),
                          load_file(os.path.join(out, "got-damaged.safetensors")))
     with open(os.path.join(out, "recover-r1.log")) as f:
         log = f.read()
@@ -100,7 +67,7 @@ def test_lost_node_restores_from_peers_bit_exactly(recovered) -> None:  # noqa: 
     out, trained, got = recovered
     assert [g["peer"]["step"] for g in got] == [6] * WORLD
     assert [g["peer"]["tier"] for g in got] == ["local", "local", "peer", "peer"]
-    assert_bit_identical(load_file(os.path.join(out, "ref-6.safetensors")),
+    assert_same(load_file(os.path.join(out, "ref-6.safetensors")),
                          load_file(os.path.join(out, "got-peer.safetensors")))
     assert [g["peer"]["loss7"] for g in got] == [t["loss7"] for t in trained]
     # the fetched copies were stored again in node 1's local directory
@@ -111,7 +78,7 @@ def test_without_local_copies_restores_newest_persistent_step(recovered) -> None
     out, _, got = recovered
     assert [(g["persistent"]["step"], g["persistent"]["tier"]) for g in got] == [(4, "persistent")] * WORLD
     ref = load_file(os.path.join(out, "ref-4.safetensors"))
-    assert_bit_identical(ref, load_file(os.path.join(out, "got-persistent.safetensors")))
+    assert_same(ref, load_file(os.path.join(out, "got-persistent.safetensors")))
     assert not all(torch.equal(ref[k], load_file(os.path.join(out, "ref-6.safetensors"))[k]) for k in ref)
 
 

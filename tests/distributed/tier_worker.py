@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 import dist_worker as dw
+from helpers import flip_byte
 import shardsafe
 
 RANK = int(os.environ["RANK"])
@@ -83,7 +84,7 @@ def damage(out: str) -> None:
     dist.barrier()
     if RANK == 1:
         step = os.path.join(out, "node0", "rank_1", "step_00000006")
-        dw.flip_near_end(max((os.path.join(step, n) for n in os.listdir(step)), key=os.path.getsize))
+        flip_byte(max((os.path.join(step, n) for n in os.listdir(step)), key=os.path.getsize))
     dist.barrier()
 
 

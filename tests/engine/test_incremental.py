@@ -143,7 +143,7 @@ def test_a_failed_save_does_not_advance_the_baseline(tmp_path) -> None:
 
 
 def test_compressed_chunks_are_referenced_with_their_coding(tmp_path) -> None:
-    """Split runs before split_coded: only changed chunks are coded; an unchanged compressed
+    """Baseline.split runs before split_coded: only changed chunks are coded; an unchanged compressed
     chunk is referenced in the block file of the step that wrote it, with its codecs,
     stored sizes and stored CRC32Cs (else reading it would fail its checksums)."""
     g = torch.Generator().manual_seed(1)

@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from helpers import flip_byte
 
 import shardsafe
 from shardsafe.engine.commit import read_index
@@ -55,11 +56,7 @@ def test_a_piece_decodes_only_the_blocks_it_needs(saved, tmp_path) -> None:
         with open(os.path.join(src, name), "rb") as f, open(os.path.join(path, name), "wb") as g:
             g.write(f.read())
     (c,) = read_index(LocalStorage(), path).tensors[0].chunks
-    with open(os.path.join(path, BLOCKS), "r+b") as f:  # damage block 0 only
-        f.seek(c.offset + c.stored.sizes[0] // 2)
-        b = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([b[0] ^ 0xFF]))
+    flip_byte(os.path.join(path, BLOCKS), c.offset + c.stored.sizes[0] // 2)  # damage block 0 only
     last_rows = (2 * ROWS - 100, 2 * ROWS)  # all in block 1 (rows from 4096 on)
     assert torch.equal(_read_rows(path, *last_rows), w[last_rows[0]:])
     with pytest.raises(shardsafe.CorruptCheckpointError, match="block 0") as e:

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from helpers import flip_byte
 
 import shardsafe
 from shardsafe.engine import reader as reader_mod
@@ -37,14 +38,6 @@ def _offset_of(path: str, key: tuple) -> tuple[int, int]:
     return entry.chunks[0].offset, entry.nbytes
 
 
-def _flip(path: str, pos: int) -> None:
-    with open(os.path.join(path, DATA), "r+b") as f:
-        f.seek(pos)
-        b = f.read(1)
-        f.seek(pos)
-        f.write(bytes([b[0] ^ 0x40]))
-
-
 def test_parallel_in_place_load_is_exact(saved):
     path, state = saved
     target = {"big": torch.zeros(5 << 20), "mid": torch.zeros(3000, 7),
@@ -63,7 +56,7 @@ def test_flipped_byte_is_detected_in_every_read_path(saved, where, key):
     path, _ = saved
     off, n = _offset_of(path, key)
     pos = {"big-block0": off + 12345, "big-block1": off + (16 << 20) + 99}.get(where, off + n // 2)
-    _flip(path, pos)
+    flip_byte(os.path.join(path, DATA), pos, 0x40)
     target = {"big": torch.zeros(5 << 20), "mid": torch.zeros(3000, 7),
               "small": [torch.zeros(i + 1) for i in range(300)]}
     with pytest.raises(shardsafe.CorruptCheckpointError) as e:
@@ -79,7 +72,7 @@ def test_partial_piece_reads_only_covering_blocks(saved):
     index = read_index(storage, path)
     entry = next(t for t in index.tensors if t.key == ("big",))
     # a region in the second checksum block: flip a byte in the first, which must not be read
-    _flip(path, entry.chunks[0].offset + 100)
+    flip_byte(os.path.join(path, DATA), entry.chunks[0].offset + 100, 0x40)
     lo = (16 << 20) // 4 + 10
     dest = np.zeros(1000 * 4, dtype=np.uint8)
     Reader(storage, path, index).run([ReadJob(entry, dest, (lo,), (1000,))])
@@ -121,7 +114,7 @@ def test_mmap_load_is_zero_copy_verified_and_copy_on_write(saved):
 def test_mmap_load_verifies_before_returning(saved):
     path, _ = saved
     off, n = _offset_of(path, ("small", 7))
-    _flip(path, off + n - 1)
+    flip_byte(os.path.join(path, DATA), off + n - 1, 0x40)
     with pytest.raises(shardsafe.CorruptCheckpointError) as e:
         shardsafe.load(path, mmap=True)
     assert e.value.key == "small.7"

@@ -9,6 +9,7 @@ import tempfile
 import numpy as np
 import pytest
 import torch
+from helpers import assert_same
 
 import shardsafe
 from shardsafe.engine import cuda
@@ -29,20 +30,6 @@ def _mixed_state() -> dict:
             "tiny": [torch.arange(i, dtype=torch.int16) for i in range(40)],
             "bf": torch.randn(77, generator=g).to(torch.bfloat16),
             "np": np.arange(1001, dtype=np.int8), "empty": torch.zeros(0, 5)}
-
-
-def _assert_equal(got, want):
-    if isinstance(want, dict):
-        assert set(got) == set(want)
-        for k in want:
-            _assert_equal(got[k], want[k])
-    elif isinstance(want, list):
-        for a, b in zip(got, want, strict=True):
-            _assert_equal(a, b)
-    elif isinstance(want, np.ndarray):
-        np.testing.assert_array_equal(got, want)
-    else:
-        assert got.dtype == want.dtype and torch.equal(got, want)
 
 
 @pytest.fixture
@@ -78,8 +65,8 @@ def test_tmpfs_saves_with_or_without_direct_io(shm_dir, monkeypatch, direct_env)
     with Checkpointer(unit_size=1 << 20) as ckpt:
         ckpt.save(state, os.path.join(shm_dir, "sync"))
         ckpt.async_save(state, os.path.join(shm_dir, "async")).result()
-    _assert_equal(shardsafe.load(os.path.join(shm_dir, "sync")), state)
-    _assert_equal(shardsafe.load(os.path.join(shm_dir, "async")), state)
+    assert_same(shardsafe.load(os.path.join(shm_dir, "sync")), state)
+    assert_same(shardsafe.load(os.path.join(shm_dir, "async")), state)
     a = open(os.path.join(shm_dir, "sync", "data-r00000-000.safetensors"), "rb").read()
     b = open(os.path.join(shm_dir, "async", "data-r00000-000.safetensors"), "rb").read()
     assert a == b
@@ -96,7 +83,7 @@ def test_disk_uses_direct_io_and_round_trips_unaligned_sizes(tmp_path):
         ckpt.save(state, str(tmp_path / "sync"))
         ckpt.async_save(state, str(tmp_path / "async"), staging="background").result()
     for name in ("sync", "async"):
-        _assert_equal(shardsafe.load(str(tmp_path / name)), state)
+        assert_same(shardsafe.load(str(tmp_path / name)), state)
     a = (tmp_path / "sync" / "data-r00000-000.safetensors").read_bytes()
     b = (tmp_path / "async" / "data-r00000-000.safetensors").read_bytes()
     assert a == b and len(a) % 4096 != 0  # identical files; truncated after padded direct writes

@@ -9,7 +9,8 @@ import zstandard
 
 from shardsafe.errors import CorruptCheckpointError
 from shardsafe.format import codec
-from shardsafe.format.blockfile import DATA_START, MAX_CODED_BLOCK, code_block, decode_block
+from shardsafe.format.block_verify import decode_block
+from shardsafe.format.blockfile import DATA_START, MAX_CODED_BLOCK, code_block
 from shardsafe.format.checksum import crc32c
 from shardsafe.format.index import ChunkEntry, FileEntry, Index, TensorEntry, decode_index, encode_index
 from shardsafe.format.index_common import StoredBlocks

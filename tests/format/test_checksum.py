@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from shardsafe.format import checksum
-from shardsafe.errors import CorruptCheckpointError
-from shardsafe.format.checksum import block_checksums, crc32c, software_crc32c, verify_blocks
+from shardsafe.format.checksum import blocks, crc32c, software_crc32c
 
 # (input, CRC32C) pairs from RFC 3720 appendix B.4 and the usual check value.
 VECTORS = [
@@ -64,29 +63,8 @@ def test_accepts_arrays_memoryviews_and_non_contiguous() -> None:
 
 @pytest.mark.parametrize(("n", "block", "count"), [(0, 4096, 1), (1, 4096, 1), (4096, 4096, 1),
                                                    (4097, 4096, 2), (3 * 4096, 4096, 3)])
-def test_block_checksums(n: int, block: int, count: int) -> None:
+def test_blocks_cut_the_data_and_an_empty_buffer_is_one_block(n: int, block: int, count: int) -> None:
     data = (bytes(range(256)) * (n // 256 + 1))[:n]
-    sums = block_checksums(memoryview(data), block)
-    assert len(sums) == count
-    assert sums == [crc32c(data[i : i + block]) for i in range(0, max(n, 1), block)]
-
-
-def test_verify_blocks_names_the_first_bad_block_with_its_file_bytes() -> None:
-    data = bytearray(bytes(range(256)) * 40)  # 10240 bytes: blocks of 4096, 4096, 2048
-    sums = block_checksums(memoryview(bytes(data)), 4096)
-    verify_blocks(memoryview(bytes(data)), 4096, sums, offset=8192, file="f", key="k")  # intact
-    data[5000] ^= 1  # block 1
-    with pytest.raises(CorruptCheckpointError, match=r"block 1 \(file bytes 12288-16384\)") as info:
-        verify_blocks(memoryview(bytes(data)), 4096, sums, offset=8192, file="f", key="k")
-    assert (info.value.file, info.value.key) == ("f", "k")
-    # a slice starting at block 1 is numbered and checked from there
-    tail = memoryview(bytes(data))[4096:]
-    with pytest.raises(CorruptCheckpointError, match=r"block 1 \(file bytes 4096-8192\)"):
-        verify_blocks(tail, 4096, sums, 1, offset=4096)
-    verify_blocks(memoryview(bytes(data))[8192:], 4096, sums, 2)  # block 2 is intact
-
-
-def test_verify_blocks_checks_an_empty_chunk_against_its_one_checksum() -> None:
-    verify_blocks(memoryview(b""), 4096, [crc32c(b"")])
-    with pytest.raises(CorruptCheckpointError, match="block 0"):
-        verify_blocks(memoryview(b""), 4096, [crc32c(b"x")])
+    parts = [bytes(b) for b in blocks(memoryview(data), block)]
+    assert len(parts) == count
+    assert parts == [data[i : i + block] for i in range(0, max(n, 1), block)]

@@ -18,9 +18,8 @@ from shardsafe.format.index import decode_index, encode_index  # noqa: E402
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 CKPT = os.path.join(FIXTURES, "v1_checkpoint")
 sys.path.insert(0, FIXTURES)
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "api"))
 from make_v1_checkpoint import fixture_state  # noqa: E402
-from roundtrip_helpers import assert_same  # noqa: E402
+from helpers import assert_same  # noqa: E402
 
 
 def test_v1_fixture_is_v1() -> None:

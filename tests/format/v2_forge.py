@@ -51,3 +51,22 @@ def seal_v2(js: dict[str, Any], cols: dict[str, np.ndarray], widths: dict[str, s
         section += raw + b"\0" * (-len(raw) % 8)
     out = struct.pack("<8sIIQQ", b"SSAFEIDX", 2, 32, len(text), len(section)) + body + section
     return out + struct.pack("<I", crc32c(out))
+
+
+def one_tensor_v2(pos: np.ndarray, extent: np.ndarray, shape: list[int]) -> bytes:
+    """A sealed v2 index of one uint8 tensor ``w`` whose chunks (general form, one data
+    file, packed back to back) are the boxes ``pos``/``extent``; nothing is checked."""
+    nbytes = np.prod(extent, axis=1)
+    offset = 8 + np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(np.int64)
+    js = {"library": "forged", "created": 0.0, "world_size": 1, "checksum": "crc32c",
+          "block_size": 1 << 30, "metadata": {},
+          "files": [{"name": "d", "size": int(8 + nbytes.sum()), "data_start": 8, "rank": 0}],
+          "tensors": [{"key": ["w"], "kind": "numpy", "dtype": "uint8", "shape": list(shape),
+                       "chunks": len(pos)}],
+          "columns": {}, "tree": {"t": "dict", "k": ["w"], "v": [{"t": "tensor", "id": 0}]}}
+    cols = {"offset": offset, "file": np.zeros(len(pos), dtype=np.int64),
+            "pos": pos.reshape(-1), "extent": extent.reshape(-1),
+            "crc32c": np.zeros(len(pos), dtype=np.uint32)}
+    widths = {n: next(w for w in ("<u1", "<u2", "<u4", "<u8") if int(a.max(initial=0)) < 1 << (8 * int(w[-1])))
+              for n, a in cols.items() if n != "crc32c"}
+    return seal_v2(js, cols, widths)

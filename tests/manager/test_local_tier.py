@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 import torch
+from helpers import flip_byte
 
 import shardsafe
 from shardsafe import CheckpointError, CheckpointManager, RestoreInfo
@@ -63,9 +64,7 @@ def test_damaged_local_copy_falls_back_to_persistent_with_a_warning(tmp_path, ca
             mgr.save(s, make_state(s))
     step_dir = tmp_path / "local" / "rank_0" / "step_00000004"
     data = max(step_dir.iterdir(), key=lambda p: p.stat().st_size)
-    raw = bytearray(data.read_bytes())
-    raw[-5] ^= 0xFF
-    data.write_bytes(bytes(raw))
+    flip_byte(data, -5)
     state = make_state(-1)
     with caplog.at_level(logging.WARNING, logger="shardsafe"), manager(tmp_path) as mgr:
         assert mgr.restore(state) == 4 and mgr.last_restore.tier == "persistent"

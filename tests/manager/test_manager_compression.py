@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from helpers import flip_byte
 
 import shardsafe
 from shardsafe.cli import main as cli_main
@@ -77,11 +78,7 @@ def test_incremental_references_compressed_chunks(tmp_path, async_save: bool) ->
         assert torch.equal(out["adapter"], _state(step, base, small)["adapter"]) and out["step"] == step
     assert cli_main(["verify", str(run)]) == 0
     # a flipped byte in the referenced block file is caught when loading a later step
-    with open(run / "step_00000000" / BLOCKS, "r+b") as f:
-        f.seek(len(MAGIC) + 1000)
-        b = f.read(1)
-        f.seek(-1, 1)
-        f.write(bytes([b[0] ^ 0x01]))
+    flip_byte(run / "step_00000000" / BLOCKS, len(MAGIC) + 1000, 0x01)
     with pytest.raises(shardsafe.CorruptCheckpointError, match="checksum"):
         shardsafe.load(str(run / "step_00000009"))
     assert cli_main(["verify", str(run / "step_00000008")]) == 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from helpers import committed_steps, kill_rounds, read_progress, wait_for
 
 from shardsafe import CheckpointError, CheckpointManager
 from shardsafe.engine.commit import is_temporary
@@ -29,30 +29,8 @@ CHILD = os.path.join(HERE, "manager_child.py")
 NUMEL = 1 << 17  # 4 tensors x 1 MiB per step
 
 
-def read_progress(path: str) -> list[str]:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return [line.strip() for line in f if line.endswith("\n")]  # a torn last line is ignored
-    except FileNotFoundError:
-        return []
-
-
-def wait_for(path: str, pred, proc: subprocess.Popen, timeout: float = 60.0) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        lines = read_progress(path)
-        if pred(lines):
-            return lines
-        if proc.poll() is not None:
-            raise AssertionError(f"child exited with {proc.returncode} before expected progress: {lines[-5:]}")
-        time.sleep(0.01)
-    proc.kill()
-    raise AssertionError(f"timed out waiting for the child; progress: {read_progress(path)[-5:]}")
-
-
 def last_committed(lines: list[str]) -> int:
-    steps = [int(ln.split()[1]) for ln in lines if ln.startswith("committed ")]
-    return max(steps, default=-1)
+    return max(committed_steps(lines), default=-1)
 
 
 def check_directory(directory: str, committed: int) -> bool:
@@ -85,33 +63,19 @@ def check_directory(directory: str, committed: int) -> bool:
 
 def kill_cycles(tmp: str, cycles: int, python: str, env: dict, seed: int,
                 min_debris: int = 0, max_cycles: int | None = None) -> int:
-    """Runs kill/check rounds in one directory; returns how many left debris.
-
-    Runs ``cycles`` rounds, then more (up to ``max_cycles``) until at least ``min_debris``
-    kills have landed inside an unfinished save or delete.
-    """
-    debris = 0
-    rng = random.Random(seed)
+    """Runs kill/check rounds in one directory (see ``helpers.kill_rounds``); returns how
+    many left debris. The child saves asynchronously, synchronously every third round."""
     directory, progress = os.path.join(tmp, "ckpt"), os.path.join(tmp, "progress")
-    for cycle in range(max(cycles, max_cycles or 0)):
-        if cycle >= cycles and debris >= min_debris:
-            break
-        if os.path.exists(progress):
-            os.remove(progress)
-        async_save = cycle % 3 != 2  # mostly async, sometimes synchronous saves
-        proc = subprocess.Popen([python, CHILD, "steady", directory, progress, "--numel", str(NUMEL),
+
+    def start(n: int) -> subprocess.Popen:
+        async_save = n % 3 != 2  # mostly async, sometimes synchronous saves
+        return subprocess.Popen([python, CHILD, "steady", directory, progress, "--numel", str(NUMEL),
                                  "--max-to-keep", "2", "--keep-period", "7",
                                  "--async-save", str(int(async_save))], env=env)
-        try:
-            wait_for(progress, lambda ln: "ready" in ln, proc)
-            time.sleep(rng.uniform(0.0, 0.8))
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        lines = read_progress(progress)
-        assert proc.returncode == -signal.SIGKILL, (proc.returncode, lines[-3:])
-        debris += check_directory(directory, last_committed(lines))
-    return debris
+
+    return kill_rounds(start, progress, lambda lines: check_directory(directory, last_committed(lines)),
+                       seed=seed, delay=(0.0, 0.8), rounds=cycles, min_debris=min_debris,
+                       max_rounds=max_cycles)
 
 
 def test_sigkill_during_saves(tmp_path, python, subprocess_env) -> None:

@@ -4,16 +4,14 @@ retention, delete and gc, loadable after SIGKILL at any moment, on local disk an
 from __future__ import annotations
 
 import os
-import random
 import shutil
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 import torch
-from s3_server import s3, s3_server  # noqa: F401  (pytest fixtures)
+from helpers import committed_steps, kill_rounds
 
 import shardsafe
 from shardsafe import CheckpointManager, CorruptCheckpointError
@@ -180,14 +178,6 @@ def test_s3_round_trip(s3) -> None:  # noqa: ANN001, F811
 
 
 # ------------------------------------------------------------------------------ SIGKILL
-def _progress(path: str) -> list[str]:
-    try:
-        with open(path) as f:
-            return [ln.strip() for ln in f if ln.endswith("\n")]
-    except FileNotFoundError:
-        return []
-
-
 def _load_all(directory: str, steps: list[int]) -> None:
     for s in steps:
         out = shardsafe.load(os.path.join(directory, f"step_{s:08d}"))
@@ -226,25 +216,9 @@ def _check_after_kill(directory: str, committed: int) -> bool:
 @pytest.mark.parametrize("async_save", [1, 0])
 def test_sigkill_during_incremental_saves_and_retention(tmp_path, python, subprocess_env,
                                                         async_save: int) -> None:
-    rng = random.Random(20261125 + async_save)
     directory, progress = str(tmp_path / "ckpt"), str(tmp_path / "progress")
-    debris = 0
-    for cycle in range(8):  # three kills, then more until one landed inside a save
-        if cycle >= 3 and debris:
-            break
-        if os.path.exists(progress):
-            os.remove(progress)
-        proc = subprocess.Popen([python, CHILD, directory, progress, str(async_save)], env=subprocess_env)
-        try:
-            deadline = time.monotonic() + 60
-            while "ready" not in _progress(progress) and time.monotonic() < deadline:
-                assert proc.poll() is None, "child exited early"
-                time.sleep(0.01)
-            time.sleep(rng.uniform(0.05, 0.6))
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-        assert proc.returncode == -signal.SIGKILL
-        done = [int(ln.split()[1]) for ln in _progress(progress) if ln.startswith("committed ")]
-        debris += _check_after_kill(directory, max(done, default=-1))
+    debris = kill_rounds(
+        lambda n: subprocess.Popen([python, CHILD, directory, progress, str(async_save)], env=subprocess_env),
+        progress, lambda lines: _check_after_kill(directory, max(committed_steps(lines), default=-1)),
+        seed=20261125 + async_save, delay=(0.05, 0.6), rounds=3, min_debris=1, max_rounds=8)
     assert debris >= 1  # the kills really landed inside saves or retention

@@ -83,3 +83,111 @@ def test_same_process_second_manager_and_release_on_failed_constructor(tmp_path)
             CheckpointManager(tmp_path)
         assert (tmp_path / LOCK_NAME).exists()  # the refused one did not remove the owner's lock
     assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_lock_is_never_seen_before_it_is_complete(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first manager is paused between creating its lock and writing it; a second one
+    starting in that moment must not take the lock over as damaged: exactly one owns."""
+    import threading
+
+    real_write = os.write
+    paused, resume = threading.Event(), threading.Event()
+
+    def slow_write(fd: int, data: bytes) -> int:
+        if threading.current_thread().name == "first" and b'"token"' in bytes(data):
+            paused.set()
+            resume.wait(10)
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", slow_write)
+    outcome: dict[str, object] = {}
+
+    def first() -> None:
+        try:
+            outcome["first"] = CheckpointManager(tmp_path)
+        except CheckpointError as e:
+            outcome["first"] = e
+
+    t = threading.Thread(target=first, name="first")
+    t.start()
+    assert paused.wait(10)
+    try:
+        second: object = CheckpointManager(tmp_path)
+    except CheckpointError as e:
+        second = e
+    resume.set()
+    t.join(10)
+    owners = [m for m in (outcome["first"], second) if isinstance(m, CheckpointManager)]
+    assert len(owners) == 1, (outcome["first"], second)
+    assert any(isinstance(m, CheckpointError) and "already has a writable" in str(m)
+               for m in (outcome["first"], second))
+    owners[0].close()
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize("content", [
+    b'{"host": "h", "pid": 100000000000000000000000000000, "started": 0.0, "token": "x"}',
+    b'{"host": "h", "pid": -1, "started": 0.0, "token": "x"}',
+    b'{"host": "h", "pid": 0, "started": 0.0, "token": "x"}',
+    b'{"host": "h", "pid": true, "started": 0.0, "token": "x"}',
+    b'{"host": "h", "pid": 5, "started": 1e308, "token": "x"}',
+    b'{"host": "h", "pid": 5, "started": NaN, "token": "x"}',
+    b'{"host": "h", "pid": 5, "started": Infinity, "token": "x"}',
+    b'{"host": ["h"], "pid": 5, "started": 0, "token": "x"}',
+    b"[" * 100_000 + b"]" * 100_000,
+    b"\xff\xfe",
+    b"",
+    b"null",
+], ids=["huge pid", "negative pid", "pid 0", "bool pid", "time 1e308", "NaN time", "infinite time",
+        "host list", "deep JSON", "not UTF-8", "empty", "null"])
+def test_forged_lock_contents_are_damage_not_a_crash(tmp_path, caplog, content: bytes) -> None:
+    (tmp_path / LOCK_NAME).write_bytes(content)
+    with CheckpointManager(tmp_path) as mgr:
+        assert "taking over the damaged lock" in caplog.text
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+        assert mgr.save(1, {"w": torch.ones(2)})
+
+
+def test_a_huge_sparse_lock_is_not_read(tmp_path) -> None:
+    lock = tmp_path / LOCK_NAME
+    with open(lock, "wb") as f:
+        f.truncate(900 << 20)  # 900 MiB of holes: reading it whole costs 1.8 GB and seconds
+    code = ("import resource, sys, time\n"
+            "from shardsafe.manager.lock import DirectoryLock\n"
+            "from shardsafe.storage import LocalStorage\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "t = time.perf_counter()\n"
+            "DirectoryLock.acquire(LocalStorage(), sys.argv[1], 'run').release()\n"
+            "print(time.perf_counter() - t, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) >> 10)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                         timeout=120, env=os.environ)
+    assert out.returncode == 0, out.stderr
+    seconds, extra_mib = out.stdout.split()
+    assert float(seconds) < 1 and int(extra_mib) < 50, out.stdout
+    assert not lock.exists()
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+def test_a_lock_that_is_no_file_is_never_followed(tmp_path, caplog, kind: str) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = run / LOCK_NAME
+    if kind == "symlink":
+        os.symlink(outside / "keep.txt", lock)
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.mkdir()
+        (lock / "inside.txt").write_text("keep")
+    if kind == "directory":
+        with pytest.raises(CheckpointError, match="is a directory"):
+            CheckpointManager(run)
+        assert (lock / "inside.txt").read_text() == "keep"
+    else:
+        with CheckpointManager(run) as mgr:
+            assert mgr.save(1, {"w": torch.ones(2)})
+        assert "damaged lock" in caplog.text
+    assert (outside / "keep.txt").read_text() == "keep"

@@ -1,8 +1,6 @@
-"""The manager on an object-store-like backend (fsspec ``memory://``: no atomic rename).
-
-Runs once the fsspec storage backend is present (the object-storage issue); until then
-it is skipped.
-"""
+"""The manager on an object-store-like backend (fsspec ``memory://``: no atomic rename):
+retention, restore, cleanup of an uncommitted prefix, and a corrupt step deleted rather
+than moved aside."""
 
 from __future__ import annotations
 

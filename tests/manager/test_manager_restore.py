@@ -6,6 +6,7 @@ import logging
 import os
 
 import numpy as np
+import helpers
 import pytest
 import torch
 
@@ -30,11 +31,7 @@ def assert_state(state: dict, step: int) -> None:
 def flip_byte(step_dir: str, key: tuple = ("model", "layer3"), at: int = 100) -> None:
     index = read_checkpoint_index(step_dir)
     chunk = next(t.chunks[0] for t in index.tensors if t.key == key)
-    with open(os.path.join(step_dir, chunk.file), "r+b") as f:
-        f.seek(chunk.offset + at)
-        b = f.read(1)
-        f.seek(chunk.offset + at)
-        f.write(bytes([b[0] ^ 0x01]))
+    helpers.flip_byte(os.path.join(step_dir, chunk.file), chunk.offset + at, 0x01)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""plan_file / chunk_entries: slot names, offsets and index chunks of a data file."""
+"""plan_file: slot names and offsets of a data file."""
 
 from __future__ import annotations
 
@@ -6,12 +6,19 @@ import numpy as np
 
 from shardsafe.format.datafile import parse_header
 from shardsafe.plan.flatten import TensorItem, flatten
-from shardsafe.plan.layout import chunk_entries, data_file_name, plan_file
+from shardsafe.plan.layout import block_file_name, data_file_name, is_data_file_name, plan_file
 
 
 def test_data_file_name() -> None:
     assert data_file_name(0) == "data-r00000-000.safetensors"
     assert data_file_name(12345, 7) == "data-r12345-007.safetensors"
+
+
+def test_data_and_block_file_names_are_recognised() -> None:
+    assert is_data_file_name(data_file_name(3, 1)) and is_data_file_name(block_file_name(3, 1))
+    for other in ("index.json", "data-r00000-000.safetensors.tmp", "xdata-r00000-000.blocks",
+                  "data-r00000-000.pt", "data-rx-000.safetensors"):
+        assert not is_data_file_name(other), other
 
 
 def test_colliding_and_reserved_names_get_suffixes() -> None:
@@ -30,17 +37,15 @@ def test_sharded_items_name_their_offsets() -> None:
     plan = plan_file("f", [it])
     _, entries = parse_header(plan.layout.header)
     assert "w/part[2:4,0:3]" in entries
-    (item_id, chunk), = chunk_entries(plan, [[7]])
-    assert item_id == 0
-    assert (chunk.file, chunk.offset, chunk.nbytes, chunk.offsets, chunk.shape, chunk.checksums) == (
-        "f", 4096, 24, (2, 0), (2, 3), (7,))
+    assert entries["w/part[2:4,0:3]"] == {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}
+    assert plan.layout.offsets == (4096,) and plan.layout.size == 4096 + 24
 
 
-def test_chunk_entries_follow_the_layout() -> None:
+def test_offsets_match_the_header_and_the_data_follows_it() -> None:
     _, items = flatten({"i8": np.zeros(3, np.int8), "f64": np.zeros(2), "empty": np.zeros((0, 5)),
                         "scalar": np.array(1, np.float32)})
     plan = plan_file("f", items)
-    chunks = dict(chunk_entries(plan, [[i] for i in range(len(items))]))
-    assert [chunks[it.id].offset for it in items] == list(plan.layout.offsets)
-    assert [chunks[it.id].nbytes for it in items] == [3, 16, 0, 4]
+    size, entries = parse_header(plan.layout.header)
+    assert [it.nbytes for it in plan.items] == [3, 16, 0, 4]
+    assert [size + entries[it.path[0]]["data_offsets"][0] for it in plan.items] == list(plan.layout.offsets)
     assert plan.layout.size == 4096 + 23

@@ -251,3 +251,21 @@ def test_sibling_file_resolves_next_to_the_checkpoint(backend: Backend) -> None:
     for path in (ckpt, ckpt + "/"):  # a trailing slash names the same checkpoint
         got = backend.storage.sibling_file(path, "step_1", "data.bin")
         assert backend.storage.read(got) == b"referenced"
+
+
+def test_is_directory_and_is_link(backend: Backend) -> None:
+    s = backend.storage
+    s.makedirs(backend.path("d"))
+    s.write(backend.path("d", "f"), [memoryview(b"1")])
+    assert s.is_directory(backend.path("d")) and s.is_directory(backend.path("d") + "/")
+    assert not s.is_directory(backend.path("d", "f"))
+    assert not s.is_directory(backend.path("missing"))
+    assert not s.is_link(backend.path("d")) and not s.is_link(backend.path("d", "f"))
+    if backend.name == "local":  # only a file system has links and FIFOs
+        import os
+
+        os.symlink(backend.path("d"), backend.path("link"))
+        os.mkfifo(backend.path("fifo"))
+        assert s.is_link(backend.path("link")) and s.is_link(backend.path("link") + "/")
+        assert not s.is_directory(backend.path("link")) and not s.is_directory(backend.path("fifo"))
+        assert not s.is_link(backend.path("fifo"))

@@ -10,6 +10,7 @@ from typing import Any
 from ..engine.checkpointer import Checkpointer, StagingMode
 from ..engine.handle import SaveHandle
 from ..format.codec import Compression
+from ..plan.flatten import Stateful
 
 _default_lock = threading.Lock()
 _default: Checkpointer | None = None
@@ -38,13 +39,15 @@ def _reset_in_child() -> None:
 os.register_at_fork(after_in_child=_reset_in_child)
 
 
-def async_save(state: Mapping[str, Any], path: str, *, staging: StagingMode = "blocking",
+def async_save(state: Mapping[str, Any] | Stateful, path: str, *, staging: StagingMode = "blocking",
                overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
                storage_options: dict | None = None, process_group: Any = None,
                timeout: float | None = None, collective: bool | None = None,
                compression: Compression | None = None,
                max_staging_bytes: int | None = None) -> SaveHandle:
     """Starts saving ``state`` to ``path``; returns a SaveHandle.
+
+    ``state`` is a mapping or a single Stateful object, as for ``save``.
 
     With ``staging="blocking"`` (default) it returns once the state is copied into host
     buffers, so the caller may change its tensors at once; with ``"background"`` it

@@ -7,7 +7,7 @@ import os
 from ..engine.commit import is_committed
 from ..engine.sweep import retire
 from ..errors import CheckpointNotFoundError
-from ..storage import storage_for
+from ..storage import LocalStorage, storage_for
 
 
 def delete(path: str | os.PathLike[str], *, storage_options: dict | None = None) -> None:
@@ -32,8 +32,12 @@ def delete(path: str | os.PathLike[str], *, storage_options: dict | None = None)
     Raises:
         CheckpointNotFoundError: nothing committed at ``path`` (it is left untouched, so
             a directory that is not a checkpoint is never deleted).
+        CheckpointError: ``path`` is a symbolic link (nothing is deleted through a link:
+            name the checkpoint by its own path).
     """
     storage, spath = storage_for(os.fspath(path), storage_options)
+    if isinstance(storage, LocalStorage):  # "step_1/." or "." inside it name step_1, whose
+        spath = os.path.abspath(spath)      # parent holds the siblings that may reference it
     if not is_committed(storage, spath):
         raise CheckpointNotFoundError(f"no committed checkpoint at {os.fspath(path)!r} to delete")
     retire(storage, spath)

@@ -21,10 +21,11 @@ from ..engine.reader import Reader, ReadJob
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
 from ..format.index import Index
 from ..per_rank import loading
+from ..plan.flatten import Stateful, is_stateful
 from ..storage import LocalStorage, storage_for
 from . import new_state
+from .match import TensorTarget, match
 from .new_state import Allocated, whole_raw
-from .restore import TensorTarget, match
 
 log = logging.getLogger("shardsafe")
 
@@ -94,7 +95,7 @@ def _address(x: Any) -> int | None:
     return None
 
 
-def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bool = True,
+def load(path: str, state: MutableMapping[str, Any] | Stateful | None = None, *, strict: bool = True,
          storage_options: dict | None = None, mmap: bool = False, process_group: Any = None,
          collective: bool | None = None, timeout: float | None = None) -> Any:
     """Loads the checkpoint at ``path``.
@@ -102,6 +103,10 @@ def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bo
     With ``state``: restores in place. Tensors are copied into the existing tensors (same
     objects, same memory), containers are updated, Stateful objects receive
     ``load_state_dict``. Returns a LoadResult listing what was skipped (``strict=False``).
+    ``state`` may also be a single Stateful object (a module, an optimizer,
+    ``ModelOptimizerState``, ...), for a checkpoint saved from one: it is loaded as if
+    it stood inside a mapping (into its ``state_dict()``, then ``load_state_dict``), and
+    the result is a LoadResult too.
     Without ``state``: returns a new nested dict (torch tensors on the CPU, numpy arrays
     for arrays saved from numpy; from 2 MiB on, each in a page-aligned mapping of its
     own that cold reads fill directly, see ``engine.buffers.new_tensor``). With ``mmap=True`` (local checkpoints, no ``state``)
@@ -122,15 +127,16 @@ def load(path: str, state: MutableMapping[str, Any] | None = None, *, strict: bo
         CorruptCheckpointError: A checksum fails or a file is truncated/malformed.
         StateMismatchError: ``strict`` and the target's keys, shapes or dtypes differ.
     """
-    if state is not None and not isinstance(state, MutableMapping):
-        raise TypeError(f"state must be a mutable mapping (dict) to load into, got {type(state).__name__}; "
-                        f"wrap it: load(path, {{'model': model}})")
+    if state is not None and not isinstance(state, MutableMapping) and not is_stateful(state):
+        raise TypeError(f"state must be a mutable mapping (dict) or a Stateful object (with "
+                        f"state_dict() and load_state_dict()) to load into, got {type(state).__name__}")
     with paused():  # building thousands of tensors and entries: no collection meanwhile
         return _load(path, state, strict, storage_options, mmap, process_group, collective, timeout)
 
 
-def _load(path: str, state: MutableMapping[str, Any] | None, strict: bool, storage_options: dict | None,
-          mmap: bool, process_group: Any, collective: bool | None, timeout: float | None) -> Any:
+def _load(path: str, state: MutableMapping[str, Any] | Stateful | None, strict: bool,
+          storage_options: dict | None, mmap: bool, process_group: Any, collective: bool | None,
+          timeout: float | None) -> Any:
     storage, spath = storage_for(path, storage_options)
     if collective is not False and distributed_active(process_group):
         index = read_index_collective(storage, spath, get_comm(process_group), timeout)
@@ -177,7 +183,8 @@ def _allocating(index: Index, path: str) -> Iterator[None]:
                               f"{e}") from e
 
 
-def _load_from(storage: Any, spath: str, index: Index, path: str, state: MutableMapping[str, Any] | None,
+def _load_from(storage: Any, spath: str, index: Index, path: str,
+               state: MutableMapping[str, Any] | Stateful | None,
                strict: bool, mmap: bool) -> Any:
     if mmap:
         if state is not None or not isinstance(storage, LocalStorage):

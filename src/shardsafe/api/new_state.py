@@ -21,7 +21,7 @@ from ..format.blockfile import RAW
 from ..format.chunk_table import ChunkTable
 from ..format.index import Index
 from ..storage.memory import HUGE
-from .restore import TensorTarget, build_new
+from .match import TensorTarget, build_new
 
 
 @dataclass(slots=True)

@@ -9,10 +9,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..format.codec import Compression
+from ..plan.flatten import Stateful
 from .async_save import default_checkpointer
 
 
-def save(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
+def save(state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool = False,
          metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
          process_group: Any = None, timeout: float | None = None,
          collective: bool | None = None, compression: Compression | None = None) -> None:
@@ -23,7 +24,9 @@ def save(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
     file passes through one of a few aligned bounce buffers on its way to disk.
 
     Args:
-        state: A mapping of tensors, arrays, containers, plain values and Stateful objects.
+        state: A mapping of tensors, arrays, containers, plain values and Stateful objects,
+            or a single Stateful object (a module, an optimizer, ``ModelOptimizerState``,
+            ...), saved as its state dict: the checkpoint's root holds its keys.
         path: Checkpoint directory (or fsspec URL).
         overwrite: Replace an existing committed checkpoint (atomically where possible).
         metadata: JSON-serialisable user metadata stored in the index.

@@ -279,7 +279,7 @@ def table(results: dict[str, dict[str, Measured]], nbytes: int, repeat: int) -> 
 
 
 def targets(results: dict[str, dict[str, Measured]]) -> list[Any]:
-    """Issue 13's compression targets, computed from this run."""
+    """The compression targets (ratio and throughput goals), each checked against this run."""
     from .report import Target
 
     res = with_adamw_total(results)

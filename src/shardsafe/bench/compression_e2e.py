@@ -22,7 +22,7 @@ import torch
 
 import shardsafe
 
-from ..demo.compare import differences
+from ..harness.compare import differences
 from .compression import MiB, adamw_state, weights
 from . import moto_server
 from .measure import remove
@@ -34,7 +34,7 @@ _KEY, _SECRET, _REGION = "shardsafe-bench", "shardsafe-bench-secret", "us-west-2
 
 
 @dataclass
-class Target:
+class Destination:
     """Where checkpoints go: a path prefix, its fsspec options and a sizer."""
 
     label: str
@@ -69,7 +69,7 @@ def state(nbytes: int) -> dict[str, Any]:
             "optim": {"exp_avg": avg, "exp_avg_sq": sq}, "step": 10}
 
 
-def measure(st: dict[str, Any], target: Target, repeat: int,
+def measure(st: dict[str, Any], target: Destination, repeat: int,
             log: Callable[[str], None] | None = None) -> list[Row]:
     """Saves and loads ``st`` with each compression, ``repeat`` rounds after a warm-up."""
     rows = [Row(target.label, c) for c in COMPRESSIONS]
@@ -99,7 +99,7 @@ def measure(st: dict[str, Any], target: Target, repeat: int,
 # --- the S3 server ------------------------------------------------------------------
 
 @contextmanager
-def s3_target(rate: float) -> Iterator[Target | str]:
+def s3_target(rate: float) -> Iterator[Destination | str]:
     """A fresh bucket on a moto S3 server on loopback behind a ``rate`` bytes/s proxy;
     yields a sentence saying why instead when moto or s3fs is missing or it won't start."""
     try:
@@ -121,7 +121,7 @@ def s3_target(rate: float) -> Iterator[Target | str]:
         fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **opts)
         bucket = f"bench-{uuid.uuid4().hex[:8]}"
         fs.mkdir(bucket)
-        yield Target(f"S3 (moto on loopback, {rate / 1e6:.0f} MB/s link)", f"s3://{bucket}", opts, fs)
+        yield Destination(f"S3 (moto on loopback, {rate / 1e6:.0f} MB/s link)", f"s3://{bucket}", opts, fs)
     finally:
         if proxy is not None:
             proxy.close()
@@ -158,7 +158,7 @@ def section(nbytes: int, repeat: int, directory: str, rate: float,
     st = state(nbytes)
     total = sum(t.numel() * t.element_size() for part in ("model", "optim")
                 for t in st[part].values())
-    rows = measure(st, Target("local disk", os.path.join(directory, "e2e")), repeat, log)
+    rows = measure(st, Destination("local disk", os.path.join(directory, "e2e")), repeat, log)
     notes = []
     with s3_target(rate) as target:
         if isinstance(target, str):

@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,8 +34,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._numbers import ceil_div
-from ..comm import free_loopback_port
+from ..harness.processes import phase_spec, phases, start_ranks, wait_ranks
 from . import parse_size
+from .report import write_doc
 
 # ----------------------------------------------------------------------------- one rank
 
@@ -209,24 +209,16 @@ def run_phase(kind: str, world: int, out: str, opts: dict[str, Any]) -> dict[str
 def worker(argv: Sequence[str]) -> int:
     """A rank of the benchmark (``--worker`` mode)."""
     import torch
-    import torch.distributed as dist
 
     spec, out, opts = argv[0], argv[1], json.loads(argv[2])
     warnings.filterwarnings("ignore", module="torch.distributed.checkpoint")
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
-    for phase in spec.split(","):
-        kind, world, port = phase.split(":")
-        if rank >= int(world):
-            continue
-        os.environ.update(WORLD_SIZE=world, MASTER_PORT=port, LOCAL_RANK=str(rank))
-        dist.init_process_group("gloo")
-        result = run_phase(kind, int(world), out, opts)
+    for kind, world in phases(spec, rank):
+        result = run_phase(kind, world, out, opts)
         if rank == 0:
             with open(os.path.join(out, f"{kind}-{world}.json"), "w") as f:
                 json.dump(result, f)
-        dist.barrier()
-        dist.destroy_process_group()
     return 0
 
 
@@ -235,16 +227,13 @@ def worker(argv: Sequence[str]) -> int:
 
 def run(nproc: Sequence[int], size: int, tensors: int, repeat: int, directory: str) -> dict[str, Any]:
     """Runs every phase in one set of processes; returns ``{"run": {N: ...}, "reshard": ...}``."""
-    phases = [f"run:{n}:{free_loopback_port()}" for n in nproc]
-    phases += [f"reshard:{n}:{free_loopback_port()}" for n in nproc[:-1]]  # the last run already did
+    spec = phase_spec([("run", n) for n in nproc]
+                      + [("reshard", n) for n in nproc[:-1]])  # the last run already did
     opts = {"size": size, "tensors": tensors, "repeat": repeat, "nproc": list(nproc)}
-    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1",
-               PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    procs = [subprocess.Popen([sys.executable, "-m", "shardsafe.bench.distributed", "--worker",
-                               ",".join(phases), directory, json.dumps(opts)],
-                              env=dict(env, RANK=str(r))) for r in range(max(nproc))]
-    codes = [p.wait() for p in procs]
+    procs = start_ranks(["-m", "shardsafe.bench.distributed", "--worker", spec, directory, json.dumps(opts)],
+                        max(nproc), env={"OMP_NUM_THREADS": "1"})
+    wait_ranks(procs)
+    codes = [p.returncode for p in procs]
     if any(codes):
         raise RuntimeError(f"benchmark ranks exited with {codes}")
     results: dict[str, Any] = {"run": {}, "reshard": {}}
@@ -288,17 +277,9 @@ def table(results: dict[str, Any], size: int) -> str:
         + "\n".join(lines)
 
 
-def write_doc(path: str, text: str, command: str) -> None:
-    """Replaces the distributed section of ``path`` (between markers), or appends it."""
-    begin, end = "<!-- distributed-bench:begin -->", "<!-- distributed-bench:end -->"
-    block = f"{begin}\n## Distributed (shardsafe vs DCP)\n\nCommand: `{command}`\n\n{text}\n{end}\n"
-    old = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    if begin in old and end in old:
-        new = old[: old.index(begin)] + block + old[old.index(end) + len(end) + 1:]
-    else:
-        new = old.rstrip("\n") + "\n\n" + block
-    with open(path, "w") as f:
-        f.write(new)
+def write_section(path: str, text: str, command: str) -> None:
+    """Replaces the distributed section of ``path`` (between its markers), or appends it."""
+    write_doc(path, f"## Distributed (shardsafe vs DCP)\n\nCommand: `{command}`\n\n{text}", "distributed-bench")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -325,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = table(results, args.size)
     print(text)
     if args.write_doc:
-        write_doc(args.write_doc, text, "python -m shardsafe.bench.distributed " + " ".join(argv))
+        write_section(args.write_doc, text, "python -m shardsafe.bench.distributed " + " ".join(argv))
     return 0
 
 

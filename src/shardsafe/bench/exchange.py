@@ -1,17 +1,19 @@
 """Bytes and rank 0's work of the planning exchange of a collective save, simulated.
 
-Every simulated rank of the FSDP job of ``bench.scale`` builds the messages a real rank
-sends, with the functions ``engine.plan_exchange`` uses (``first_message``,
-``full_message``, ``layout_digest``, ``tree_digest``, ``plan.union.rows_of``'s row
-format), and rank 0's decisions are made by the real ``decide_first``/``decide_full``
-and encoded by ``comm.rounds.encode_decision``. Bytes are counted as
-``plan_exchange.STATS`` counts them on each rank: what the rank sets in the store plus
-what it fetches (rank 0: its arrival mark, its own message, every rank's message, the
-decision; another rank: its message, the decision, its 1-byte acknowledgement).
+Every simulated rank of the FSDP job of ``bench.scale`` describes itself with the
+functions a real rank runs in ``engine.plan_exchange`` (``plan.report``: ``shape_of``,
+``layout_digest``, ``hello``, ``report``), fed with columns instead of tensors; rank 0
+answers with the real ``plan.answer.read_hellos``/``decide_first``/``decide_full``,
+which read the messages one rank at a time as ``comm.rounds.leader_exchange`` streams
+them, and every rank reads its share with ``plan.answer.read_share``. Bytes are counted
+as ``plan_exchange.STATS`` counts them on each rank: what the rank sets in the store
+plus what it fetches (rank 0: its arrival mark, its messages, every rank's messages,
+the decisions and the parts it publishes; another rank: its messages, the decisions,
+the parts it reads, its 1-byte acknowledgements).
 
-A first save runs two rounds (33-byte digests answered by "full", then every rank's
-report answered by the plan); a repeat save with an unchanged layout runs one (the
-digests, answered by "same").
+A first save runs two rounds (49-byte hellos answered "full", then every rank's report
+answered by the plan: one rank sends the shape every rank shares); a repeat save with
+an unchanged layout runs one (the hellos, answered "same").
 """
 
 from __future__ import annotations
@@ -20,86 +22,94 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..comm.rounds import encode_decision
 from ..engine import commit
-from ..engine.plan_exchange import decide_first, decide_full, first_message, full_message, \
-    layout_digest, tree_digest
-from ..format.index_v2 import ColumnarIndex
-from ..format.tree import Node, decode_key_path, encode_key_path
-from ..plan.flatten import TensorItem
+from ..format.dtypes import lookup
+from ..format.index_v2 import TensorInfo
+from ..format.tree import Node, encode_key_path
+from ..plan.answer import Leader, decide_first, decide_full, read_hellos, read_share, wanted
+from ..plan.report import EMPTY, NO_VALUES, OWN, Boxes, Values, hello, layout_digest, report, shape_of
 from ..storage.local import LocalStorage
 
-Message = Callable[[int], bytes]
-
-
-@dataclass(slots=True)
-class Round:
-    """Byte counts of one leader round."""
-
-    messages: list[int]  # len of each rank's message
-    decision: int  # len of rank 0's encoded decision
-
-    def per_rank(self) -> list[int]:
-        """Bytes each rank sets plus fetches in this round (rank 0 first)."""
-        w = len(self.messages)
-        rank0 = self.messages[0] + sum(self.messages) + self.decision
-        return [rank0] + [self.messages[r] + self.decision + 1 for r in range(1, w)]
+NO_PER_RANK = Values(b"", b"", NO_VALUES)
 
 
 class SimulatedJob:
-    """What every rank of the simulated FSDP job holds: rows, tree, digests (built lazily)."""
+    """What every rank of the simulated FSDP job holds: one shape (every tensor a DTensor
+    split along dimension 0 over the ranks), and per rank its boxes, computed when asked
+    (an empty box where uneven sharding left the rank nothing)."""
 
-    def __init__(self, index: ColumnarIndex) -> None:
-        self.world = len(index.files)
-        infos = index.tensors
-        self.paths = [encode_key_path(i.key) for i in infos]
-        ct = index.chunks
-        step = np.array([s.step if s is not None else 0 for s in ct.splits], dtype=np.int64)
-        rows = np.array([i.shape[0] for i in infos], dtype=np.int64)
-        self.lo = np.minimum(np.arange(self.world, dtype=np.int64)[None, :] * step[:, None],
-                             rows[:, None])  # [tensors, ranks]: first row of each rank's shard
-        inner = np.array([int(np.prod(i.shape[1:])) for i in infos], dtype=np.int64)
-        inner *= ct.itemsizes.astype(np.int64)
-        self.nbytes = np.clip(rows[:, None] - self.lo, 0, step[:, None]) * inner[:, None]
-        self.infos = infos
-        self.tree: Node = index.tree  # every rank holds every key path (local id = global id)
-        self.tree_digest = tree_digest(self.tree)
-        self._layouts: dict[int, bytes] = {}
-        self._items = [TensorItem(id=t, path=decode_key_path(p), value=None, kind=i.kind,
-                                  dtype=i.dtype, shape=tuple(i.shape), offsets=(), replicated=False)
-                       for t, (p, i) in enumerate(zip(self.paths, infos))]
+    def __init__(self, world: int, infos: Sequence[TensorInfo], tree: Node) -> None:
+        self.world = world
+        self.rows = np.array([i.shape[0] for i in infos], dtype=np.int64)
+        self.step = -(-self.rows // world)
+        itemsize = np.array([lookup(i.dtype).itemsize for i in infos], dtype=np.int64)
+        self.inner = np.array([int(np.prod(i.shape[1:])) for i in infos], dtype=np.int64) * itemsize
+        self.shape = shape_of(tree, [[encode_key_path(i.key), i.kind, i.dtype, list(i.shape), True]
+                                     for i in infos])
+        ndim = np.array([len(i.shape) for i in infos], dtype=np.int64)
+        self._dim0 = np.cumsum(ndim) - ndim  # where each tensor's offsets start
+        self._noffsets = int(ndim.sum())
 
-    def rows(self, rank: int) -> list[list[Any]]:
-        """Rank ``rank``'s rows, as ``plan.union.rows_of`` builds them after ``localize``
-        (a DTensor shard: holders [rank], or none for an empty shard)."""
-        nb = self.nbytes[:, rank].tolist()
-        return [[p, i.kind, i.dtype, list(i.shape), [rank] if n else [], n]
-                for p, i, n in zip(self.paths, self.infos, nb)]
+    def boxes(self, rank: int) -> Boxes:
+        """Rank ``rank``'s columns, as ``plan.report.boxes_of`` builds them after ``localize``."""
+        lo = np.minimum(rank * self.step, self.rows)
+        nb = np.clip(self.rows - lo, 0, self.step) * self.inner
+        offsets = np.zeros(self._noffsets, dtype=np.int64)
+        offsets[self._dim0] = lo
+        return Boxes(np.where(nb > 0, OWN, EMPTY).astype(np.int32), nb, [], offsets)
 
-    def layout(self, rank: int, rows: list[list[Any]]) -> bytes:
-        """``layout_digest`` of the rank (its rows and its shards' positions; kept)."""
-        got = self._layouts.get(rank)
-        if got is None:
-            for it, lo in zip(self._items, self.lo[:, rank].tolist()):
-                it.offsets = (lo,) + (0,) * (len(it.shape) - 1)
-            got = self._layouts[rank] = layout_digest(rows, self._items)
-        return got
+    def hello(self, rank: int, kept: bool) -> bytes:
+        """The rank's first-round message."""
+        layout = layout_digest(self.shape, self.boxes(rank), NO_PER_RANK)
+        return hello(kept, layout, self.shape.digest, NO_VALUES)
 
-    def full(self, rank: int) -> bytes:
+    def report(self, rank: int, send_shape: bool) -> bytes:
         """The rank's message of a full round."""
-        rows = self.rows(rank)
-        return full_message(rows, self.tree, self.layout(rank, rows), self.tree_digest)
+        return report(rank, self.boxes(rank), self.shape.body if send_shape else b"")
 
-    def first(self, rank: int, hit: bool) -> bytes:
-        """The rank's message of the first round."""
-        layout = self._layouts.get(rank) or self.layout(rank, self.rows(rank))
-        return first_message(layout, self.tree_digest, hit)
+
+@dataclass(slots=True)
+class _Tally:
+    """Bytes each rank set plus fetched, and the time spent building the ranks' messages."""
+
+    world: int
+    ranks: np.ndarray = field(init=False)
+    build_s: float = 0.0
+    largest: int = 0
+
+    def __post_init__(self) -> None:
+        self.ranks = np.zeros(self.world, dtype=np.int64)
+        self.ranks[0] = 1  # rank 0's arrival mark
+
+    def messages(self, make: Callable[[int], bytes]) -> Iterator[bytes]:
+        """Every rank's message in rank order, built lazily (rank 0 holds one at a time)."""
+        for r in range(self.world):
+            t0 = time.perf_counter()
+            m = make(r)
+            self.build_s += time.perf_counter() - t0
+            self.ranks[r] += len(m)  # the rank sets it
+            self.ranks[0] += len(m)  # rank 0 fetches it
+            self.largest = max(self.largest, len(m))
+            yield m
+
+    def answer(self, decision: dict[str, Any], parts: dict[str, bytes],
+               wanted_by: Callable[[int], list[str]]) -> int:
+        """Counts an answer: rank 0 sets decision and parts; the others read what they need."""
+        n = len(encode_decision(decision))
+        self.ranks[0] += n + sum(map(len, parts.values()))
+        read = 0
+        for r in range(1, self.world):
+            mine = sum(len(parts[k]) for k in wanted_by(r) if k in parts)
+            self.ranks[r] += n + mine + 1
+            read = max(read, mine)
+        return n + read
 
 
 def _txn(spath: str) -> Callable[[], dict[str, Any]]:
@@ -111,59 +121,47 @@ def _txn(spath: str) -> Callable[[], dict[str, Any]]:
     return txn
 
 
-def _all(world: int, make: Message) -> Iterator[bytes]:
-    return (make(r) for r in range(world))
-
-
-def simulate(index: ColumnarIndex, *, keep_reports: bool = True) -> dict[str, Any]:
-    """Byte counts of a first and a repeat save; with ``keep_reports``, rank 0's work too.
-
-    Without ``keep_reports`` (very large jobs) every rank's report is still encoded, but
-    only its length is kept: rank 0's plan is then not made, so the first save's figures
-    leave out the plan decision (``plan_decision_bytes`` and ``plan_first_s`` are None)."""
-    job = SimulatedJob(index)
+def _first_save(job: SimulatedJob, txn: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], Leader]:
+    """Both rounds of a first save; returns the figures and what rank 0 keeps."""
     world = job.world
+    r1, r2 = _Tally(world), _Tally(world)
+    t0 = time.perf_counter()
+    hellos = read_hellos(r1.messages(lambda r: job.hello(r, False)), world)
+    first = decide_first(None, hellos, txn)
+    r1.answer(first, {}, lambda r: [])
+    if not first.get("full"):
+        raise AssertionError(f"a first save was not answered 'full': {first}")
+    senders = {a for a, _ in first["shapes"]}
+    decision, parts, lead = decide_full(None, hellos, r2.messages(lambda r: job.report(r, r in senders)), txn)
+    if lead is None:
+        raise AssertionError(f"the simulated first save did not plan: {decision}")
+    share = read_share(decision, parts, 0, job.shape.digest, job.boxes(0), 0)
+    rank0_s = time.perf_counter() - t0 - r1.build_s - r2.build_s
+    decision_bytes = r2.answer(decision, parts, lambda r: wanted(job.shape.digest, job.boxes(r)))
+    last = read_share(decision, parts, world - 1, job.shape.digest, job.boxes(world - 1), 0)
+    if len(share.writes) != int((job.boxes(0).nbytes > 0).sum()) or \
+            len(last.writes) != int((job.boxes(world - 1).nbytes > 0).sum()):
+        raise AssertionError("a simulated rank's share is not its own shards")
+    total = r1.ranks + r2.ranks
+    return {"plan_first_s": round(rank0_s, 3), "plan_reports_encode_s": round(r1.build_s + r2.build_s, 3),
+            "plan_bytes_first": int(total.sum()), "plan_bytes_first_rank0": int(total[0]),
+            "plan_bytes_first_rank": int(total[1:].max(initial=0)),
+            "plan_report_bytes": r2.largest, "plan_decision_bytes": decision_bytes,
+            "write_imbalance": round(lead.joined.plan.imbalance(), 4)}, lead
+
+
+def simulate(world: int, infos: Sequence[TensorInfo], tree: Node) -> dict[str, Any]:
+    """Byte counts and rank 0's time of a first and a repeat save of an FSDP job of
+    ``world`` ranks holding ``infos`` (their tree: ``tree``, tensor ids = positions)."""
+    job = SimulatedJob(world, infos, tree)
     with tempfile.TemporaryDirectory() as d:
         txn = _txn(os.path.join(d, "step_000100"))
-        first = [job.first(r, False) for r in range(world)]
-        dec1 = decide_first(None, first, txn)
-        assert dec1 == {"full": True}, dec1
-        r1 = Round([len(m) for m in first], len(encode_decision(dec1)))
-        out: dict[str, Any] = {}
-        kept: list[Any] = []
-        if keep_reports:
-            reports, encode_s = _timed(lambda: list(_all(world, job.full)))
-            dec2, plan_s = _timed(lambda: decide_full(world, reports, txn, kept.append))
-            if "plan" not in dec2:
-                raise AssertionError(f"the simulated first save did not plan: {dec2}")
-            r2 = Round([len(m) for m in reports], len(encode_decision(dec2)))
-            del reports
-            again = [job.first(r, True) for r in range(world)]
-            dec3 = decide_first(kept[0], again, txn)
-            assert "same" in dec3, dec3
-            r3 = Round([len(m) for m in again], len(encode_decision(dec3)))
-            out["plan_first_s"] = round(plan_s, 3)
-            out["plan_reports_encode_s"] = round(encode_s, 3)
-        else:
-            lengths, encode_s = _timed(lambda: [len(m) for m in _all(world, job.full)])
-            r2 = Round(lengths, 0)
-            r3 = Round([len(m) for m in first], len(encode_decision({"same": True, **txn()})))
-            out["plan_first_s"] = None
-            out["plan_reports_encode_s"] = round(encode_s, 3)
-    first_ranks = [a + b for a, b in zip(r1.per_rank(), r2.per_rank())]
-    first_ranks[0] += 1  # rank 0's arrival mark
-    repeat_ranks = r3.per_rank()
-    repeat_ranks[0] += 1
-    out.update({
-        "plan_bytes_first": sum(first_ranks), "plan_bytes_first_rank0": first_ranks[0],
-        "plan_bytes_first_rank": max(first_ranks[1:], default=0),
-        "plan_bytes_repeat": sum(repeat_ranks), "plan_bytes_repeat_rank0": repeat_ranks[0],
-        "plan_bytes_repeat_rank": max(repeat_ranks[1:], default=0),
-        "plan_report_bytes": max(r2.messages), "plan_decision_bytes": r2.decision or None})
+        out, lead = _first_save(job, txn)
+        again = _Tally(job.world)
+        same = decide_first(lead, read_hellos(again.messages(lambda r: job.hello(r, True)), job.world), txn)
+        if not same.get("same"):
+            raise AssertionError(f"a repeat save was not answered 'same': {same}")
+        again.answer(same, {}, lambda r: [])
+    out.update({"plan_bytes_repeat": int(again.ranks.sum()), "plan_bytes_repeat_rank0": int(again.ranks[0]),
+                "plan_bytes_repeat_rank": int(again.ranks[1:].max(initial=0))})
     return out
-
-
-def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0

@@ -52,7 +52,7 @@ BATCH = 8
 
 
 @dataclass(frozen=True)
-class Outcome:
+class StrategyMetrics:
     """The metrics of one strategy's job (see the module docstring)."""
 
     strategy: str
@@ -70,12 +70,12 @@ class Outcome:
                 "blocked_s": round(self.blocked_s, 4)}
 
 
-def outcome(run: JobRun, steps: int, useful_s: float) -> Outcome:
+def outcome(run: JobRun, steps: int, useful_s: float) -> StrategyMetrics:
     """The metrics of ``run``, a job of ``steps`` steps whose uninterrupted time is ``useful_s``."""
     wall = run.end - run.start
     done = sum(len(a.steps) for a in run.attempts)
     recoveries = [a.steps[0][1] - a.go for a in run.attempts[1:] if a.steps]
-    return Outcome(
+    return StrategyMetrics(
         strategy=run.strategy, ettr=useful_s / wall, wall_s=wall, executed_steps=done, steps_lost=done - steps,
         recovery_s=statistics.mean(recoveries) if recoveries else None,
         blocked_s=sum(b for a in run.attempts for _, _, b in a.steps),
@@ -96,7 +96,7 @@ def local_tier_available() -> bool:
     return "local_directory" in {f.name for f in dataclasses.fields(ManagerOptions)}
 
 
-def table(outcomes: list[Outcome | str], strategies: Sequence[str]) -> str:
+def table(outcomes: list[StrategyMetrics | str], strategies: Sequence[str]) -> str:
     """The markdown table of the outcomes (a string entry: the strategy is unavailable)."""
     rows = ["| strategy | ETTR | wall (s) | steps lost | mean recovery (s) | blocked by saves (s) "
             "| restored from (step, tier) |",
@@ -149,7 +149,7 @@ class Report:
     useful_s: float
     failures: list[Failure]
     runs: list[JobRun]
-    outcomes: dict[str, Outcome | str]  # a string: why the strategy is unavailable
+    outcomes: dict[str, StrategyMetrics | str]  # a string: why the strategy is unavailable
 
     def summary(self) -> dict[str, Any]:
         """The JSON object of the last line: ``{strategy: {"ettr", "steps_lost", ...}}``."""
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> Report:
                        args.every, args.local_every)
         return TrainerConfig(strategy, iv, steps, args.step_time, args.width, BATCH)
 
-    outcomes: dict[str, Outcome | str] = {}
+    outcomes: dict[str, StrategyMetrics | str] = {}
     runs: list[JobRun] = []
     try:
         # useful time: the job's steps at the pace of an uninterrupted run without checkpoints

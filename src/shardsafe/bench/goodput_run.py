@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..harness.processes import child_env
 from .goodput_trainer import TrainerConfig
 
 FailureKind = Literal["kill", "node"]
@@ -137,14 +138,6 @@ class TrainerProcess:
                 f.close()
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
 def _follow(tp: TrainerProcess, att: Attempt, failure: Failure | None, step_s: float,
             timeout: float) -> bool:
     """Reads ``tp``'s progress into ``att`` until the job is done (True) or ``failure``
@@ -180,7 +173,7 @@ def supervise(cfg: TrainerConfig, failures: list[Failure], *, stall_timeout: flo
     for d in (cfg.intervals.persistent_dir, cfg.intervals.local_dir):
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
-    env = _env()
+    env = child_env(OMP_NUM_THREADS="1")
     pool = [TrainerProcess(cfg, env) for _ in range(len(failures) + 1)]
     try:
         for tp in pool:

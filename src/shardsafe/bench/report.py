@@ -11,7 +11,7 @@ from .limits import LIMIT_LABELS
 from .runner import LOAD, SAVE, CaseResult
 
 MiB = 1 << 20
-BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"  # the section write_doc fills by default
 
 
 def _f(x: float | None, fmt: str = "{:.3f}") -> str:
@@ -219,14 +219,17 @@ def machine_line(directory: str) -> str:
             f"Linux {platform.release()}, Python {platform.python_version()}; bench dir {directory}")
 
 
-def write_doc(path: str, body: str) -> None:
-    """Replaces the text between the bench markers in ``path`` (or writes a new file)."""
-    block = f"{BEGIN}\n{body}\n{END}"
+def write_doc(path: str, body: str, section: str = "bench") -> None:
+    """Replaces ``section`` of the Markdown file ``path`` with ``body``: the text between
+    ``<!-- SECTION:begin -->`` and ``<!-- SECTION:end -->``, appended when the file has no
+    such section (or written as a new file)."""
+    begin, end = f"<!-- {section}:begin -->", f"<!-- {section}:end -->"
+    block = f"{begin}\n{body}\n{end}"
     if os.path.exists(path):
         text = open(path, encoding="utf-8").read()
-        if BEGIN in text and END in text:
-            head, rest = text.split(BEGIN, 1)
-            _, tail = rest.split(END, 1)
+        if begin in text and end in text:
+            head, rest = text.split(begin, 1)
+            _, tail = rest.split(end, 1)
             text = head + block + tail
         else:
             text = text.rstrip("\n") + "\n\n" + block + "\n"

@@ -2,22 +2,21 @@
 
 ``python -m shardsafe.bench.scale --ranks 1024 --tensors 1000`` builds the checkpoint an
 FSDP job of R ranks would write (each of T tensors split evenly along dimension 0 over
-the ranks, one data file per rank), runs the real save planner (rank reports through
-their wire format, ``plan_writers``, the plan's wire format), builds and encodes the v2
-index with the real encoder, decodes and validates it with the real decoder, and plans
-one rank's load the way ``shardsafe.load`` does (``format.index.decode_index``, then the
-reader's planner ``engine.reader.Reader.tasks``, which builds objects only for the chunks
-that overlap the rank's shard). ``plan.table_reads`` (fully vectorised) is timed too.
-It prints a table and, last, one JSON line.
+the ranks, one data file per rank), builds and encodes the v2 index with the real
+encoder, decodes and validates it with the real decoder, and plans one rank's load the
+way ``shardsafe.load`` does (``format.index.decode_index``, then the reader's planner
+``engine.reader.Reader.tasks``, which builds objects only for the chunks that overlap
+the rank's shard). ``plan.table_reads`` (fully vectorised) is timed too. It prints a
+table and, last, one JSON line.
 
 The planning exchange of a collective save (``engine.plan_exchange``) is simulated by
-``bench.exchange``: the bytes every rank exchanges on a first save and on a repeat save
-with the same layout (``plan_bytes_first``/``plan_bytes_repeat``: all ranks together;
-``_rank0``: rank 0; ``_rank``: the largest other rank), built with the exchange's own
-message encoders, and rank 0's first-save work on every rank's report (``plan_first_s``:
-parsing the reports, their union, the trees' union and ``plan_writers``), which is made
-up to ``--reports-max`` ranks. ``plan_bytes_exchanged`` is the older report-only planner
-(``plan.distribute``'s wire formats alone), kept for comparison.
+``bench.exchange`` with the functions the real exchange runs: the bytes every rank
+exchanges on a first save and on a repeat save with the same layout
+(``plan_bytes_first``/``plan_bytes_repeat``: all ranks together, also given as
+``plan_bytes_exchanged``; ``_rank0``: rank 0; ``_rank``: the largest other rank), and
+rank 0's work in a first save (``plan_first_s``, also ``save_plan_s``: reading the
+hellos and every rank's report one at a time, joining them, ``plan_writers``, the
+answer and its parts). ``write_imbalance`` is that plan's largest load over the mean.
 
 ``--v1`` also times the v1 JSON index and the v1 load planner (``pieces_for`` over
 ``ChunkEntry`` objects) for the same layout; ``--dcp`` sizes the ``.metadata`` file that
@@ -38,21 +37,19 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..engine.reader import ReadJob, Reader
-from .exchange import simulate
 from ..format.chunk_table import ChunkTable, Split, num_blocks
 from ..format.dtypes import lookup
 from ..format.index import decode_index
 from ..format.index_v2 import ColumnarIndex, FileInfo, TensorInfo, decode, encode
-from ..plan.distribute import RankReport, decode_plan, decode_report, encode_plan, encode_report, \
-    plan_writers, table_digest
+from ..format.tree import Node
 from ..plan.layout import data_file_name
 from ..plan.table_reads import even_shard_reads, row_split_tensors
 from ..storage.local import LocalStorage
+from .exchange import simulate
 
 T = TypeVar("T")
 BLOCK = 16 << 20
 DATA_START = 4096
-REPORTS_MAX = 4096  # above: every report is encoded and sized, but rank 0 does not union them
 
 
 def _timed(fn: Callable[[], T]) -> tuple[T, float]:
@@ -78,6 +75,20 @@ def job_shapes(ranks: int, tensors: int) -> list[tuple[tuple[int, ...], str]]:
     return out
 
 
+def job_tensors(ranks: int, tensors: int) -> tuple[tuple[TensorInfo, ...], Node]:
+    """The tensors of the simulated job and its structure tree (``model.layers.<i>.w<j>``)."""
+    infos = tuple(TensorInfo(("model", "layers", t // 10, f"w{t % 10}"), "torch", d, s)
+                  for t, (s, d) in enumerate(job_shapes(ranks, tensors)))
+    layers: dict[int, list[tuple[str, int]]] = {}
+    for t, info in enumerate(infos):
+        layers.setdefault(int(info.key[2]), []).append((str(info.key[3]), t))
+    tree = {"t": "dict", "k": ["model"], "v": [{"t": "dict", "k": ["layers"], "v": [
+        {"t": "dict", "k": list(layers), "v": [
+            {"t": "dict", "k": [k for k, _ in ws], "v": [{"t": "tensor", "id": t} for _, t in ws]}
+            for ws in layers.values()]}]}]}
+    return infos, tree
+
+
 def build_index(ranks: int, tensors: int, seed: int = 0) -> ColumnarIndex:
     """The v2 index of the simulated job (rank r writes part r of every tensor to file r)."""
     shapes = job_shapes(ranks, tensors)
@@ -101,35 +112,13 @@ def build_index(ranks: int, tensors: int, seed: int = 0) -> ColumnarIndex:
     rng = np.random.default_rng(seed)
     sums = rng.integers(0, 1 << 32, int(num_blocks(nbytes, BLOCK).sum()), dtype=np.uint32)
     files = tuple(FileInfo(data_file_name(i), int(sizes[i]), DATA_START, i) for i in range(ranks))
-    infos = tuple(TensorInfo(("model", "layers", t // 10, f"w{t % 10}"), "torch", d, s)
-                  for t, (s, d) in enumerate(shapes))
+    infos, tree = job_tensors(ranks, tensors)
     table = ChunkTable.build(
         [s for s, _ in shapes], item.tolist(), [Split(0, int(st), 0, 1) for st in step],
         parts.tolist(), offsets, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
         sums, BLOCK, sizes, np.full(ranks, DATA_START, dtype=np.int64))
-    layers: dict[int, list[tuple[str, int]]] = {}
-    for t, info in enumerate(infos):
-        layers.setdefault(int(info.key[2]), []).append((str(info.key[3]), t))
-    tree = {"t": "dict", "k": ["model"], "v": [{"t": "dict", "k": ["layers"], "v": [
-        {"t": "dict", "k": list(layers), "v": [
-            {"t": "dict", "k": [k for k, _ in ws], "v": [{"t": "tensor", "id": t} for _, t in ws]}
-            for ws in layers.values()]}]}]}
     return ColumnarIndex(tree=tree, tensors=infos, files=files, chunks=table, world_size=ranks,
                          created=1767225600.0, library="shardsafe bench.scale")
-
-
-def save_plan(index: ColumnarIndex) -> tuple[int, float]:
-    """Runs the real save planner as the job would: every rank's report through its wire
-    format, ``plan_writers`` on rank 0, the plan through its wire format. Returns bytes exchanged."""
-    rows = [[list(i.key), i.kind, i.dtype, list(i.shape), True] for i in index.tensors]
-    digest = table_digest(rows)
-    ct = index.chunks
-    own = np.bincount(ct.file, weights=ct.nbytes, minlength=len(index.files))
-    wire = [encode_report(RankReport(r, digest, int(own[r]))) for r in range(len(index.files))]
-    plan = plan_writers(len(wire), [decode_report(b) for b in wire])
-    sent = encode_plan(plan)
-    decode_plan(sent)
-    return sum(map(len, wire)) + len(sent) * len(wire), plan.imbalance()
 
 
 def load_plan(data: bytes, rank: int, world: int) -> tuple[int, float]:
@@ -151,14 +140,19 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run(ranks: int, tensors: int, v1: bool = False, dcp: bool = False, exchange: bool = True,
-        reports_max: int = REPORTS_MAX) -> dict[str, Any]:
+def run(ranks: int, tensors: int, v1: bool = False, dcp: bool = False, exchange: bool = True) -> dict[str, Any]:
     """Measures one configuration; returns the figures of the JSON line.
 
-    ``exchange``: also simulate the planning exchange (``bench.exchange``); rank 0's union
-    of every rank's report is made (and timed) only up to ``reports_max`` ranks."""
+    ``exchange``: also simulate the planning exchange (``bench.exchange``), first, so
+    that ``plan_peak_rss_mib`` is the high-water mark of rank 0's planning alone."""
+    save = {"save_plan_s": None, "plan_bytes_exchanged": None, "write_imbalance": None}
+    figures: dict[str, Any] = {}
+    if exchange:
+        figures = simulate(ranks, *job_tensors(ranks, tensors))
+        save = {"save_plan_s": figures["plan_first_s"], "plan_bytes_exchanged": figures["plan_bytes_first"],
+                "write_imbalance": figures.pop("write_imbalance")}
+        figures["plan_peak_rss_mib"] = round(_peak_mib(), 1)
     index, build_s = _timed(lambda: build_index(ranks, tensors))
-    (exchanged, imbalance), save_plan_s = _timed(lambda: save_plan(index))
     data, encode_s, encode_cpu = _timed_cpu(lambda: encode(index))
     decoded, decode_s, decode_cpu = _timed_cpu(lambda: decode(data))
     if decoded != index:
@@ -173,10 +167,8 @@ def run(ranks: int, tensors: int, v1: bool = False, dcp: bool = False, exchange:
         "bytes_per_chunk": round(len(data) / n, 2), "build_s": round(build_s, 3),
         "encode_s": round(encode_s, 3), "decode_s": round(decode_s, 3),
         "encode_cpu_s": round(encode_cpu, 3), "decode_cpu_s": round(decode_cpu, 3),
-        "save_plan_s": round(save_plan_s, 3), "load_decode_s": round(load_decode_s, 3),
-        "load_plan_s": round(load_plan_s - load_decode_s, 4), "table_plan_s": round(table_plan_s, 4),
-        "plan_s": round(save_plan_s + load_plan_s - load_decode_s, 3), "plan_bytes_exchanged": exchanged,
-        "write_imbalance": round(imbalance, 4), "reads_one_rank": len(reads), "read_tasks_one_rank": tasks}
+        "load_decode_s": round(load_decode_s, 3), "load_plan_s": round(load_plan_s - load_decode_s, 4),
+        "table_plan_s": round(table_plan_s, 4), "reads_one_rank": len(reads), "read_tasks_one_rank": tasks}
     del data
     if v1:
         out.update(_v1_figures(index, ranks))
@@ -184,9 +176,9 @@ def run(ranks: int, tensors: int, v1: bool = False, dcp: bool = False, exchange:
         out["dcp_metadata_bytes"] = dcp_metadata_bytes(index)
         out["dcp_bytes_per_chunk"] = round(out["dcp_metadata_bytes"] / n, 2)
     out["peak_rss_mib"] = round(_peak_mib(), 1)
-    if exchange:  # after the index's peak: rank 0's planning state is another process's memory
-        out.update(simulate(index, keep_reports=ranks <= reports_max))
-        out["plan_peak_rss_mib"] = round(_peak_mib(), 1)
+    out.update(figures)
+    out.update(save)
+    out["plan_s"] = round((save["save_plan_s"] or 0) + out["load_plan_s"], 3)
     return out
 
 
@@ -254,11 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--v1", action="store_true", help="also time the v1 JSON index and planner")
     p.add_argument("--dcp", action="store_true", help="also size DCP's pickled metadata")
     p.add_argument("--no-exchange", action="store_true", help="skip the planning exchange")
-    p.add_argument("--reports-max", type=int, default=REPORTS_MAX,
-                   help="most ranks whose reports rank 0 unions and plans (memory grows with it)")
     args = p.parse_args(argv)
-    out = run(args.ranks, args.tensors, v1=args.v1, dcp=args.dcp, exchange=not args.no_exchange,
-              reports_max=args.reports_max)
+    out = run(args.ranks, args.tensors, v1=args.v1, dcp=args.dcp, exchange=not args.no_exchange)
     for k, v in out.items():
         print(f"{k:24} {v}")
     print(json.dumps(out, separators=(",", ":")))

@@ -1,6 +1,7 @@
 """The ``shardsafe`` command line. Each subcommand lives in its own module ``cli/<name>.py``
 exposing ``register(subparsers)``; that function adds a parser whose ``func(args) -> int``
-runs the command. Errors print one line and exit with a documented code (see README).
+runs the command. Errors print one line and exit with a documented code (see
+docs/guides/cli.md).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 
-# Exit codes (documented in README "Command line").
+# Exit codes (documented in docs/guides/cli.md, "Exit codes").
 EXIT_OK = 0
 EXIT_FAILED = 1       # the command ran and found a problem (verify: corruption; demo: states differ)
 EXIT_USAGE = 2        # bad arguments

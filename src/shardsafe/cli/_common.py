@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 
 from .._numbers import human_bytes as human_bytes  # one definition; ls and info format sizes
-from ..engine.commit import TMP_MARKER, is_committed, is_temporary, read_index
+from ..engine.commit import TMP_MARKER, is_committed, is_temporary, list_entries, read_index
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ..format.index import Index
 from ..manager.steps import MANAGER_KEY, QUARANTINE_SUFFIX, parse_step
+from ..plan.layout import is_data_file_name
 from ..storage import LocalStorage, Storage, storage_for
 
-DATA_FILE = re.compile(r"^data-r\d+-\d+\.safetensors$")
 # the manager sets damaged steps aside as step_N.corrupt (or step_N.corrupt.2, ...)
 QUARANTINED = re.compile(re.escape(QUARANTINE_SUFFIX) + r"(\.\d+)?$")
 
@@ -129,8 +129,8 @@ def _final_name(name: str) -> str:
 
 def _classify(storage: Storage, parent: str, name: str) -> Entry | None:
     path = storage.join(parent, name)
-    if is_temporary(name):
-        return Entry(name, path, "partial")
+    if is_temporary(name):  # an unfinished save (its index may be published already)
+        return Entry(name, path, "partial") if storage.is_directory(path) else None
     if QUARANTINED.search(name):
         return Entry(name, path, "corrupt", error="set aside as damaged")
     if is_committed(storage, path):
@@ -141,18 +141,21 @@ def _classify(storage: Storage, parent: str, name: str) -> Entry | None:
     # object stores write data under the final prefix: data files without an index are a
     # save that has not committed (or never will); so is a step directory without an
     # index (a delete, index first, was interrupted). Other directories are not ours.
-    if parse_step(name) is not None or any(DATA_FILE.match(n) for n in storage.list(path)):
+    if not storage.is_directory(path):
+        return None  # a file, FIFO or device named like a step: not ours
+    if parse_step(name) is not None or any(is_data_file_name(n) for n in storage.list(path)):
         return Entry(name, path, "partial")
     return None
 
 
 def scan(storage: Storage, path: str) -> list[Entry]:
-    """Checkpoints and unfinished saves directly under ``path``, steps in order.
+    """Checkpoints and unfinished saves directly under ``path``, steps in order; symbolic
+    links are left out (never followed, see ``engine.commit.list_entries``).
 
     Raises:
         CheckpointNotFoundError: ``path`` does not exist.
     """
-    names = storage.list(path)
+    names = list_entries(storage, path)
     if not names and not storage.exists(path):
         raise CheckpointNotFoundError(f"{path!r} does not exist")
     # listing a prefix needs one request per child on object stores: do them concurrently

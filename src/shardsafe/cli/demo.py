@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     print(render(result))
     if opts.nproc == 1:
-        from ..demo.tiers import local_tier_section
+        from ..bench.tiers import local_tier_section
 
         print()
         print(local_tier_section())

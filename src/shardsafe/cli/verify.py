@@ -5,6 +5,7 @@ to ``MAX_READ`` bytes (one request on object stores instead of one per small ten
 and ranges are checked concurrently on the shared I/O pool. Memory stays at
 ``MAX_READ`` per I/O thread however large the checkpoint is.
 
+Blocks are checked by ``format.block_verify.BlockStream`` as the bytes stream past.
 Compressed chunks (block files, docs/FORMAT.md section 12) are checked twice per block:
 the stored bytes against their CRC32C, then, decoded, against the raw CRC32C (a block
 decodes to at most ``block_size`` bytes, which an index with compressed chunks keeps at
@@ -24,11 +25,11 @@ import numpy as np
 
 from . import EXIT_FAILED, EXIT_OK
 from ._common import Entry, add_storage_options, checkpoints_at, progress, storage_options
-from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
-from ..format.blockfile import DATA_START, MAGIC, decode_block, stored_span
-from ..format.checksum import crc32c, verify_blocks
+from ..errors import CheckpointError, CheckpointNotFoundError
+from ..format.block_verify import BlockSpan, BlockStream, chunk_spans
+from ..format.blockfile import DATA_START, MAGIC
 from ..format.datafile import parse_header
-from ..format.index import ChunkEntry, FileEntry, Index
+from ..format.index import FileEntry, Index
 from ..format.index_common import split_reference
 from ..format.tree import render_path
 from ..plan.header_check import MAX_HEADER_BYTES, header_problems
@@ -40,23 +41,6 @@ from ..engine.locations import data_file
 MAX_READ = 64 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class Block:
-    """Checksum block ``number`` of ``chunk``: ``length`` bytes at ``offset`` of its data file
-    (for a compressed chunk: the block's stored bytes)."""
-
-    offset: int
-    length: int
-    key: str
-    number: int
-    chunk: ChunkEntry
-
-    @property
-    def crc(self) -> int:
-        """The block's stored checksum."""
-        return self.chunk.checksums[self.number]
-
-
 @dataclass(slots=True)
 class ReadRange:
     """Bytes ``[start, end)`` of ``file`` covering ``blocks``."""
@@ -64,7 +48,7 @@ class ReadRange:
     file: str
     start: int
     end: int
-    blocks: list[Block] = field(default_factory=list)
+    blocks: list[BlockSpan] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,67 +67,34 @@ class Problem:
 
 def plan_reads(index: Index, max_read: int = MAX_READ) -> list[ReadRange]:
     """Groups every checksum block of ``index`` into coalesced reads (pure)."""
-    blocks: list[Block] = []
-    for t in index.tensors:
-        key = render_path(t.key)
-        for c in t.chunks:
-            for i in range(len(c.checksums)):
-                if c.stored is not None:
-                    start, length = stored_span(c, i)
-                else:
-                    start = c.offset + i * index.block_size
-                    length = min(index.block_size, c.nbytes - i * index.block_size)
-                blocks.append(Block(start, max(length, 0), key, i, c))
-    groups = coalesce(blocks, lambda b: (b.chunk.file, b.offset, b.length), max_read)
+    spans = [s for t in index.tensors for c in t.chunks
+             for s in chunk_spans(c, index.block_size, render_path(t.key))]
+    groups = coalesce(spans, lambda b: (b.chunk.file, b.offset, b.length), max_read)
     return [ReadRange(g[0].chunk.file, g[0].offset, max(b.offset + b.length for b in g), g)
             for g in groups]
 
 
 def _check_range(storage: Storage, path: str, r: ReadRange, block_size: int,
                  label: str) -> list[Problem]:
-    if r.end - r.start > MAX_READ:  # one block larger than a read: stream it
-        return _check_large_block(storage, path, r, label)
-    buf = np.empty(r.end - r.start, dtype=np.uint8)
+    """Reads ``r`` in pieces of at most ``MAX_READ`` bytes (a range is longer only when it
+    is one block of a huge ``block_size``) and checks its blocks as they stream past."""
+    stream = BlockStream(r.blocks, block_size)
+    target = data_file(storage, path, r.file)
+    buf = np.empty(min(MAX_READ, r.end - r.start), dtype=np.uint8)
+    bad: dict[str, Problem] = {}
+    pos = r.start
     try:
-        storage.read_into(data_file(storage, path, r.file), r.start, memoryview(buf))
+        while True:
+            view = memoryview(buf)[: min(MAX_READ, r.end - pos)]
+            storage.read_into(target, pos, view)
+            for e in stream.feed(pos, view):
+                bad.setdefault(e.key or "", Problem(label, e.message, r.file, e.key))
+            pos += len(view)
+            if pos >= r.end:
+                break
     except EOFError:
         return [Problem(label, "data file is truncated", r.file, r.blocks[0].key)]
-    bad: dict[str, Problem] = {}
-    for b in r.blocks:
-        if b.key in bad:
-            continue
-        lo = b.offset - r.start
-        try:
-            if b.chunk.stored is not None:
-                raw = min(block_size, b.chunk.nbytes - b.number * block_size)
-                decode_block(b.chunk, b.number, memoryview(buf[lo : lo + b.length]),
-                             memoryview(np.empty(raw, dtype=np.uint8)), key=b.key)
-                continue
-            verify_blocks(memoryview(buf[lo : lo + b.length]), block_size, b.chunk.checksums,
-                          b.number, offset=b.offset, file=r.file, key=b.key)
-        except CorruptCheckpointError as e:
-            bad[b.key] = Problem(label, e.message, r.file, b.key)
     return list(bad.values())
-
-
-def _check_large_block(storage: Storage, path: str, r: ReadRange, label: str) -> list[Problem]:
-    """A single block of more than ``MAX_READ`` bytes (a huge ``block_size``): its CRC is
-    computed over ``MAX_READ`` pieces, so memory stays bounded whatever the index says."""
-    (b,) = r.blocks  # coalesce never merges a block that alone exceeds a read
-    buf = np.empty(MAX_READ, dtype=np.uint8)
-    crc, pos = 0, b.offset
-    try:
-        while pos < b.offset + b.length:
-            view = memoryview(buf)[: min(MAX_READ, b.offset + b.length - pos)]
-            storage.read_into(data_file(storage, path, r.file), pos, view)
-            crc = crc32c(view, crc)
-            pos += len(view)
-    except EOFError:
-        return [Problem(label, "data file is truncated", r.file, b.key)]
-    if crc != b.crc:
-        return [Problem(label, f"checksum mismatch in block {b.number} (file bytes "
-                               f"{b.offset}-{b.offset + b.length})", r.file, b.key)]
-    return []
 
 
 def _read_header(storage: Storage, path: str, f: FileEntry) -> dict:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from ..errors import CheckpointTimeoutError
@@ -79,10 +79,28 @@ def gather(channel: Channel, key: str, value: bytes, timeout: float,
     keys = [f"{key}/{r}" for r in range(channel.world_size)]
     present = channel.wait(keys, timeout)
     found = [k for k, ok in zip(keys, present) if ok]
-    values = dict(zip(found, channel.fetch(found)))
-    for k in found:
-        channel.delete(k)
+    values = dict(zip(found, drain(channel, found)))
     return [values.get(k) for k in keys]
+
+
+def drain(channel: Channel, keys: Sequence[str], batch: int = 256) -> Iterator[bytes]:
+    """The values of ``keys`` (known to exist), in order, fetched ``batch`` at a time.
+
+    Each key is deleted once fetched, and so are the keys left unread when the caller
+    stops early (close the iterator), so a reader holds one batch at a time, not all.
+    """
+    done = 0
+    try:
+        for at in range(0, len(keys), batch):
+            part = keys[at : at + batch]
+            values = channel.fetch(part)
+            for k in part:
+                channel.delete(k)
+            done = at + len(part)
+            yield from values
+    finally:
+        for k in keys[done:]:
+            channel.delete(k)
 
 
 def missing_ranks(values: Sequence[bytes | None]) -> list[int]:

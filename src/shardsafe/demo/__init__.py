@@ -8,11 +8,12 @@ Modules:
     plan: where the crash and the preemption happen (pure, seeded).
     process: starting and following one training process, sending it SIGKILL or SIGTERM.
     run: the orchestration (reference, crash, preemption, resume) and its result.
-    compare: bit-exact comparison, snapshots and fingerprints of training states.
     report: the text the CLI prints.
 
-``shardsafe demo --nproc N`` (N > 1) runs ``shardsafe.demo.distributed`` instead when it
-is present: ``run_demo(opts: DemoOptions)`` returning a result with ``ok``, and
+States are compared bit for bit with ``shardsafe.harness.compare``.
+
+``shardsafe demo --nproc N`` (N > 1) runs ``shardsafe.demo.distributed`` instead:
+``run_demo(opts: DemoOptions)`` returning a result with ``ok``, and
 ``report(result) -> str`` (see ``cli/demo.py``).
 
 Only the public ``shardsafe`` API is used, so the demo doubles as an example.

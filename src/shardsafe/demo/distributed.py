@@ -35,11 +35,11 @@ from typing import Any
 
 import shardsafe
 
-from ..comm import free_loopback_port
-from .compare import differences, fingerprint, summarize
+from ..harness.processes import start_ranks
+from ..harness.compare import differences, fingerprint, summarize
 from .events import WorkerLog
 from .plan import Interruptions, plan_interruptions
-from .process import DemoError, worker_env
+from .process import DemoError
 from .report import continued, labelled
 from .run import DemoOptions, Verdict, in_demo_directory
 from .train import TrainConfig
@@ -203,13 +203,10 @@ def run_job(name: str, nproc: int, args: list[str], *, timeout_s: float,
     """
     log = WorkerLog(name)
     start = time.perf_counter()
-    env = dict(worker_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_loopback_port()),
-               WORLD_SIZE=str(nproc))
     errs = [tempfile.TemporaryFile(mode="w+") for _ in range(nproc)]
-    procs = [subprocess.Popen([sys.executable, "-m", "shardsafe.demo.distributed", *args],
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), text=True,
-                              stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL,
-                              stderr=errs[r]) for r in range(nproc)]
+    procs = start_ranks(["-m", "shardsafe.demo.distributed", *args], nproc, text=True,
+                        per_rank=lambda r: {"stdout": subprocess.PIPE if r == 0 else subprocess.DEVNULL,
+                                            "stderr": errs[r]})
 
     def signal_all(sig: signal.Signals) -> None:
         for p in procs:

@@ -11,23 +11,12 @@ import tempfile
 import threading
 import time
 
-import shardsafe
-
+from ..harness.processes import child_env
 from .events import WorkerLog
 
 
 class DemoError(RuntimeError):
     """The demo could not run as planned (a worker failed or the options do not fit)."""
-
-
-def worker_env() -> dict[str, str]:
-    """The environment of a demo worker process: this very shardsafe first on its path
-    (also when it is not installed) and one OpenMP thread unless the caller chose."""
-    env = dict(os.environ)
-    src = os.path.dirname(os.path.dirname(os.path.abspath(shardsafe.__file__)))
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
 
 
 class TrainingProcess:
@@ -53,7 +42,7 @@ class TrainingProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "shardsafe.demo.worker", *args, "--wait-for-go"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True,
-            env=worker_env())
+            env=child_env())
         self._watchdog = threading.Timer(timeout_s, self.proc.kill)
         self._watchdog.start()
 

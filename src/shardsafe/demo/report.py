@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import partial
 
 from .._numbers import human_bytes as _human_bytes
-from .compare import summarize
+from ..harness.compare import summarize
 from .events import SaveEvent
 from .run import DemoResult
 

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import shardsafe
 
-from .compare import differences, fingerprint, snapshot
+from ..harness.compare import differences, fingerprint, snapshot
 from .events import SaveEvent, WorkerLog
 from .plan import Interruptions, plan_interruptions
 from .process import DemoError, TrainingProcess
@@ -171,7 +171,7 @@ def run_reference(cfg: TrainConfig) -> ReferenceRun:
 
 
 def step_path(directory: str, step: int) -> str:
-    """Where a manager keeps ``step`` (the layout documented in the README)."""
+    """Where a manager keeps ``step`` (the layout of docs/guides/training-loop.md)."""
     return os.path.join(directory, f"step_{step:08d}")
 
 

@@ -32,7 +32,7 @@ import torch
 
 import shardsafe
 
-from .compare import fingerprint
+from ..harness.compare import fingerprint
 from .hook import CheckpointHook, CommitClock
 from .train import TrainConfig, Trainer, deterministic_process
 

@@ -34,6 +34,7 @@ from typing import Any, Literal, get_args
 from ..comm import Comm, SingleProcessComm, get_comm
 from ..errors import CheckpointError
 from ..format.codec import Compression, check_compression
+from ..plan.flatten import Stateful
 from .io_pool import io_threads
 from . import async_jobs, cuda, pipeline
 from .async_jobs import JobMaker, Stager, Write
@@ -99,7 +100,7 @@ class Checkpointer:
         _LIVE.add(self)
 
     # ------------------------------------------------------------------ public
-    def save(self, state: Mapping[str, Any], path: str, *, overwrite: bool = False,
+    def save(self, state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool = False,
              metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
              process_group: Any = None, timeout: float | None = None,
              collective: bool | None = None, compression: Compression | None = None,
@@ -117,7 +118,7 @@ class Checkpointer:
                                  baseline=baseline)
             self._save_streamed(prep)
 
-    def _prepare(self, state: Mapping[str, Any], path: str, *, overwrite: bool,
+    def _prepare(self, state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool,
                  metadata: Mapping[str, Any] | None, storage_options: dict | None,
                  process_group: Any, timeout: float | None,
                  collective: bool | None, compression: Compression | None,
@@ -131,8 +132,8 @@ class Checkpointer:
                                 storage_options=storage_options, comm=comm, timeout=timeout,
                                 compression=compression, baseline=baseline)
 
-    def async_save(self, state: Mapping[str, Any], path: str, *, staging: StagingMode = "blocking",
-                   overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
+    def async_save(self, state: Mapping[str, Any] | Stateful, path: str, *,
+                   staging: StagingMode = "blocking", overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
                    storage_options: dict | None = None, process_group: Any = None,
                    timeout: float | None = None, collective: bool | None = None,
                    compression: Compression | None = None,

@@ -14,6 +14,8 @@ prefix and the index object is written last.
 from __future__ import annotations
 
 import errno
+import logging
+import os
 import posixpath
 import uuid
 from dataclasses import dataclass
@@ -26,11 +28,36 @@ from ..storage.base import Storage
 from .locations import data_file
 
 TMP_MARKER = ".shardsafe-tmp-"
+log = logging.getLogger("shardsafe")
 
 
 def is_committed(storage: Storage, path: str) -> bool:
     """True when ``path`` holds a committed checkpoint (its index has been published)."""
     return storage.exists(storage.join(path, INDEX_NAME))
+
+
+def list_entries(storage: Storage, parent: str) -> list[str]:
+    """Sorted names directly under ``parent``, symbolic links left out.
+
+    A checkpoint directory's entries are never followed through a link, for listing or
+    for deleting (docs/FORMAT.md section 9): a ``step_N`` link to another directory is
+    neither a step of this directory nor something its retention or clean-up may touch.
+    Each link is logged once (a warning) and otherwise ignored.
+    """
+    out = []
+    for name in storage.list(parent):
+        path = storage.join(parent, name)
+        if storage.is_link(path):
+            if path not in _LINKS_SEEN:
+                _LINKS_SEEN.add(path)
+                log.warning("ignoring %s: a symbolic link (shardsafe never lists or deletes "
+                            "through one)", path)
+            continue
+        out.append(name)
+    return out
+
+
+_LINKS_SEEN: set[str] = set()  # links already warned about by ``list_entries``
 
 
 def is_temporary(name: str) -> bool:
@@ -169,10 +196,24 @@ def abort(txn: Transaction) -> None:
 
 
 def uncommit(storage: Storage, path: str) -> None:
-    """Removes the index of the checkpoint at ``path`` (durably): it is no longer committed."""
+    """Removes the index of the checkpoint at ``path`` (durably): it is no longer committed.
+
+    Raises:
+        CheckpointError: ``path`` is a symbolic link (what it points to is not deleted).
+    """
+    if storage.is_link(path):
+        raise CheckpointError(f"refusing to delete {path!r}: it is a symbolic link to "
+                              f"{_link_target(path)!r}; delete a checkpoint by its own path")
     storage.delete(storage.join(path, INDEX_NAME))
     if storage.atomic_rename and storage.exists(path):
         storage.sync_dir(path)
+
+
+def _link_target(path: str) -> str:
+    try:
+        return os.readlink(path.rstrip("/") or path)
+    except OSError:
+        return "?"
 
 
 def split_path(path: str) -> tuple[str, str]:

@@ -6,7 +6,7 @@ file of that step, or of the earlier step it referenced in turn). The next save 
 each chunk it is about to write and compares it with the chunk of the same key path,
 dtype, global shape, position and shape in the baseline; an equal digest means the
 bytes are equal, and the new index references the stored bytes instead of writing them
-again (``Split.refs``).
+again (``Delta.refs``).
 
 Change detection is exact: the digest is a 256-bit cryptographic hash (SHA-256 or
 BLAKE2b-256 from ``hashlib``, whichever this machine computes faster: SHA-256 where the
@@ -26,7 +26,7 @@ that save's reference, so chains never form. A compressed chunk (``compression=`
 referenced in its block file with its coding (codec, stored size and stored CRC32C per
 block), so an unchanged chunk is neither written nor coded again; hashing compares the
 raw bytes, whatever their coding. The baseline lives in memory only: after
-a restart the first save writes everything (see README, "Incremental saves").
+a restart the first save writes everything (see docs/guides/incremental.md).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ ChunkKey = tuple[KeyPath, str, tuple[int, ...], tuple[int, ...], tuple[int, ...]
 
 
 @dataclass(slots=True)
-class Split:
+class Delta:
     """One save's chunks, divided into those to write and those already stored.
 
     Attributes:
@@ -158,14 +158,14 @@ class Baseline:
                 self._source, self._chunks = None, {}
         return gone
 
-    def split(self, items: Sequence[TensorItem], path: str) -> Split:
+    def split(self, items: Sequence[TensorItem], path: str) -> Delta:
         """Hashes ``items`` and divides them into changed ones and ones stored already.
 
         ``path``: the checkpoint being saved. References resolve against its parent, so
         only a save into the baseline step's parent references anything.
         """
         sums = digests(items)
-        out = Split([], digests=sums)
+        out = Delta([], digests=sums)
         with self._lock:
             known_chunks = self._chunks if split_path(path)[0] == self._parent else {}
             for it in items:
@@ -177,7 +177,7 @@ class Baseline:
         return out
 
     def advance(self, path: str, plans: Sequence[FilePlan],
-                checksums: Sequence[Sequence[Sequence[int]]], split: Split, rank: int,
+                checksums: Sequence[Sequence[Sequence[int]]], split: Delta, rank: int,
                 coded: Sequence[CodedFile] = ()) -> None:
         """After the save to ``path`` committed: its chunks become the baseline.
 

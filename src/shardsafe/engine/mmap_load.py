@@ -24,7 +24,8 @@ import numpy as np
 
 from .. import tensors
 from ..errors import CorruptCheckpointError
-from ..format.blockfile import decode_block, stored_span
+from ..format.block_verify import decode_block
+from ..format.blockfile import stored_span
 from ..format.checksum import blocks
 from ..format.dtypes import lookup
 from ..format.index import ChunkEntry, Index

@@ -27,7 +27,7 @@ from .._collector import paused
 from ..comm import Comm, get_comm
 from ..plan.flatten import TensorItem, flatten
 from ..plan.layout import FilePlan, block_file_name, data_file_name, plan_file
-from ..plan.sharding import localize
+from ..plan.localize import localize
 from ..storage import storage_for
 from . import commit, plan_exchange, two_phase_commit
 from .block_writer import BlockFileWrite

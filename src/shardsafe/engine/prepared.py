@@ -24,7 +24,7 @@ from ..plan.layout import FilePlan
 from ..storage import Storage
 from . import commit
 from .entries import CodedFile, Entries, columnar_index, from_block_files, from_plans, join
-from .incremental import Baseline, Split
+from .incremental import Baseline, Delta
 
 BLOCK_SIZE = 16 << 20  # checksum block: partial (resharded) reads verify whole blocks
 UNIT_SIZE = 16 << 20  # write/staging unit: big enough for full-speed direct I/O, small
@@ -68,7 +68,7 @@ class PreparedSave:
     timeout: float = 0.0
     reported: bool = False
     baseline: Baseline | None = None
-    split: Split | None = None
+    split: Delta | None = None
     compression: str | None = None
     coded: list[FilePlan] = field(default_factory=list)
 
@@ -107,7 +107,7 @@ def split_coded(items: Sequence[TensorItem], compression: str | None) -> tuple[l
 
     With compression, every item of at least ``CODED_MIN`` bytes is compressed; smaller
     ones stay raw (coding them saves next to nothing, and they stay memory-mappable).
-    An incremental save passes only the items it writes (``Split.write``).
+    An incremental save passes only the items it writes (``Delta.write``).
     """
     if compression is None:
         return list(items), []

@@ -15,7 +15,7 @@ target's memory:
 A compressed chunk (docs/FORMAT.md section 12) is read block by block whatever its size:
 each block's stored bytes are checked, decoded straight into the target (or, for a
 piece, into a temporary of the chunk's size of which only the needed blocks are
-touched) and checked again (``format.blockfile.decode_block``).
+touched) and checked again (``format.block_verify.decode_block``).
 
 Nothing is handed to the caller before its bytes pass their checksums: a failing block
 raises ``CorruptCheckpointError`` naming the file and the key.
@@ -31,8 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import CorruptCheckpointError
-from ..format.blockfile import decode_block, stored_span
-from ..format.checksum import crc32c, verify_blocks
+from ..format.block_verify import decode_block, verify_blocks
+from ..format.blockfile import stored_span
+from ..format.checksum import crc32c
 from ..format.dtypes import lookup
 from ..format.index import ChunkEntry, Index, TensorEntry
 from ..format.tree import render_path

@@ -27,7 +27,7 @@ from ..errors import CorruptCheckpointError
 from ..format import INDEX_NAME
 from ..format.index import MAX_INDEX_BYTES, decode_index
 from ..storage.base import Storage
-from .commit import is_committed, split_path, uncommit
+from .commit import is_committed, list_entries, split_path, uncommit
 
 log = logging.getLogger("shardsafe")
 
@@ -50,7 +50,7 @@ def marked(storage: Storage, parent: str, ignore: Iterable[str] = ()) -> dict[st
     """
     out: dict[str, set[str]] = {}
     skip = set(ignore)
-    for name in storage.list(parent):
+    for name in list_entries(storage, parent):
         path = storage.join(parent, name)
         if name.startswith(".") or name in skip or not is_committed(storage, path):
             continue
@@ -73,10 +73,13 @@ def plan_sweep(storage: Storage, parent: str, names: Iterable[str], pinned: Iter
     """What ``sweep`` would do (reads only): per non-committed directory of ``names``, the
     files it removes and the files it keeps because a committed checkpoint uses them.
 
-    ``ignore``: checkpoints to treat as un-committed (they are in ``names`` too).
+    ``ignore``: checkpoints to treat as un-committed (they are in ``names`` too). Only
+    directories are swept: a name that is a symbolic link, a file, a FIFO or a device is
+    left alone (nothing outside ``parent`` is ever deleted).
     """
     skip = set(ignore)
     todo = [n for n in names if n in skip or not is_committed(storage, storage.join(parent, n))]
+    todo = [n for n in todo if _sweepable(storage, parent, n)]
     if not todo:
         return {}
     keep = marked(storage, parent, skip)
@@ -89,6 +92,15 @@ def plan_sweep(storage: Storage, parent: str, names: Iterable[str], pinned: Iter
         used = keep.get(name, set())
         out[name] = ([f for f in files if f not in used], [f for f in files if f in used])
     return out
+
+
+def _sweepable(storage: Storage, parent: str, name: str) -> bool:
+    path = storage.join(parent, name)
+    if storage.is_directory(path):
+        return True
+    if storage.exists(path) or storage.is_link(path):
+        log.warning("sweep: leaving %s alone: a symbolic link or not a directory", path)
+    return False
 
 
 def sweep(storage: Storage, parent: str, names: Iterable[str], pinned: Iterable[str] = ()) -> list[str]:

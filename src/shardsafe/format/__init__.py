@@ -5,5 +5,4 @@ Pure: no threads, no I/O, no torch.distributed.
 
 from __future__ import annotations
 
-FORMAT_VERSION = 2  # what saves write (format.index_v2); format.index reads 1 and 2
 INDEX_NAME = "index.json"

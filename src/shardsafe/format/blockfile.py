@@ -7,7 +7,8 @@ decodes only the blocks it needs. Every block carries two CRC32Cs: of its stored
 (checked before decoding) and of its raw bytes (checked after).
 
 This module holds the index's record of how blocks are stored (``BlockCoding``, the v2
-coding columns) and its validation, and codes and decodes one block with both checks.
+coding columns) and its validation, and codes one block; ``format.block_verify``
+checks and decodes blocks.
 Pure: no I/O, no threads.
 """
 
@@ -18,7 +19,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import CorruptCheckpointError
 from . import codec
 from .checksum import crc32c
 from .index_common import ChunkEntry, bad
@@ -152,30 +152,3 @@ def stored_span(chunk: ChunkEntry, j: int) -> tuple[int, int]:
     """File offset and stored length of block ``j`` of a compressed chunk."""
     assert chunk.stored is not None
     return chunk.offset + chunk.stored.starts[j], chunk.stored.sizes[j]
-
-
-def decode_block(chunk: ChunkEntry, j: int, stored: memoryview, out: memoryview, *,
-                 key: str | None) -> None:
-    """Decodes block ``j`` of a compressed chunk from its stored bytes into ``out``.
-
-    ``out`` is the block's raw bytes (its length comes from the chunk's shape, never
-    from the stream), so decoding writes nothing beyond it whatever the stream says.
-
-    Raises:
-        CorruptCheckpointError: the stored bytes fail their checksum, do not decode to
-            exactly ``len(out)`` bytes, or decode to bytes that fail the raw checksum
-            (names the block, the file and the key).
-    """
-    st = chunk.stored
-    assert st is not None
-    where = f"block {j} (stored at file bytes {chunk.offset + st.starts[j]}-" \
-            f"{chunk.offset + st.starts[j] + st.sizes[j]}, {st.codecs[j]})"
-    if crc32c(stored) != st.checksums[j]:
-        raise CorruptCheckpointError(f"stored checksum mismatch in {where}", file=chunk.file, key=key)
-    try:
-        codec.decode(st.codecs[j], stored, out)
-    except codec.CodecError as e:
-        raise CorruptCheckpointError(f"cannot decode {where}: {e}", file=chunk.file, key=key) from None
-    if crc32c(out) != chunk.checksums[j]:
-        raise CorruptCheckpointError(f"checksum mismatch in {where} after decoding",
-                                     file=chunk.file, key=key)

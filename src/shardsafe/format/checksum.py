@@ -8,11 +8,9 @@ implementation gives the same values, slowly, so a numpy-only reader can still v
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import numpy as np
-
-from ..errors import CorruptCheckpointError
 
 ALGORITHM = "crc32c"
 log = logging.getLogger("shardsafe")
@@ -72,36 +70,3 @@ def blocks(data: memoryview, block_size: int) -> Iterator[memoryview]:
     n = len(data)
     for start in range(0, n, block_size) if n else (0,):
         yield data[start : start + block_size]
-
-
-def block_checksums(data: memoryview, block_size: int) -> list[int]:
-    """CRC32C of each block of ``data`` (see ``blocks``)."""
-    return [crc32c(b) for b in blocks(data, block_size)]
-
-
-def verify_blocks(data: memoryview, block_size: int, checksums: Sequence[int], first: int = 0, *,
-                  offset: int = 0, file: str | None = None, key: str | None = None) -> None:
-    """Checks ``data``, blocks ``first``, ``first + 1``, ... of a chunk, against their checksums.
-
-    The one block verifier of the package (reader, memory-mapped load, ``shardsafe verify``).
-
-    Args:
-        data: Whole blocks of one chunk, back to back (the chunk's last block may be shorter).
-        block_size: The checkpoint's checksum block size.
-        checksums: The chunk's checksums; block ``i`` is checked against ``checksums[i]``.
-        first: The number of the first block in ``data``.
-        offset: The file offset of ``data``'s first byte (for the message).
-        file: The data file, relative to the checkpoint (for the error).
-        key: The key path of the value the chunk belongs to (for the error).
-
-    Raises:
-        CorruptCheckpointError: a block does not match; names the block, its file bytes,
-            the file and the key.
-    """
-    pos = offset
-    for i, block in enumerate(blocks(data, block_size), start=first):
-        if crc32c(block) != checksums[i]:
-            raise CorruptCheckpointError(
-                f"checksum mismatch in block {i} (file bytes {pos}-{pos + len(block)})",
-                file=file, key=key)
-        pos += len(block)

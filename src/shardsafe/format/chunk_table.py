@@ -29,6 +29,7 @@ import numpy as np
 from ..errors import CorruptCheckpointError
 from . import INDEX_NAME
 from .blockfile import RAW, BlockCoding, check_coding
+from .tiling import tiling_problem
 
 I64 = np.int64
 
@@ -340,48 +341,18 @@ def _check_general(table: ChunkTable, name: Callable[[int], str]) -> None:
         k = len(c.file)
         vol = np.prod(c.extent, axis=1, dtype=I64) if c.extent.shape[1] else np.ones(k, I64)
         table.nbytes[c.start : c.start + k] = vol * int(table.itemsizes[t])
-        _check_disjoint(t, c, vol, table.shapes[t], name)
+        if not table.shapes[t] and k > 1:
+            raise _bad(f"tensor {name(t)}: {k} chunks of a scalar overlap")
         numel = math.prod(table.shapes[t])
-        if int(vol.sum()) != numel:  # disjoint boxes inside the shape: the sum cannot overflow
-            raise _bad(f"tensor {name(t)}: chunks hold {int(vol.sum())} elements, "
-                       f"shape needs {numel}")
-
-
-def _check_disjoint(t: int, c: TensorChunks, vol: np.ndarray, shape: Sequence[int],
-                    name: Callable[[int], str]) -> None:
-    """Non-empty chunks of one tensor do not overlap.
-
-    Chunks that differ along one dimension only (a 1-D split stored in general form) are
-    checked by sorting their starts; anything else by a sweep along the dimension with
-    the most distinct starts (near O(n log n) for grid shardings).
-    """
-    keep = vol > 0
-    if int(keep.sum()) < 2:
-        return
-    pos, ext = c.pos[keep], c.extent[keep]
-    if pos.shape[1] == 0:  # a scalar's chunks are all the same single element
-        raise _bad(f"tensor {name(t)}: {len(pos)} chunks of a scalar overlap")
-    full = ((pos == 0) & (ext == np.asarray(shape, dtype=I64))).all(axis=0)
-    cut = np.flatnonzero(~full)
-    if len(cut) <= 1:
-        d = int(cut[0]) if len(cut) else 0
-        order = np.argsort(pos[:, d], kind="stable")
-        p, e = pos[order, d], ext[order, d]
-        clash = np.flatnonzero(p[1:] < p[:-1] + e[:-1])
-        if len(clash):
-            i = int(order[clash[0]])
-            raise _bad(f"tensor {name(t)}: chunks at {pos[i].tolist()} and "
-                       f"{pos[order[clash[0] + 1]].tolist()} overlap")
-        return
-    d = max(range(pos.shape[1]), key=lambda i: len(np.unique(pos[:, i])))
-    active: list[int] = []
-    for i in np.argsort(pos[:, d], kind="stable").tolist():
-        active = [a for a in active if pos[a, d] + ext[a, d] > pos[i, d]]
-        for a in active:
-            if bool(((pos[a] < pos[i] + ext[i]) & (pos[i] < pos[a] + ext[a])).all()):
-                raise _bad(f"tensor {name(t)}: chunks at {pos[a].tolist()} and "
-                           f"{pos[i].tolist()} overlap")
-        active.append(i)
+        # each volume is <= numel <= 2^62; a float sum below 2^62 means the int64 one is exact
+        held = int(vol.sum()) if float(vol.sum(dtype=np.float64)) < 2.0**62 else None
+        if held != numel:
+            raise _bad(f"tensor {name(t)}: chunks hold {held if held is not None else 'over 2^62'} "
+                       f"elements, shape needs {numel}")
+        keep = vol > 0
+        problem = tiling_problem(c.pos[keep], c.extent[keep], table.shapes[t])
+        if problem is not None:  # boxes inside the shape holding numel elements in all
+            raise _bad(f"tensor {name(t)}: {problem}")
 
 
 def _check_byte_ranges(table: ChunkTable, sizes: np.ndarray, starts: np.ndarray,

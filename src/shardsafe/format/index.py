@@ -9,12 +9,13 @@ shape and checksum is checked before any data file is opened or any buffer alloc
 from __future__ import annotations
 
 import json
-import heapq
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from .._numbers import ceil_div
 from ..errors import CorruptCheckpointError
@@ -34,7 +35,6 @@ V1 = 1  # the version of the JSON format this module encodes and decodes
 MAX_CONTAINERS = 1 << 24
 CONTAINER_BYTES = 6
 MAX_CHUNKS = 1 << 24  # chunk entries in all tensors
-SWEEP_BUDGET = 16  # overlap comparisons per chunk for chunk layouts that are not a grid
 _CRC_HEX = re.compile(r"[0-9a-f]{8}")
 _TRAILER = re.compile(rb',\s*"index_checksum"\s*:\s*"crc32c:([0-9a-f]{8})"\s*}\s*$')
 
@@ -139,7 +139,20 @@ def _ints(v: Any, what: str, n: int | None = None) -> tuple[int, ...]:
     return tuple(check_int(x, what) for x in v)
 
 
-def _decode_chunk(c: Any, ndim: int, itemsize: int, block_size: int, key: str) -> ChunkEntry:
+@dataclass
+class _Columns:
+    """The chunk columns of a v1 index, gathered chunk by chunk (``ChunkTable.build`` input)."""
+
+    file: list[int] = field(default_factory=list)
+    offset: list[int] = field(default_factory=list)
+    pos: list[int] = field(default_factory=list)
+    extent: list[int] = field(default_factory=list)
+    checksums: list[int] = field(default_factory=list)
+
+
+def _decode_chunk(c: Any, ndim: int, itemsize: int, block_size: int, key: str,
+                  file_id: dict[str, int], cols: _Columns) -> None:
+    """One chunk's own fields (types, nbytes, checksum count); appends it to ``cols``."""
     if not isinstance(c, dict):
         raise bad(f"chunk of {key} is not an object")
     shape = _ints(c.get("shape"), f"chunk shape of {key}", ndim)
@@ -153,14 +166,20 @@ def _decode_chunk(c: Any, ndim: int, itemsize: int, block_size: int, key: str) -
     # int(s, 16) alone would also take "0x1234", " -12345" or "1_234567"
     if not all(isinstance(s, str) and _CRC_HEX.fullmatch(s) for s in sums):
         raise bad(f"chunk of {key}: checksums must be 8 lowercase hex digits")
-    checksums = tuple(int(s, 16) for s in sums)
     if not isinstance(c.get("file"), str):
         raise bad(f"chunk of {key}: file must be a string")
-    return ChunkEntry(c["file"], check_int(c.get("offset"), f"chunk offset of {key}"), nbytes,
-                      offsets, shape, checksums)
+    if c["file"] not in file_id:
+        raise bad(f"tensor {key} names unknown file {c['file']!r}")
+    cols.file.append(file_id[c["file"]])
+    cols.offset.append(check_int(c.get("offset"), f"chunk offset of {key}"))
+    cols.pos.extend(offsets)
+    cols.extent.extend(shape)
+    cols.checksums.extend(int(s, 16) for s in sums)
 
 
-def _decode_tensor(t: Any, block_size: int) -> TensorEntry:
+def _decode_tensor(t: Any, block_size: int, file_id: dict[str, int],
+                   cols: _Columns) -> tuple[index_v2.TensorInfo, int, int]:
+    """One tensor row: (info, itemsize, chunk count); its chunks go to ``cols``."""
     if not isinstance(t, dict) or not isinstance(t.get("key"), list):
         raise bad("tensor entry needs a key list")
     try:
@@ -172,89 +191,9 @@ def _decode_tensor(t: Any, block_size: int) -> TensorEntry:
     chunks = t.get("chunks")
     if not isinstance(chunks, list):
         raise bad(f"tensor {name}: chunks must be a list")
-    decoded = tuple(_decode_chunk(c, len(shape), dt.itemsize, block_size, name) for c in chunks)
-    total = 0
-    for c in decoded:
-        if any(o + s > g for o, s, g in zip(c.offsets, c.shape, shape)):
-            raise bad(f"tensor {name}: chunk at {list(c.offsets)} lies outside shape {list(shape)}")
-        total += math.prod(c.shape)
-    if total != math.prod(shape):
-        raise bad(f"tensor {name}: chunks hold {total} elements, shape needs {math.prod(shape)}")
-    _check_disjoint(name, decoded, shape)
-    return TensorEntry(key, kind, dt.name, shape, decoded)
-
-
-def _boxes_overlap(a: ChunkEntry, b: ChunkEntry) -> bool:
-    return all(ao < bo + bs and bo < ao + as_
-               for ao, as_, bo, bs in zip(a.offsets, a.shape, b.offsets, b.shape))
-
-
-def _is_grid(boxes: Sequence[ChunkEntry], shape: tuple[int, ...]) -> bool:
-    """True when the boxes are exactly the cells of a grid: per dimension, their distinct
-    intervals partition ``[0, shape[d])``, and every cell appears once. Sharded saves
-    (DTensor placements on any mesh, row splits) always produce such grids. O(n log n)."""
-    total = 1
-    for d, g in enumerate(shape):
-        intervals = sorted({(c.offsets[d], c.shape[d]) for c in boxes})
-        pos = 0
-        for o, n in intervals:
-            if o != pos:
-                return False
-            pos = o + n
-        if pos != g:
-            return False
-        total *= len(intervals)
-    return total == len(boxes) and len({c.offsets for c in boxes}) == len(boxes)
-
-
-def _check_disjoint(name: str, chunks: Sequence[ChunkEntry], shape: tuple[int, ...]) -> None:
-    """Rejects chunks whose element regions overlap.
-
-    All chunks lie inside the shape and their element counts add up to it, so they are
-    disjoint exactly when they cover the tensor; without this a forged index could leave
-    part of a freshly allocated tensor unwritten. A grid (what writers produce) is checked
-    in O(n log n). Anything else is swept along the dimension with the most distinct
-    chunk starts, comparing each chunk with the chunks still open there; that sweep may
-    spend ``SWEEP_BUDGET`` comparisons per chunk, and a layout that needs more is refused
-    (such layouts are forged: no writer produces them), which keeps the work linear.
-    """
-    boxes = [c for c in chunks if math.prod(c.shape) > 0]
-    if len(boxes) < 2 or _is_grid(boxes, shape):
-        return
-    ndim = len(boxes[0].shape)
-    d = max(range(ndim), key=lambda i: len({c.offsets[i] for c in boxes}))
-    budget = SWEEP_BUDGET * len(boxes) + 4096  # small tensors: always checked exactly
-    open_: list[tuple[int, int, ChunkEntry]] = []  # heap of (end along d, tie, chunk)
-    for n, c in enumerate(sorted(boxes, key=lambda c: c.offsets[d])):
-        while open_ and open_[0][0] <= c.offsets[d]:
-            heapq.heappop(open_)
-        budget -= len(open_)
-        if budget < 0:
-            raise bad(f"tensor {name}: {len(boxes)} chunks that are not a grid are too irregular to "
-                       f"check for overlaps (over {SWEEP_BUDGET} comparisons per chunk)")
-        for _, _, a in open_:
-            if _boxes_overlap(a, c):
-                raise bad(f"tensor {name}: chunks at {list(a.offsets)} and {list(c.offsets)} overlap")
-        heapq.heappush(open_, (c.offsets[d] + c.shape[d], n, c))
-
-
-def _check_byte_ranges(files: Sequence[FileEntry], tensors: Sequence[TensorEntry]) -> None:
-    by_file: dict[str, list[tuple[int, int, str]]] = {f.name: [] for f in files}
-    for t in tensors:
-        for c in t.chunks:
-            ranges = by_file.get(c.file)
-            if ranges is None:
-                raise bad(f"tensor {tree.render_path(t.key)} names unknown file {c.file!r}")
-            if c.nbytes:  # an empty chunk reads nothing: its offset constrains nothing (FORMAT.md 9.6)
-                ranges.append((c.offset, c.offset + c.nbytes, tree.render_path(t.key)))
-    for f in files:
-        prev_end, prev_key = f.data_start, "<header>"
-        for start, end, key in sorted(by_file[f.name]):
-            if start < prev_end:
-                raise bad(f"byte range of {key} in {f.name} overlaps {prev_key}")
-            if end > f.size:
-                raise bad(f"byte range of {key} ends at {end}, past the end of {f.name} ({f.size})")
-            prev_end, prev_key = end, key
+    for c in chunks:
+        _decode_chunk(c, len(shape), dt.itemsize, block_size, name, file_id, cols)
+    return index_v2.TensorInfo(key, kind, dt.name, shape), dt.itemsize, len(chunks)
 
 
 class _TooLarge(ValueError):
@@ -315,10 +254,17 @@ def _parse(data: bytes) -> dict[str, Any]:
 
 
 def decode_index(data: bytes) -> Index:
-    """Parses and validates index bytes (v1 or v2); raises CorruptCheckpointError naming the problem."""
+    """Parses and validates index bytes (v1 or v2); raises CorruptCheckpointError naming the problem.
+
+    Both versions end in the same ``ChunkTable``, validated by the same code (``ChunkTable.build``).
+    """
     if index_v2.is_v2(data):
-        return _from_v2(index_v2.decode(data))
-    raw = _parse(data)
+        return _from_columns(index_v2.decode(data), 2)
+    return _from_columns(_decode_v1(_parse(data)), V1)
+
+
+def _decode_v1(raw: dict[str, Any]) -> index_v2.ColumnarIndex:
+    """The columnar form of a parsed v1 index, validated like a v2 one."""
     block_size = check_int(raw.get("block_size"), "block_size", 4096, 1 << 40)
     files = decode_files(raw.get("files"))
     raw_tensors = raw.get("tensors")
@@ -327,17 +273,31 @@ def decode_index(data: bytes) -> Index:
     chunks = sum(len(t["chunks"]) for t in raw_tensors if isinstance(t, dict) and isinstance(t.get("chunks"), list))
     if chunks > MAX_CHUNKS:
         raise bad(f"{chunks} chunks, more than the {MAX_CHUNKS} allowed")
-    tensors = tuple(_decode_tensor(t, block_size) for t in raw_tensors)
-    _check_byte_ranges(files, tensors)
-    check_tree(raw.get("tree"), [t.key for t in tensors])
-    return Index(tree=raw["tree"], tensors=tensors, files=files, block_size=block_size,
-                 format_version=raw["format_version"], **header_fields(raw))
+    cols = _Columns()
+    file_id = {f.name: i for i, f in enumerate(files)}
+    rows = [_decode_tensor(t, block_size, file_id, cols) for t in raw_tensors]
+    infos = tuple(r[0] for r in rows)
+
+    def name(t: int) -> str:
+        return tree.render_path(infos[t].key)
+
+    def i64(v: list[int]) -> np.ndarray:
+        return np.array(v, dtype=np.int64)
+
+    table = ChunkTable.build(
+        [i.shape for i in infos], [r[1] for r in rows], [None] * len(infos), [r[2] for r in rows],
+        i64(cols.offset), i64(cols.file), i64(cols.pos), i64(cols.extent),
+        np.array(cols.checksums, dtype=np.uint32), block_size, i64([f.size for f in files]),
+        i64([f.data_start for f in files]), name)
+    check_tree(raw.get("tree"), [i.key for i in infos])
+    return index_v2.ColumnarIndex(tree=raw["tree"], tensors=infos, files=files, chunks=table,
+                                  **header_fields(raw))
 
 
-def _from_v2(ci: index_v2.ColumnarIndex) -> Index:
-    """The ``Index`` of a decoded v2 index: tensor entries and their chunks are built from
-    the columns when asked for (``LazyTensors``)."""
+def _from_columns(ci: index_v2.ColumnarIndex, version: int) -> Index:
+    """The ``Index`` of a decoded index: tensor entries and their chunks are built from the
+    columns when asked for (``LazyTensors``)."""
     return Index(tree=ci.tree, tensors=LazyTensors(ci, TensorEntry),  # type: ignore[arg-type]
                  files=ci.files, block_size=ci.block_size,
                  world_size=ci.world_size, created=ci.created, metadata=ci.metadata,
-                 library=ci.library, format_version=2, table=ci.chunks, infos=ci.tensors)
+                 library=ci.library, format_version=version, table=ci.chunks, infos=ci.tensors)

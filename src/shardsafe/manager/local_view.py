@@ -22,17 +22,18 @@ class LocalView:
     """Stateful wrapper saving and loading ``state`` as this rank's local shards.
 
     Args:
-        state: The caller's state mapping (loaded into in place).
+        state: The caller's state: a mapping or a single Stateful object (loaded into
+            in place).
     """
 
-    def __init__(self, state: MutableMapping[str, Any]) -> None:
+    def __init__(self, state: MutableMapping[str, Any] | Any) -> None:
         self.state = state
         self._originals: dict[int, Any] = {}  # id(Stateful) -> the state dict it gave out
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> Any:
         """The state with Stateful objects resolved and DTensors as local tensors."""
         self._originals.clear()
-        return {k: self._localize(v) for k, v in self.state.items()}
+        return self._localize(self.state)
 
     def _localize(self, x: Any) -> Any:
         if is_stateful(x):

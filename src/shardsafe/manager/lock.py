@@ -8,8 +8,11 @@ dead process on this host is stale (the owner crashed or was killed) and is take
 A lock of another host is trusted until an operator removes it (we cannot see that
 host's processes); the error says so.
 
-On a local filesystem the lock is created with ``O_CREAT | O_EXCL``, so of two managers
-starting at once exactly one wins. Object stores have no exclusive create: there the
+On a local filesystem the lock is written to a private file and hard-linked into place,
+which fails if a lock exists: of two managers starting at once exactly one wins, and a
+lock is never seen empty or half-written. A lock file is read only if it is a small
+regular file; anything else in its place (forged or damaged content, a huge file, a
+symlink, a FIFO) is damage and is replaced, except a directory, which is refused. Object stores have no exclusive create: there the
 lock is written and read back, which catches a second manager started later but not two
 started within the same moment.
 """
@@ -24,13 +27,16 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CorruptCheckpointError
 from ..storage import LocalStorage
 from ..storage.base import Storage
 
 log = logging.getLogger("shardsafe")
 
 LOCK_NAME = ".shardsafe-manager.lock"
+MAX_LOCK_BYTES = 4096  # what LockOwner.encode writes is ~150 bytes
+_MAX_PID = (1 << 31) - 1  # a pid_t; os.kill needs a C int
+_MAX_TIME = 1e11  # seconds since the epoch (year 5138): time.gmtime handles it
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +64,34 @@ class LockOwner:
 
 
 def _decode(data: bytes) -> LockOwner | None:
-    """The owner recorded in a lock file; None if the file is not a lock we wrote."""
+    """The owner recorded in a lock file; None if the file is not a lock we wrote (anything
+    else in it -- a huge or negative pid, a non-finite time, deep JSON -- is damage)."""
     try:
-        raw = json.loads(data.decode("utf-8"))
-        return LockOwner(str(raw["host"]), int(raw["pid"]), float(raw["started"]), str(raw["token"]))
-    except (ValueError, KeyError, TypeError):
+        raw = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    host, pid, started, token = (raw.get(k) for k in ("host", "pid", "started", "token"))
+    if not (isinstance(host, str) and len(host) <= 255 and isinstance(token, str) and len(token) <= 64
+            and type(pid) is int and 1 <= pid <= _MAX_PID  # noqa: E721 - not a bool
+            and type(started) in (int, float) and 0 <= started < _MAX_TIME):  # noqa: E721
+        return None
+    return LockOwner(host, pid, float(started), token)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _read(storage: Storage, path: str) -> LockOwner | None:
+    """The owner a lock file names; None when it is damaged, larger than a lock can be, or
+    not a regular file (it is never read whole then)."""
+    try:
+        if storage.size(path) > MAX_LOCK_BYTES:
+            return None
+        return _decode(storage.read(path))
+    except CorruptCheckpointError:  # a symlink, FIFO or directory where the lock should be
         return None
 
 
@@ -78,17 +107,27 @@ def _alive(pid: int) -> bool:
 
 
 def _create(storage: Storage, path: str, data: bytes) -> bool:
-    """Creates the lock file unless it exists; True if this call created it."""
+    """Creates the lock file, complete, unless it exists; True if this call created it.
+
+    Locally the content is written to a private file first and hard-linked into place:
+    the link fails if the lock exists, and a lock that exists is never seen empty or
+    half-written by another manager (which would take it over as damaged).
+    """
     if isinstance(storage, LocalStorage):
+        tmp = f"{path}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.link(tmp, path)
         except FileExistsError:
             return False
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
         finally:
-            os.close(fd)
+            os.remove(tmp)
+        storage.sync_dir(os.path.dirname(path) or ".")
         return True
     if storage.exists(path):
         return False
@@ -118,7 +157,7 @@ class DirectoryLock:
             if _create(storage, path, me.encode()):
                 return cls(storage, directory, me)
             try:
-                other = _decode(storage.read(path))
+                other = _read(storage, path)
             except FileNotFoundError:
                 continue  # released between our create and our read
             if other is not None and not (other.host == me.host and not _alive(other.pid)):
@@ -127,16 +166,18 @@ class DirectoryLock:
                 raise CheckpointError(
                     f"{url!r} already has a writable CheckpointManager: {other.describe()}; "
                     f"use read_only=True for a second manager{hint}")
+            if storage.is_directory(path):  # never removed: its files are not ours to delete
+                raise CheckpointError(f"{path!r} is a directory, not a manager lock; remove it")
             what = "damaged lock" if other is None else f"stale lock of {other.describe()} (dead)"
             log.warning("taking over the %s in %s", what, url)
-            storage.delete(path)
+            storage.delete(path)  # a link is removed itself, never what it points to
         raise CheckpointError(f"could not take the manager lock {path!r}: other managers keep "
                               f"taking it")
 
     def held(self) -> bool:
         """True while the lock file still names this owner."""
         try:
-            other = _decode(self._storage.read(self._path))
+            other = _read(self._storage, self._path)
         except FileNotFoundError:
             return False
         return other is not None and other.token == self.owner.token

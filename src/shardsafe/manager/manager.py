@@ -35,6 +35,7 @@ from typing import Any
 from ..comm import agreement
 from ..engine.checkpointer import Checkpointer
 from ..errors import CheckpointError, CheckpointNotFoundError
+from ..plan.flatten import Stateful
 from ..storage import storage_for
 from . import recovery, saving
 from .lock import DirectoryLock
@@ -213,7 +214,7 @@ class CheckpointManager:
         latest = self._latest_known()
         return latest is None or step > latest
 
-    def save(self, step: int, state: Mapping[str, Any], *,
+    def save(self, step: int, state: Mapping[str, Any] | Stateful, *,
              metrics: Mapping[str, Any] | None = None, force: bool = False) -> bool:
         """Saves ``state`` as ``step`` if it is due (or ``force``); returns whether it saved.
 
@@ -228,7 +229,8 @@ class CheckpointManager:
 
         Args:
             step: The training step (a non-negative int).
-            state: What to save (tensors, containers, plain values, Stateful objects).
+            state: What to save (tensors, containers, plain values, Stateful objects), or
+                a single Stateful object (e.g. ``training_state(accelerator)``).
             metrics: Numbers stored with the step (for ``best_fn`` and ``metrics(step)``).
             force: Save even if the step is not due.
 
@@ -367,7 +369,7 @@ class CheckpointManager:
             raise CheckpointError(f"cannot {what}: the CheckpointManager for {self._url!r} is read-only")
 
     # ------------------------------------------------------------------ restoring
-    def restore(self, state: MutableMapping[str, Any], step: int | None = None, *,
+    def restore(self, state: MutableMapping[str, Any] | Stateful, step: int | None = None, *,
                 rollback: bool = False) -> int | None:
         """Loads a checkpoint into ``state`` in place and returns its step.
 

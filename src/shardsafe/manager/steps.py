@@ -107,7 +107,7 @@ class StepDirectory:
 
     def _names(self) -> dict[int, list[str]]:
         by_step: dict[int, list[str]] = {}
-        for name in self.storage.list(self.path):
+        for name in commit.list_entries(self.storage, self.path):  # links are never steps
             step = parse_step(name)
             if step is not None:
                 by_step.setdefault(step, []).append(name)
@@ -161,11 +161,12 @@ class StepDirectory:
         A step directory without an index may also hold data files that committed steps
         reference (incremental saves): ``remove_leftovers`` and ``sweep`` keep those.
         """
-        names = self.storage.list(self.path)
+        names = commit.list_entries(self.storage, self.path)
         out = [n for n in names if commit.is_temporary(n)]
         for n in names:
             step = parse_step(n)
-            if step is not None and not commit.is_committed(self.storage, self.step_path(step, n)):
+            path = self.step_path(step or 0, n)
+            if step is not None and not commit.is_committed(self.storage, path) and self.storage.is_directory(path):
                 out.append(n)  # no index: a delete (index first, then data) was interrupted
         return out
 
@@ -174,7 +175,7 @@ class StepDirectory:
         files committed steps reference); returns the names of what it removed or swept.
         Only for the single writer, with no save in flight."""
         removed = []
-        for name in self.storage.list(self.path):
+        for name in commit.list_entries(self.storage, self.path):
             if commit.is_temporary(name):
                 self.storage.delete(self.storage.join(self.path, name))
                 removed.append(name)
@@ -189,7 +190,8 @@ class StepDirectory:
         (``engine.sweep``), except ``pinned`` files (``<step dir>/<file>``: a save in
         flight) and the directories named in ``exclude``; returns the swept directories."""
         skip = set(exclude)
-        names = [n for n in self.storage.list(self.path) if parse_step(n) is not None and n not in skip]
+        names = [n for n in commit.list_entries(self.storage, self.path)
+                 if parse_step(n) is not None and n not in skip]
         return sweep.sweep(self.storage, self.path, names, pinned)
 
     def uncommit(self, step: int, name: str | None = None) -> None:

@@ -10,12 +10,20 @@ from __future__ import annotations
 import argparse
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from .. import tensors
 from ..format.tree import MAX_DEPTH, KeyPath, Node, encode_key, encode_plain, render_path
+
+
+class Stateful(Protocol):
+    """What a Stateful object provides (modules, optimizers, schedulers, data loaders, ...)."""
+
+    def state_dict(self) -> Mapping[Any, Any]: ...
+
+    def load_state_dict(self, state_dict: Mapping[Any, Any], /) -> Any: ...
 
 
 def is_stateful(x: Any) -> bool:
@@ -214,15 +222,21 @@ class _Flattener:
         self.items.append(item)
         return {"t": "tensor", "id": item.id}
 
-def flatten(state: Mapping[str, Any]) -> tuple[Node, list[TensorItem]]:
+
+def flatten(state: Mapping[str, Any] | Stateful) -> tuple[Node, list[TensorItem]]:
     """Returns the structure tree of ``state`` and its tensor items (in tree order).
 
+    A single Stateful object is saved as its state dict, exactly as it would be inside
+    a mapping, so its checkpoint's root holds the state dict's keys.
+
     Raises:
-        TypeError: ``state`` is not a mapping, or holds a value that cannot be saved
-            safely (the message names the key path).
+        TypeError: ``state`` is neither a mapping nor a Stateful object whose
+            ``state_dict()`` is a mapping, or holds a value that cannot be saved safely
+            (the message names the key path).
     """
-    if not isinstance(state, Mapping):
-        raise TypeError(f"state must be a mapping (dict), got {type(state).__name__}")
+    if not isinstance(state, Mapping) and not is_stateful(state):
+        raise TypeError(f"state must be a mapping (dict) or a Stateful object (with state_dict() "
+                        f"and load_state_dict()), got {type(state).__name__}")
     f = _Flattener()
     root = f.node(state, ())
     return root, f.items

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..format.datafile import METADATA_KEY, Layout, layout_columns
-from ..format.index import ChunkEntry
 from ..format.tree import render_path
 from .flatten import TensorItem
 
@@ -21,13 +21,23 @@ class FilePlan:
     layout: Layout
 
 
+DATA_SUFFIX = ".safetensors"  # a data file of raw tensor bytes
+BLOCK_SUFFIX = ".blocks"  # a block file of compressed chunks (docs/FORMAT.md section 12)
+_DATA_NAME = re.compile(r"data-r\d+-\d+(" + re.escape(DATA_SUFFIX) + "|" + re.escape(BLOCK_SUFFIX) + ")")
+
+
 def data_file_name(rank: int, part: int = 0) -> str:
-    return f"data-r{rank:05d}-{part:03d}.safetensors"
+    return f"data-r{rank:05d}-{part:03d}{DATA_SUFFIX}"
 
 
 def block_file_name(rank: int, part: int = 0) -> str:
     """Name of a block file (compressed chunks; docs/FORMAT.md section 12)."""
-    return f"data-r{rank:05d}-{part:03d}.blocks"
+    return f"data-r{rank:05d}-{part:03d}{BLOCK_SUFFIX}"
+
+
+def is_data_file_name(name: str) -> bool:
+    """Whether ``name`` is one a save gives its data files (``data_file_name`` or ``block_file_name``)."""
+    return _DATA_NAME.fullmatch(name) is not None
 
 
 PARTS_KEY = "shardsafe.parts"  # __metadata__ entry describing the partial chunks of a data file
@@ -76,11 +86,3 @@ def _unique_names(items: Sequence[TensorItem], paths: Sequence[str], locals_: Se
                         "global_shape": list(it.shape)}
     return out
 
-
-def chunk_entries(plan: FilePlan, checksums: Sequence[Sequence[int]]) -> list[tuple[int, ChunkEntry]]:
-    """``(item id, chunk entry)`` for each item of a written file, given its block checksums."""
-    return [
-        (it.id, ChunkEntry(file=plan.name, offset=off, nbytes=it.nbytes, offsets=it.offsets,
-                           shape=it.local_shape, checksums=tuple(sums)))
-        for it, off, sums in zip(plan.items, plan.layout.offsets, checksums)
-    ]

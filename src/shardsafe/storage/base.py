@@ -96,6 +96,16 @@ class Storage(Protocol):
         """Sorted names directly under directory/prefix ``path``; empty if it is absent."""
         ...
 
+    def is_link(self, path: str) -> bool:
+        """True if ``path`` is a symbolic link (object stores have none). Listing and
+        deleting never go through one (docs/FORMAT.md section 9)."""
+        ...
+
+    def is_directory(self, path: str) -> bool:
+        """True if ``path`` is a directory (prefix) itself: not a symbolic link to one, not a
+        file, FIFO or device, and present."""
+        ...
+
     def makedirs(self, path: str) -> None:
         """Creates directory ``path`` and its parents (no-op on object stores)."""
         ...

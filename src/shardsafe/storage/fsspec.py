@@ -232,6 +232,13 @@ class FsspecStorage:
             return []  # ls of a single object returns the object itself
         return sorted(names)
 
+    def is_link(self, path: str) -> bool:
+        return False  # object stores and fsspec's remote filesystems have no links
+
+    @_os_errors
+    def is_directory(self, path: str) -> bool:
+        return self._is_dir(path)
+
     def _is_dir(self, path: str) -> bool:
         try:
             return self.fs.info(path).get("type") == "directory"

@@ -15,6 +15,7 @@ import errno
 import logging
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Sequence
 
@@ -239,6 +240,15 @@ class LocalStorage:
             return sorted(os.listdir(path))
         except (FileNotFoundError, NotADirectoryError):
             return []
+
+    def is_link(self, path: str) -> bool:
+        return os.path.islink(path.rstrip("/") or path)  # "link/" would resolve the link
+
+    def is_directory(self, path: str) -> bool:
+        try:
+            return stat.S_ISDIR(os.lstat(path.rstrip("/") or path).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
 
     # ------------------------------------------------------------------ namespace
     def makedirs(self, path: str) -> None:

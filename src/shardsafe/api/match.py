@@ -19,7 +19,7 @@ from .. import tensors
 from ..engine.buffers import new_tensor
 from ..format.index import Index, TensorEntry
 from ..format.tree import KeyPath, Node, build, dict_items, render_path
-from ..plan.flatten import alias_key, is_stateful
+from ..plan.flatten import Stateful, alias_key, is_stateful
 
 
 @dataclass(slots=True)
@@ -194,12 +194,19 @@ class _Matcher:
         return target
 
 
-def match(index: Index, target: MutableMapping[str, Any]) -> Matching:
-    """Matches ``target`` against the checkpoint ``index`` without changing either."""
+def match(index: Index, target: MutableMapping[str, Any] | Stateful) -> Matching:
+    """Matches ``target`` against the checkpoint ``index`` without changing either.
+
+    A Stateful target is matched as it would be inside a mapping: through its
+    ``state_dict()``, with a ``load_state_dict`` call among the finalizers.
+    """
     if index.tree.get("t") != "dict":
         raise TypeError("the checkpoint's root is not a mapping")
     matcher = _Matcher(index)
-    matcher.mapping(target, index.tree, (), open_=False)
+    if is_stateful(target):
+        matcher.value(target, index.tree, (), open_=False)
+    else:
+        matcher.mapping(target, index.tree, (), open_=False)
     return matcher.m
 
 

@@ -1,4 +1,5 @@
-"""The demo's pure parts: choosing the interruptions, comparing states, fingerprints."""
+"""Bit-exact comparison of states and their fingerprints: every kind of difference is
+named, a live state equals its checkpoint, a snapshot keeps its moment."""
 
 from __future__ import annotations
 
@@ -6,35 +7,10 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("torchdata")
-
-import shardsafe  # noqa: E402
-from shardsafe.demo.compare import differences, fingerprint, snapshot, summarize  # noqa: E402
-from shardsafe.demo.plan import plan_interruptions  # noqa: E402
-
-
-@pytest.mark.parametrize("steps,every", [(300, 25), (120, 20), (60, 10), (16, 4), (1000, 7)])
-@pytest.mark.parametrize("seed", [0, 1, 2, 17])
-def test_interruptions_land_between_checkpoints(steps, every, seed) -> None:
-    p = plan_interruptions(steps, every, seed)
-    assert p == plan_interruptions(steps, every, seed)  # seeded
-    for s in (p.crash_at, p.preempt_at):
-        assert every < s < steps - every  # after a checkpoint, work left after it
-        assert every // 4 <= s % every <= every - every // 4  # the middle of an interval
-    assert p.preempt_at // every > p.crash_at // every  # a later interval than the crash
-
-
-def test_interruptions_depend_on_the_seed() -> None:
-    assert len({plan_interruptions(300, 25, seed) for seed in range(20)}) > 5
-
-
-@pytest.mark.parametrize("steps,every", [(10, 10), (25, 25), (30, 10), (300, 3), (300, 0),
-                                         (5, 4)])
-def test_plan_rejects_options_without_room(steps, every) -> None:
-    with pytest.raises(ValueError):
-        plan_interruptions(steps, every, 0)
+import shardsafe
+from shardsafe.harness.compare import differences, fingerprint, snapshot, summarize
 
 
 def test_identical_states_have_no_differences_and_equal_fingerprints() -> None:
@@ -105,10 +81,3 @@ def test_a_snapshot_keeps_the_state_of_its_moment() -> None:
     diffs = differences(state, snap)
     assert {d.split(":")[0] for d in diffs} == {"model.weight", "rng.torch", "xs.0"}
     assert isinstance(snap["t"], tuple) and not isinstance(snap["rng"], shardsafe.RNGState)
-
-
-@pytest.mark.parametrize("every", [4, 5, 10, 25, 99])
-def test_the_suggested_minimum_number_of_steps_fits(every) -> None:
-    with pytest.raises(ValueError, match=f"use at least {4 * every} steps"):
-        plan_interruptions(2 * every, every, 0)
-    plan_interruptions(4 * every, every, 0)

@@ -1,4 +1,4 @@
-"""The training-loop example of README.md ("Using shardsafe in a training loop") runs as documented."""
+"""The first example of docs/guides/training-loop.md (a training loop with CheckpointManager) runs as documented."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DOC = os.path.join(ROOT, "README.md")
-SECTION = "## Using shardsafe in a training loop"
+DOC = os.path.join(ROOT, "docs", "guides", "training-loop.md")
+SECTION = "# A training loop with CheckpointManager"
 
 
 def first_python_block(path: str) -> str:

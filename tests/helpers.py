@@ -1,0 +1,143 @@
+"""Mechanisms every test directory shares: damaging a file on purpose, comparing states
+bit for bit, and SIGKILLing a child process over and over.
+
+(Starting the ranks of a multi-process job is in dist_harness.py; the S3 server in
+s3_server.py.)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+
+# ----------------------------------------------------------------------------- damage
+def flip_byte(path: str | os.PathLike, offset: int, mask: int = 0xFF) -> None:
+    """XORs the byte at ``offset`` of file ``path`` with ``mask`` (a negative offset counts
+    from the end): damage a checksum must catch. Flipping twice restores the file."""
+    with open(path, "r+b") as f:
+        pos = offset if offset >= 0 else f.seek(0, os.SEEK_END) + offset
+        f.seek(pos)
+        b = f.read(1)
+        assert len(b) == 1, f"{path} has no byte at {pos}"
+        f.seek(pos)
+        f.write(bytes([b[0] ^ mask]))
+
+
+# ----------------------------------------------------------------------------- comparison
+def raw_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The logical values of ``t`` as row-major bytes (conj/neg bits resolved)."""
+    t = t.detach().resolve_conj().resolve_neg().contiguous()
+    return t.reshape(-1).view(torch.uint8)
+
+
+def assert_same(got: Any, want: Any, path: str = "<root>") -> None:
+    """Asserts equal structure (key order too), exact types, and bit-identical
+    tensors, arrays and floats (NaN equals NaN; -0.0 differs from 0.0)."""
+    if isinstance(want, torch.Tensor):
+        assert type(got) is torch.Tensor, f"{path}: {type(got)}"
+        assert got.device.type == "cpu", path
+        assert got.dtype == want.dtype and got.shape == want.shape, (path, got.dtype, got.shape)
+        assert torch.equal(raw_bytes(got), raw_bytes(want)), path
+        return
+    assert type(got) is type(want), f"{path}: {type(got).__name__} != {type(want).__name__}"
+    if isinstance(want, np.ndarray):
+        assert got.dtype == want.dtype and got.shape == want.shape, path
+        assert np.ascontiguousarray(got).tobytes() == np.ascontiguousarray(want).tobytes(), path
+    elif isinstance(want, np.generic):
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), path
+    elif isinstance(want, float):
+        assert math.isnan(got) if math.isnan(want) else (got == want and math.copysign(1, got) == math.copysign(1, want)), path
+    elif isinstance(want, dict):
+        assert list(got) == list(want), f"{path}: keys {list(got)} != {list(want)}"
+        for k in want:
+            assert_same(got[k], want[k], f"{path}.{k}")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{path}.{i}")
+    else:
+        assert got == want, path
+
+
+def same(got: Any, want: Any) -> bool:
+    """Whether ``assert_same(got, want)`` passes (for negative controls)."""
+    try:
+        assert_same(got, want)
+    except AssertionError:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- SIGKILL
+def read_progress(path: str) -> list[str]:
+    """The complete lines a child wrote to its progress file (a torn last line is left out)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return [line.strip() for line in f if line.endswith("\n")]
+    except FileNotFoundError:
+        return []
+
+
+def wait_for(path: str, pred: Callable[[list[str]], bool], proc: subprocess.Popen,
+             timeout: float = 60.0) -> list[str]:
+    """Waits until the progress lines in ``path`` satisfy ``pred``; returns them.
+
+    Raises:
+        AssertionError: the child exited first, or ``timeout`` seconds passed (it is killed).
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = read_progress(path)
+        if pred(lines):
+            return lines
+        if proc.poll() is not None:
+            raise AssertionError(f"child exited with {proc.returncode} before expected progress: {lines[-5:]}")
+        time.sleep(0.01)
+    proc.kill()
+    raise AssertionError(f"timed out waiting for the child; progress: {read_progress(path)[-5:]}")
+
+
+def committed_steps(lines: list[str]) -> list[int]:
+    """The steps of the ``committed <step>`` progress lines."""
+    return [int(ln.split()[1]) for ln in lines if ln.startswith("committed ")]
+
+
+def kill_rounds(start: Callable[[int], subprocess.Popen], progress: str,
+                after_kill: Callable[[list[str]], bool], *, seed: int, delay: tuple[float, float],
+                rounds: int, min_debris: int = 0, max_rounds: int | None = None) -> int:
+    """SIGKILLs a child at random moments, round after round; returns how many kills left debris.
+
+    Each round starts a child (``start(round)``), waits until it reports ``ready`` in the
+    ``progress`` file, waits a seeded random time in ``delay`` seconds, SIGKILLs it and
+    checks that it died of that; ``after_kill(progress lines)`` then checks what the
+    child left and says whether the kill landed inside unfinished work (debris). Runs
+    ``rounds`` rounds, then more (up to ``max_rounds``) until ``min_debris`` kills left debris.
+    """
+    rng = random.Random(seed)
+    debris = 0
+    for n in range(max(rounds, max_rounds or 0)):
+        if n >= rounds and debris >= min_debris:
+            break
+        if os.path.exists(progress):
+            os.remove(progress)
+        proc = start(n)
+        try:
+            wait_for(progress, lambda ln: "ready" in ln, proc)
+            time.sleep(rng.uniform(*delay))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        lines = read_progress(progress)
+        assert proc.returncode == -signal.SIGKILL, (proc.returncode, lines[-3:])
+        debris += bool(after_kill(lines))
+    return debris
