@@ -77,6 +77,7 @@ class FileWrite:
         self._writer = writer
         self._started = False
         self._all_ready = threading.Event()
+        self._submitting = 0  # unit_ready calls still submitting their jobs
         self._failed: BaseException | None = None
         # streamed with bounce buffers: block pieces checksummed from the bytes written
         self._from_copies = self._slotted or (sources is not None and bounce is not None)
@@ -117,10 +118,18 @@ class FileWrite:
             if not self._started:
                 self._pending.extend(jobs)
                 jobs = []
-            if self._prefix == len(self._ready):
-                self._all_ready.set()
-        for job in jobs:
-            self._submit(job)
+            self._submitting += 1
+        try:
+            for job in jobs:
+                self._submit(job)
+        finally:
+            # "all ready" only once every job of every unit is submitted: finish() then
+            # waits for all of them (a job still being submitted by another thread would be
+            # missed, its checksums lost and its write racing the close)
+            with self._lock:
+                self._submitting -= 1
+                if self._prefix == len(self._ready) and self._submitting == 0:
+                    self._all_ready.set()
 
     def error(self) -> BaseException | None:
         """The first failure so far (of staging or of a finished job), else None."""
