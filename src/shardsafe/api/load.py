@@ -48,18 +48,20 @@ def _read(reader: Reader, targets: list[TensorTarget], new: Allocated | None = N
     the others through ``ReadJob``s."""
     jobs: list[ReadJob] = []
     direct = new or Allocated()
-    whole = whole_raw(reader.index.table) if reader.index.table is not None else None
-    starts = reader.index.table.tensor_start if whole is not None else None
+    table = reader.index.table
+    whole = whole_raw(table).tolist() if table is not None else None
+    starts = table.tensor_start.tolist() if table is not None else None
     for tt in targets:
-        e = tt.entry
+        if tt.dest is None and whole is not None and tt.tid >= 0 and whole[tt.tid]:
+            addr = _address(tt.target)
+            if addr is not None:
+                direct.tensors.append(tt.tid)
+                direct.rows.append(starts[tt.tid])
+                direct.addrs.append(addr)
+                continue
+        e = tt.entry if tt.entry is not None else reader.index.tensors[tt.tid]
         if tt.dest is not None:  # a new tensor: its bytes are known, and it is the whole
             jobs.append(ReadJob(e, tt.dest, (0,) * len(e.shape), e.shape))
-            continue
-        addr = _address(tt.target) if whole is not None and tt.tid >= 0 and whole[tt.tid] else None
-        if addr is not None:
-            direct.tensors.append(tt.tid)
-            direct.rows.append(int(starts[tt.tid]))
-            direct.addrs.append(addr)
             continue
         # a DTensor target reads only its own box of the global tensor
         target, offsets, shape = dtensor.target_region(tt.target)
