@@ -18,6 +18,9 @@ from .states import nbytes, zeros_like
 SAVE = "save"
 LOAD = "load"
 PEERS = ("torch", "dcp", "safetensors")  # the systems shardsafe is compared with
+# Case (e) measures the cost per tensor of the sync save and of the loads, nothing else
+PER_TENSOR_SKIP = ("shardsafe async_save (blocking)", "shardsafe async_save (background)",
+                   "shardsafe load mmap=True (cold)")
 
 
 def available_peers(peers: Collection[str] = PEERS) -> tuple[str, ...]:
@@ -91,13 +94,13 @@ def _load_ops(state: dict[str, Any], system_drop: bool,
 
 def run_io_case(name: str, title: str, state: dict[str, Any], directory: str, repeat: int, *,
                 system_drop: bool = False, warmup: bool = True, log: Any = None,
-                peers: Collection[str] = PEERS) -> CaseResult:
+                peers: Collection[str] = PEERS, skip: Collection[str] = ()) -> CaseResult:
     """Saves and loads ``state`` with shardsafe and every system of ``peers`` ``repeat``
-    times (after a warm-up round)."""
+    times (after a warm-up round), leaving out the operations labelled in ``skip``."""
     peers = available_peers(peers)
     ckpt = shardsafe.Checkpointer()
-    saves = _save_ops(ckpt, peers)
-    loads = _load_ops(state, system_drop, peers)
+    saves = [op for op in _save_ops(ckpt, peers) if op[0].label not in skip]
+    loads = [op for op in _load_ops(state, system_drop, peers) if op[0].label not in skip]
     try:
         for r in range(-1 if warmup else 0, repeat):  # round -1 warms up (allocations, imports)
             latest: dict[str, str] = {}
