@@ -315,12 +315,17 @@ class Checkpointer:
         writes, stage = async_jobs.slotted(prep, handle, slots, self.unit_size)
         return lambda: (writes, stage)
 
-    def _sync_bounce(self) -> BouncePool:
-        """Bounce buffers of sync saves: the budget's slots when there is a budget."""
-        if self.max_staging_bytes is None:
-            return self._bounce
-        count = slot_count(self.max_staging_bytes, self.unit_size)
-        return self.arena.slots(self.unit_size, count)
+    def _sync_bounce(self, nbytes: int) -> BouncePool:
+        """Bounce buffers of a sync save of ``nbytes``: the budget's slots when there is a
+        budget, else ``io_threads()`` buffers of ``sync_unit(nbytes)`` bytes each."""
+        if self.max_staging_bytes is not None:
+            count = slot_count(self.max_staging_bytes, self.unit_size)
+            return self.arena.slots(self.unit_size, count)
+        size = sync_unit(nbytes, self.unit_size)
+        if self._bounce.size != size:  # another size class of state: buffers of its size
+            self._bounce.close()
+            self._bounce = BouncePool(size, io_threads())
+        return self._bounce
 
     def _start(self, prep: PreparedSave, handle: SaveHandle, jobs: JobMaker, *, stage: bool) -> None:
         self._inflight = handle
@@ -337,9 +342,10 @@ class Checkpointer:
         scratch: list[HostBuffer] = []
         try:
             for plan in prep.plans:
-                units = FileUnits(plan, self.unit_size, BLOCK_SIZE)
+                bounce = self._sync_bounce(prep.nbytes)
+                units = FileUnits(plan, bounce.size, BLOCK_SIZE)
                 path = prep.file_path(plan)
-                writes.append(self._file_write(prep, units, path, scratch))
+                writes.append(self._file_write(prep, units, path, scratch, bounce))
             for plan in prep.coded:  # compressed on the I/O pool from per-block copies
                 bw = pipeline.block_file_write(prep, plan, sources=host_sources(plan, device=False))
                 writes.append(bw)
@@ -355,7 +361,7 @@ class Checkpointer:
                 b.close()
 
     def _file_write(self, prep: PreparedSave, units: FileUnits, path: str,
-                    scratch: list[HostBuffer]) -> FileWrite:
+                    scratch: list[HostBuffer], bounce: BouncePool) -> FileWrite:
         """A started sync-save FileWrite of one data file, all of it ready to be written.
 
         Streamed through the bounce buffers when the backend writes ranges; object stores
@@ -369,8 +375,7 @@ class Checkpointer:
             except BaseException:
                 writer.abort()
                 raise
-            fw = FileWrite(units, prep.storage, path, sources=sources, bounce=self._sync_bounce(),
-                           writer=writer)
+            fw = FileWrite(units, prep.storage, path, sources=sources, bounce=bounce, writer=writer)
             try:
                 fw.start()
                 fw.all_ready()
@@ -384,6 +389,22 @@ class Checkpointer:
         stage_files([StageTask(units, buf.array, fw.unit_ready)])
         fw.start()
         return fw
+
+
+SYNC_UNIT_MAX = 64 << 20
+
+
+def sync_unit(nbytes: int, unit_size: int) -> int:
+    """Bytes per write request (and bounce buffer) of a sync save of ``nbytes``: a multiple
+    of ``unit_size`` up to ``SYNC_UNIT_MAX``, with the ``io_threads()`` buffers together
+    at most a quarter of the state (they are kept between saves).
+
+    Measured on the project VM: direct writes of 64 MiB requests from 4 threads reach
+    ~1.3x the throughput of 16 MiB requests (more bytes in flight).
+    """
+    want = nbytes // (4 * io_threads())
+    units = max(1, min(SYNC_UNIT_MAX // unit_size, want // unit_size))
+    return units * unit_size
 
 
 def _background(prep: PreparedSave, handle: SaveHandle, jobs: JobMaker, stage: bool) -> None:
