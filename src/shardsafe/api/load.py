@@ -78,7 +78,7 @@ def _read(reader: Reader, targets: list[TensorTarget], new: Allocated | None = N
     tasks = reader.tasks(jobs)
     if direct.rows:
         tasks += reader.whole_tasks(np.asarray(direct.rows, dtype=np.int64), direct.addrs,
-                                    np.asarray(direct.tensors, dtype=np.int64))
+                                    np.asarray(direct.tensors, dtype=np.int64), fresh=new is not None)
     reader.run_tasks(tasks)
     for job in jobs:
         if job.done is not None:

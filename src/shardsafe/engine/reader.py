@@ -39,6 +39,7 @@ from ..format.index import ChunkEntry, Index, TensorEntry
 from ..format.tree import render_path
 from ..plan.load_plan import CoverageError, Piece, coalesce, pieces_for
 from ..storage.base import Storage
+from ..storage.memory import populate
 from .io_pool import io_pool, wait_all
 from .locations import Locator
 
@@ -121,6 +122,10 @@ class Reader:
         self._read(chunk, chunk.offset + lo, out, key)
         verify(chunk, out, self.block, key, first=j)
 
+    def _read_fresh_block(self, chunk: ChunkEntry, j: int, dest: np.ndarray, key: str) -> None:
+        populate(dest[j * self.block : min((j + 1) * self.block, chunk.nbytes)])
+        self._read_block(chunk, j, dest, key)
+
     def _decode_block(self, chunk: ChunkEntry, j: int, out: memoryview, key: str) -> None:
         """Reads block ``j`` of a compressed chunk and decodes it into ``out`` (its raw bytes)."""
         offset, size = stored_span(chunk, j)  # validated: size <= len(out) <= block_size
@@ -187,8 +192,8 @@ class Reader:
         return tasks
 
     # ------------------------------------------------------------------ whole chunks, by address
-    def whole_tasks(self, rows: np.ndarray, dests: Sequence[int],
-                    tensor_of: np.ndarray) -> list[tuple[Callable[..., None], tuple]]:
+    def whole_tasks(self, rows: np.ndarray, dests: Sequence[int], tensor_of: np.ndarray,
+                    fresh: bool = False) -> list[tuple[Callable[..., None], tuple]]:
         """Tasks that read whole raw chunks (table ``rows``) into host memory at ``dests``.
 
         Each destination is a contiguous buffer of exactly the chunk's bytes, kept alive by
@@ -196,7 +201,9 @@ class Reader:
         Planned on the table's columns: chunks of at least ``SPLIT_MIN`` bytes are read
         block by block straight into their destination; smaller ones are grouped by file
         position into reads of about ``GROUP_MAX`` bytes into a scratch buffer, each then
-        verified and copied out with ``memmove``.
+        verified and copied out with ``memmove``. ``fresh``: the destinations are new
+        memory; each block's pages are faulted in with one call before it is read into
+        (``storage.memory.populate``; ~1.4x faster than faulting them one by one).
         """
         ct = self.index.table
         assert ct is not None
@@ -210,7 +217,8 @@ class Reader:
             dest = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(d))
             chunk = self._chunk(r)
             key = self._key(t)
-            tasks += [(self._read_block, (chunk, j, dest, key)) for j in range(len(chunk.checksums))]
+            fn = self._read_fresh_block if fresh else self._read_block
+            tasks += [(fn, (chunk, j, dest, key)) for j in range(len(chunk.checksums))]
         empty = nb == 0  # nothing to read; its one checksum must be that of no bytes
         for r, t in zip(rows[empty].tolist(), tensor_of[empty].tolist()):
             verify(self._chunk(r), memoryview(b""), self.block, self._key(t))
