@@ -6,9 +6,12 @@ fresh bucket on it) come from tests/s3_server.py, registered here once for every
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
+from helpers import run_cli
 
 from shardsafe.harness.processes import child_env
 
@@ -24,3 +27,10 @@ def subprocess_env() -> dict[str, str]:
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+@pytest.fixture
+def cli() -> Callable[..., subprocess.CompletedProcess]:
+    """``cli("ls", dir, env=..., cwd=...)`` runs the shardsafe command and returns the
+    completed process (see ``helpers.run_cli``)."""
+    return run_cli

@@ -1,5 +1,6 @@
 """Mechanisms every test directory shares: damaging a file on purpose, comparing states
-bit for bit, and SIGKILLing a child process over and over.
+bit for bit, SIGKILLing a child process over and over, and running the ``shardsafe``
+command.
 
 (Starting the ranks of a multi-process job is in dist_harness.py; the S3 server in
 s3_server.py.)
@@ -7,12 +8,18 @@ s3_server.py.)
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
+import logging
 import math
 import os
 import random
 import signal
 import subprocess
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -40,9 +47,9 @@ def raw_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def assert_same(got: Any, want: Any, path: str = "<root>") -> None:
-    """Asserts equal structure (key order too), exact types, and bit-identical
-    tensors, arrays and floats (NaN equals NaN; -0.0 differs from 0.0)."""
+def assert_same(got: Any, want: Any, path: str = "<root>", *, key_order: bool = True) -> None:
+    """Asserts equal structure (key order too, unless ``key_order`` is False), exact types,
+    and bit-identical tensors, arrays and floats (NaN equals NaN; -0.0 differs from 0.0)."""
     if isinstance(want, torch.Tensor):
         assert type(got) is torch.Tensor, f"{path}: {type(got)}"
         assert got.device.type == "cpu", path
@@ -57,14 +64,17 @@ def assert_same(got: Any, want: Any, path: str = "<root>") -> None:
         assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), path
     elif isinstance(want, float):
         assert math.isnan(got) if math.isnan(want) else (got == want and math.copysign(1, got) == math.copysign(1, want)), path
+    elif isinstance(want, argparse.Namespace):
+        assert_same(vars(got), vars(want), path, key_order=key_order)
     elif isinstance(want, dict):
-        assert list(got) == list(want), f"{path}: keys {list(got)} != {list(want)}"
+        keys = (list(got), list(want)) if key_order else (sorted(got, key=repr), sorted(want, key=repr))
+        assert keys[0] == keys[1], f"{path}: keys {keys[0]} != {keys[1]}"
         for k in want:
-            assert_same(got[k], want[k], f"{path}.{k}")
+            assert_same(got[k], want[k], f"{path}.{k}", key_order=key_order)
     elif isinstance(want, (list, tuple)):
         assert len(got) == len(want), path
         for i, (g, w) in enumerate(zip(got, want)):
-            assert_same(g, w, f"{path}.{i}")
+            assert_same(g, w, f"{path}.{i}", key_order=key_order)
     else:
         assert got == want, path
 
@@ -141,3 +151,49 @@ def kill_rounds(start: Callable[[int], subprocess.Popen], progress: str,
         assert proc.returncode == -signal.SIGKILL, (proc.returncode, lines[-3:])
         debris += bool(after_kill(lines))
     return debris
+
+
+# ----------------------------------------------------------------------------- the command
+def run_cli(*args: Any, env: dict[str, str | None] | None = None, cwd: str | os.PathLike | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs ``shardsafe *args`` and returns what ``python -m shardsafe`` would: exit code,
+    stdout and stderr (log records included, formatted as the command does).
+
+    The command runs in this process (an interpreter start-up importing torch costs
+    seconds, and the CLI tests run it ~80 times); an uncaught exception becomes a
+    traceback on stderr and exit code 1, as in a child. With ``env`` (variables for the
+    child; None removes one) it runs as a real child process, whose environment is
+    really its own (credentials, endpoints).
+    """
+    argv = [str(a) for a in args]
+    if env is not None:
+        from shardsafe.harness.processes import child_env
+
+        merged = {k: v for k, v in {**child_env(), **env}.items() if v is not None}
+        return subprocess.run([sys.executable, "-m", "shardsafe", *argv], env=merged, cwd=cwd,
+                              capture_output=True, text=True, timeout=timeout)
+    from shardsafe.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root, old_level = logging.getLogger(), logging.getLogger().level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if {"-v", "--verbose"} & set(argv) else logging.WARNING)
+    here = os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as e:  # argparse: usage errors (2) and --help (0)
+                code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+            except Exception:  # noqa: BLE001 - what the interpreter would print and exit with
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.chdir(here)
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+    return subprocess.CompletedProcess(["shardsafe", *argv], code, out.getvalue(), err.getvalue())

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from shardsafe.bench import moto_server
+from shardsafe.harness import moto_server
 
 KEY = "shardsafe-test-key"
 SECRET = "shardsafe-test-secret"

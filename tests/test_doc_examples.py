@@ -15,7 +15,6 @@ interpreter of its own. The README's two quickstart commands and its size are pi
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -23,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from shardsafe.harness.processes import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -153,9 +154,8 @@ def test_the_examples_are_spread_over_the_pages() -> None:
 def one_interpreter(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
     pytest.importorskip("torch")
     pytest.importorskip("torchdata")
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return run_pages(PAGES_WITH_EXAMPLES, tmp_path_factory.mktemp("docs-examples"), env)
+    return run_pages(PAGES_WITH_EXAMPLES, tmp_path_factory.mktemp("docs-examples"),
+                     child_env(OMP_NUM_THREADS="1"))
 
 
 @pytest.mark.slow

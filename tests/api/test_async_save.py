@@ -105,18 +105,23 @@ def test_second_save_waits_for_the_first(tmp_path, caplog, monkeypatch):
     _assert_saved(str(tmp_path / "b"), _state(5))
 
 
-def test_buffers_are_reused_for_the_same_layout(tmp_path):
+def test_staging_slab_is_reused_while_the_layout_size_stays_close(tmp_path):
     with shardsafe.Checkpointer() as ckpt:
         ckpt.async_save(_state(6), str(tmp_path / "a")).result()
         first = ckpt.arena.buffers
         ckpt.async_save(_state(7), str(tmp_path / "b"), staging="background").result()
         assert ckpt.arena.buffers == first and all(a is b for a, b in zip(first, ckpt.arena.buffers))
         assert ckpt.arena.allocations == 1
-        ckpt.async_save(_state(8, n=2), str(tmp_path / "c")).result()  # new layout: new buffers
+        held = ckpt.arena.nbytes
+        ckpt.async_save(_state(8, n=3), str(tmp_path / "c")).result()  # new layout, fits the slab
+        assert ckpt.arena.allocations == 1 and ckpt.arena.nbytes == held
+        assert [b.nbytes for b in ckpt.arena.buffers] != [b.nbytes for b in first]
+        ckpt.async_save(_state(9, n=1), str(tmp_path / "d")).result()  # far smaller: a new slab
         assert ckpt.arena.allocations == 2
-        assert ckpt.arena.nbytes < sum(b.nbytes for b in first)
+        assert ckpt.arena.nbytes < held / 2
     _assert_saved(str(tmp_path / "b"), _state(7))
-    _assert_saved(str(tmp_path / "c"), _state(8, n=2))
+    _assert_saved(str(tmp_path / "c"), _state(8, n=3))
+    _assert_saved(str(tmp_path / "d"), _state(9, n=1))
 
 
 def test_overwrite_and_metadata_pass_through(tmp_path):

@@ -117,7 +117,8 @@ FORK_IN_FLIGHT = PRELUDE + textwrap.dedent("""
 @pytest.mark.parametrize("script", [OS_FORK, MP_FORK, FORK_IN_FLIGHT],
                          ids=["os.fork", "multiprocessing-fork", "fork-during-async-save"])
 def test_forked_children_save_and_load(tmp_path, python, subprocess_env, script) -> None:
-    """Fails on the old code: the children wait forever on the inherited I/O pool."""
+    """A child that inherited the parent's pools and locks mid-use saves and loads anyway
+    (a child waiting on the inherited I/O pool would hang until the timeout)."""
     r = subprocess.run([python, "-c", script, str(tmp_path)], env=subprocess_env,
                        capture_output=True, text=True, timeout=150)
     assert r.returncode == 0, (r.stdout, r.stderr)

@@ -40,8 +40,9 @@ def _state(value: float) -> dict:
 
 @pytest.mark.parametrize("rounds", [5])
 def test_overwrite_between_index_and_data_loads_old_or_new(tmp_path, rounds: int) -> None:
-    """Fails on the old code (beaa7b6): the data of the new checkpoint was checked against
-    the old index and the load raised CorruptCheckpointError."""
+    """The checkpoint is replaced after its index was read: the load must not check the
+    new checkpoint's data against the old index (a CorruptCheckpointError on a healthy
+    checkpoint)."""
     path = str(tmp_path / "ckpt")
     shardsafe.save(_state(1.0), path)
     for r in range(rounds):

@@ -1,9 +1,14 @@
-"""Property: any nested structure of supported values round-trips exactly (hypothesis)."""
+"""Property: any nested structure of supported values round-trips exactly (hypothesis),
+under dict keys of every supported key type: whatever the writer accepts, the reader loads."""
 
 from __future__ import annotations
 
+import argparse
+import datetime as dt
 import os
+import pathlib
 import shutil
+from collections import OrderedDict
 import tempfile
 import uuid
 from typing import Any
@@ -85,7 +90,9 @@ def scrambled(x: Any) -> Any:
     if isinstance(x, np.ndarray):
         return np.full_like(x, 1 if x.dtype != np.bool_ else False)
     if isinstance(x, dict):
-        return {k: scrambled(v) for k, v in x.items()}
+        return type(x)((k, scrambled(v)) for k, v in x.items())  # an OrderedDict stays one
+    if isinstance(x, argparse.Namespace):
+        return argparse.Namespace(**{k: scrambled(v) for k, v in vars(x).items()})
     if isinstance(x, list):
         return [scrambled(v) for v in x]
     if isinstance(x, tuple):
@@ -96,6 +103,7 @@ def scrambled(x: Any) -> Any:
 def tensors_by_path(x: Any, path: tuple = ()) -> dict[tuple, Any]:
     if isinstance(x, (torch.Tensor, np.ndarray)):
         return {path: x}
+    x = vars(x) if isinstance(x, argparse.Namespace) else x
     items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, (list, tuple)) else ()
     out: dict[tuple, Any] = {}
     for k, v in items:
@@ -107,10 +115,81 @@ def tensors_by_path(x: Any, path: tuple = ()) -> dict[tuple, Any]:
                                                                  HealthCheck.function_scoped_fixture])
 @given(state=states)
 def test_roundtrip(scratch: str, state: dict) -> None:
+    _round_trip(scratch, state)
+
+
+# ----------------------------------------------------------------------------- every key type
+fixed_tz = st.integers(-(24 * 60 - 1), 24 * 60 - 1).map(lambda m: dt.timezone(dt.timedelta(minutes=m)))
+datelike = (st.dates() | st.datetimes(timezones=st.none() | fixed_tz) | st.times(timezones=st.none() | fixed_tz)
+            | st.timedeltas())
+paths = (st.sampled_from([pathlib.PurePosixPath, pathlib.PureWindowsPath, pathlib.Path])
+         .flatmap(lambda cls: st.lists(st.sampled_from(["a", "b c", "é", ".."]), max_size=3)
+                  .map(lambda parts: cls(*parts))))
+torch_names = (st.sampled_from([torch.float32, torch.bfloat16, torch.int8, torch.bool, torch.qint8])
+               | st.sampled_from(["cpu", "cuda", "cuda:1", "meta"]).map(torch.device))
+hashable_leaves = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                   | st.text(max_size=8) | st.binary(max_size=8)
+                   | numpy_scalars().filter(lambda x: x == x) | datelike | paths | torch_names)
+hashables = st.recursive(hashable_leaves, lambda c: st.tuples(c, c) | st.lists(c, max_size=3).map(tuple)
+                         | st.frozensets(c, max_size=3), max_leaves=6)
+rich_plain = plain | datelike | paths | torch_names | st.sets(hashables, max_size=3) | st.frozensets(hashables, max_size=3)
+
+
+def rich_containers(children: st.SearchStrategy) -> st.SearchStrategy:
+    return (containers(children)
+            | st.dictionaries(hashables, children, max_size=4)
+            | st.dictionaries(hashables, children, max_size=3).map(lambda d: OrderedDict(d))
+            | st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,6}", fullmatch=True), children, max_size=3)
+              .map(lambda d: argparse.Namespace(**d)))
+
+
+rich_states = st.dictionaries(hashables, st.recursive(rich_plain | torch_tensors() | numpy_arrays(),
+                                                      rich_containers, max_leaves=16), max_size=5)
+
+
+def _key_types(x: Any, path: str = "<root>") -> list[tuple[str, str]]:
+    """(path, type and repr) of every dict key, recursively: ``assert_same`` compares keys by
+    ``==``, under which 1, 1.0, True and np.int64(1) (or 0.0 and -0.0) are one key."""
+    def sig(k: Any) -> Any:
+        if type(k) in (tuple, frozenset):
+            return (type(k).__name__, sorted(repr(sig(v)) for v in k) if type(k) is frozenset else
+                    tuple(sig(v) for v in k))
+        return (type(k).__name__, repr(k))
+    out: list[tuple[str, str]] = []
+    if isinstance(x, argparse.Namespace):
+        x = vars(x)
+    if isinstance(x, dict):
+        for i, (k, v) in enumerate(x.items()):
+            out.append((path, repr(sig(k))))
+            out += _key_types(v, f"{path}.#{i}")
+    elif isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            out += _key_types(v, f"{path}.{i}")
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(state=rich_states)
+def test_roundtrip_under_every_key_type(scratch: str, state: dict) -> None:
+    _round_trip(scratch, state)
+
+
+@pytest.mark.stress
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(state=rich_states)
+def test_roundtrip_under_every_key_type_long(scratch: str, state: dict) -> None:
+    _round_trip(scratch, state)
+
+
+def _round_trip(scratch: str, state: dict) -> None:
     path = os.path.join(scratch, uuid.uuid4().hex)
     shardsafe.save(state, path)
     try:
-        assert_same(shardsafe.load(path), state)
+        loaded = shardsafe.load(path)
+        assert_same(loaded, state)
+        assert _key_types(loaded) == _key_types(state)
         # in place: a target of the same structure gets every value, in its own tensors
         target = scrambled(state)
         before = tensors_by_path(target)

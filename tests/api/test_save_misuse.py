@@ -46,32 +46,37 @@ def test_sync_save_of_a_state_mutated_meanwhile_always_verifies(tmp_path) -> Non
     assert not bad, f"{len(bad)} of 15 committed checkpoints fail verification: {bad[0]}"
 
 
+# a writer process: on each "go" line, saves to the next path and says who won
 _WRITER = textwrap.dedent("""
-    import sys, torch, shardsafe
-    path, k = sys.argv[1], int(sys.argv[2])
-    try:
-        shardsafe.save({"w": torch.full((1 << 18,), float(k)), "k": k}, path)
-        print("WON")
-    except shardsafe.CheckpointError as e:
-        print("LOST", type(e).__name__, e)
+    import os, sys, torch, shardsafe
+    root, k = sys.argv[1], int(sys.argv[2])
+    state = {"w": torch.full((1 << 18,), float(k)), "k": k}
+    for trial, _ in enumerate(sys.stdin):
+        try:
+            shardsafe.save(state, os.path.join(root, f"p{trial}"))
+            print("WON", flush=True)
+        except shardsafe.CheckpointError as e:
+            print("LOST", type(e).__name__, e, flush=True)
 """)
 
 
 def test_two_writers_on_one_path_one_wins_the_other_gets_checkpoint_error(tmp_path) -> None:
-    outcomes: list[str] = []
-    for trial in range(4):
-        path = str(tmp_path / f"p{trial}")
-        procs = [subprocess.Popen([sys.executable, "-c", _WRITER, path, str(k)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for k in (1, 2)]
-        outs = [p.communicate(timeout=120) for p in procs]
-        assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
-        results = [o[0].strip() for o in outs]
-        assert sorted(r.split()[0] for r in results) == ["LOST", "WON"], results
-        outcomes += results
-        won = int(results.index("WON")) + 1
-        state = shardsafe.load(path)
-        assert state["k"] == won and bool((state["w"] == float(won)).all())
-        assert [n for n in os.listdir(tmp_path) if n.startswith(f".p{trial}")] == []  # loser cleaned up
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), str(k)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in (1, 2)]
+    try:
+        for trial in range(4):  # both processes are up: each trial starts both saves at once
+            for p in procs:
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            results = [p.stdout.readline().strip() for p in procs]
+            assert sorted(r.split()[0] for r in results if r) == ["LOST", "WON"], results
+            won = int(results.index("WON")) + 1
+            state = shardsafe.load(str(tmp_path / f"p{trial}"))
+            assert state["k"] == won and bool((state["w"] == float(won)).all())
+            assert [n for n in os.listdir(tmp_path) if n.startswith(f".p{trial}")] == []  # loser cleaned up
+    finally:
+        outs = [p.communicate(timeout=120) for p in procs]  # closes stdin: the writers end
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
 
 
 def test_two_threads_racing_to_commit_one_path(tmp_path) -> None:

@@ -1,4 +1,5 @@
-"""The benchmark runs end to end with one command and emits its tables."""
+"""The benchmark runs end to end with one command and emits its tables: case (a) with the
+machine limits by default, every case under -m stress."""
 
 from __future__ import annotations
 
@@ -10,7 +11,20 @@ from shardsafe.bench import parse_size
 from shardsafe.bench.report import BEGIN, END, write_doc
 
 
-@pytest.mark.slow
+def test_bench_quick_case_a_emits_its_tables_and_the_doc_section(tmp_path, cli):
+    doc = tmp_path / "BENCH.md"
+    doc.write_text(f"# Benchmarks\n\nhand-written notes\n\n{BEGIN}\nSTALE-TABLE\n{END}\n")
+    r = cli("bench", "--quick", "--cases", "a", "--dir", tmp_path / "d", "--write-doc", doc)
+    assert r.returncode == 0, r.stderr
+    for text in ("### Targets, from this run", "### Case a:", "### Machine limits", "| shardsafe save |",
+                 "| dcp.save |", "| torch.save + fsync |", "direct-I/O write"):
+        assert text in r.stdout, text
+    assert "### Case b:" not in r.stdout
+    text = doc.read_text()
+    assert "hand-written notes" in text and "STALE-TABLE" not in text and "### Case a:" in text
+
+
+@pytest.mark.stress
 def test_bench_quick_emits_the_tables(tmp_path, subprocess_env, python):
     doc = tmp_path / "BENCH.md"
     doc.write_text(f"# Benchmarks\n\nhand-written notes\n\n{BEGIN}\nSTALE-TABLE\n{END}\n\nmore notes\n")

@@ -1,25 +1,23 @@
-"""``python -m shardsafe.bench.tiers``: both restores happen and the JSON line is complete;
+"""``python -m shardsafe.bench.tiers`` (its main, in process): the saves and both restores happen and the JSON line is complete;
 the local-tier section of ``shardsafe demo`` (a small state, in process) reports both times."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
-from shardsafe.bench.tiers import local_tier_section
+from shardsafe.bench.tiers import local_tier_section, main
 
 
-def test_tiers_bench_prints_its_json_line(tmp_path, subprocess_env) -> None:  # noqa: ANN001
-    proc = subprocess.run([sys.executable, "-m", "shardsafe.bench.tiers", "--size", "4MiB",
-                           "--repeat", "1", "--dir", str(tmp_path / "p"),
-                           "--local-dir", str(tmp_path / "l")],
-                          env=subprocess_env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_tiers_bench_prints_its_json_line(tmp_path, capsys) -> None:  # noqa: ANN001
+    assert main(["--size", "4MiB", "--repeat", "1", "--steps", "2", "--dir", str(tmp_path / "p"),
+                 "--local-dir", str(tmp_path / "l")]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert r["state_bytes"] == 4 << 20 and r["local_s"] > 0 and r["persistent_cold_s"] > 0
-    assert (tmp_path / "l" / "rank_0").is_dir()  # the local tier was written where asked
+    assert r["save_persistent_s"] > 0 and r["save_both_s"] > 0 and r["save_budget_s"] > 0
+    assert r["both_vs_persistent"] > 0 and r["extra_both_bytes"] is not None
+    for name in ("both", "budget", "restore"):  # the local tier was written where asked
+        assert (tmp_path / "l" / name / "rank_0").is_dir(), name
 
 
 def test_local_tier_section_times_both_tiers() -> None:

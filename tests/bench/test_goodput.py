@@ -1,4 +1,5 @@
-"""The goodput benchmark: its failure schedule, its metrics, and one tiny real run."""
+"""The goodput benchmark: its failure schedule and its metrics; one tiny real run (trainer
+processes killed and restarted) under -m stress."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def test_table_marks_an_unavailable_strategy() -> None:
     assert "| shardsafe+local | unavailable: local tier not built |" in text
 
 
-@pytest.mark.slow
+@pytest.mark.stress
 def test_tiny_real_run_kills_restarts_and_plots(tmp_path) -> None:
     out = tmp_path / "plot.png"
     # seed 13 puts the failure 0.29 steps after step 5 of 12: torch.save (every 2) resumes from 4

@@ -6,7 +6,8 @@ import json
 import subprocess
 import sys
 
-from shardsafe.bench.scale import build_index, run
+from shardsafe.bench.scale import run
+from shardsafe.harness.synthetic_job import build_index
 from shardsafe.format.index_v2 import decode, encode
 
 

@@ -66,3 +66,64 @@ def test_max_abs_diff_of_bf16_ints_and_complex() -> None:
                         torch.tensor([1.0, 3.0], dtype=torch.bfloat16)) == 1.0
     assert max_abs_diff(torch.tensor([5, -3]), torch.tensor([5, 4])) == 7.0
     assert max_abs_diff(torch.tensor([1 + 1j]), torch.tensor([1 + 4j])) == 3.0
+
+
+def _fp4(codes: list[int]) -> "torch.Tensor":
+    return torch.tensor(codes, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+
+
+def test_diff_of_packed_float4_tensors(cli, tmp_path) -> None:  # noqa: ANN001
+    # byte 0x21: low code 1 (0.5), high code 2 (1.0); 0x71: 0.5 and 6.0; 0xa1: 0.5 and -1.0
+    shardsafe.save({"w": _fp4([0x21, 0x00])}, str(tmp_path / "a"))
+    shardsafe.save({"w": _fp4([0x71, 0x00])}, str(tmp_path / "b"))
+    shardsafe.save({"w": _fp4([0xA1, 0x00])}, str(tmp_path / "c"))
+    proc = cli("diff", tmp_path / "a", tmp_path / "b")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "~ w  float4_e2m1fn_x2[2]  max abs diff 5" in proc.stdout.splitlines()
+    proc = cli("diff", tmp_path / "a", tmp_path / "c", "--json")
+    assert json.loads(proc.stdout)["changes"][0]["max_abs_diff"] == 2.0  # 1.0 against -1.0
+    assert cli("diff", tmp_path / "a", tmp_path / "a").returncode == 0
+
+
+def huge_tensor_checkpoint(path: str, nbytes: int = 16 << 30) -> None:
+    """A checkpoint whose one tensor has ``nbytes`` bytes, over a sparse data file: its
+    index is valid, its data all holes (and its checksums wrong, which no read gets to)."""
+    import dataclasses
+    import os
+
+    from shardsafe.format import INDEX_NAME
+    from shardsafe.format.index import ChunkEntry, TensorEntry, decode_index, encode_index
+
+    shardsafe.save({"w": torch.zeros(4, dtype=torch.uint8)}, path)
+    with open(os.path.join(path, INDEX_NAME), "rb") as f:
+        index = decode_index(f.read())
+    f0 = index.files[0]
+    blocks = -(-nbytes // index.block_size)
+    chunk = ChunkEntry(f0.name, f0.data_start, nbytes, (0,), (nbytes,), (0,) * blocks)
+    index = dataclasses.replace(index, files=(dataclasses.replace(f0, size=f0.data_start + nbytes),),
+                                tensors=(TensorEntry(("w",), "torch", "uint8", (nbytes,), (chunk,)),))
+    os.truncate(os.path.join(path, f0.name), f0.data_start + nbytes)
+    with open(os.path.join(path, INDEX_NAME), "wb") as f:
+        f.write(encode_index(index, version=2))
+
+
+def run_limited(args: list, env: dict, limit: int = 6 << 30):  # noqa: ANN201
+    """``python -m shardsafe ARGS`` with its address space limited to ``limit`` bytes."""
+    import resource
+    import subprocess
+    import sys
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    return subprocess.run([sys.executable, "-m", "shardsafe", *map(str, args)], env=env, preexec_fn=cap,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_diff_of_a_tensor_larger_than_memory_is_a_clean_error(tmp_path, subprocess_env) -> None:  # noqa: ANN001
+    from cli_helpers import one_line_error
+
+    huge_tensor_checkpoint(str(tmp_path / "a"))
+    proc = run_limited(["diff", tmp_path / "a", tmp_path / "a"], subprocess_env)
+    line = one_line_error(proc)
+    assert "cannot allocate memory" in line and "w (17179869184 bytes)" in line, line

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 from safetensors import safe_open  # noqa: E402
 
+import shardsafe  # noqa: E402
 from cli_helpers import manager_state, one_line_error, save_step  # noqa: E402
 
 
@@ -38,8 +39,6 @@ def test_export_safetensors_with_dotted_keys_and_metadata(cli, tmp_path) -> None
 def test_export_only_a_subtree_cast_to_bf16(cli, tmp_path) -> None:  # noqa: ANN001
     state = {"model": {"w": torch.randn(5, 3, dtype=torch.float64), "n": torch.arange(4)},
              "other": torch.ones(2)}
-    import shardsafe
-
     shardsafe.save(state, str(tmp_path / "ck"))
     out = tmp_path / "model.safetensors"
     proc = cli("export", tmp_path / "ck", out, "--only", "model", "--dtype", "bf16")
@@ -73,3 +72,25 @@ def test_export_errors_are_one_line(cli, tmp_path) -> None:  # noqa: ANN001
     proc = cli("export", path, tmp_path / "x.weird")
     assert proc.returncode == 1 and "--format" in one_line_error(proc)
     assert not os.path.exists(tmp_path / "x.safetensors")
+
+
+def test_export_of_a_tensor_larger_than_memory_is_a_clean_error(tmp_path, subprocess_env) -> None:  # noqa: ANN001
+    from test_cli_diff import huge_tensor_checkpoint, run_limited
+
+    huge_tensor_checkpoint(str(tmp_path / "a"))  # .pt reads through the same read_tensor
+    proc = run_limited(["export", tmp_path / "a", tmp_path / "x.safetensors"], subprocess_env)
+    assert "cannot allocate memory" in one_line_error(proc)
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_export_with_dtype_keeps_packed_float4(cli, tmp_path) -> None:  # noqa: ANN001
+    fp4 = torch.tensor([0x21, 0x7F], dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    shardsafe.save({"w": fp4, "b": torch.ones(2)}, str(tmp_path / "a"))
+    proc = cli("export", tmp_path / "a", tmp_path / "x.pt", "--dtype", "bf16")
+    assert proc.returncode == 0, proc.stderr
+    assert "kept 1 packed tensor(s)" in proc.stderr and "Traceback" not in proc.stderr
+    got = torch.load(tmp_path / "x.pt", weights_only=True)
+    assert got["b"].dtype == torch.bfloat16 and got["w"].dtype == torch.float4_e2m1fn_x2
+    assert torch.equal(got["w"].view(torch.uint8), fp4.view(torch.uint8))
+    proc = cli("export", tmp_path / "a", tmp_path / "x.safetensors", "--dtype", "bf16")
+    assert "safetensors has no dtype for float4_e2m1fn_x2" in proc.stderr and "Traceback" not in proc.stderr

@@ -67,7 +67,7 @@ def test_import_dcp_directory(cli, tmp_path) -> None:  # noqa: ANN001
         warnings.simplefilter("ignore")  # "torch.distributed is disabled ... single process"
         dcp.save(state, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
     assert os.path.exists(tmp_path / "dcp" / ".metadata")
-    proc = cli("import", tmp_path / "dcp", tmp_path / "out")
+    proc = cli("import", tmp_path / "dcp", tmp_path / "out", "--trust-pickle")
     assert proc.returncode == 0, proc.stderr
     got = shardsafe.load(str(tmp_path / "out"))
     assert torch.equal(got["model"]["w"], state["model"]["w"]) and torch.equal(got["model"]["b"], state["model"]["b"])
@@ -82,7 +82,7 @@ def test_import_dcp_with_a_missing_data_file_is_one_line(cli, tmp_path) -> None:
     for name in os.listdir(tmp_path / "dcp"):
         if name.endswith(".distcp"):
             os.remove(tmp_path / "dcp" / name)
-    proc = cli("import", tmp_path / "dcp", tmp_path / "out")
+    proc = cli("import", tmp_path / "dcp", tmp_path / "out", "--trust-pickle")
     assert proc.returncode == 1
     assert "DCP could not read the checkpoint (FileNotFoundError" in one_line_error(proc)
 
@@ -127,3 +127,35 @@ def test_import_refuses_an_empty_prefix(cli, tmp_path) -> None:  # noqa: ANN001
     torch.save({"w": torch.ones(1)}, tmp_path / "ck.pt")
     proc = cli("import", tmp_path / "ck.pt", tmp_path / "out", "--prefix", "")
     assert "--prefix" in one_line_error(proc)
+
+
+def test_import_of_dcp_needs_trust_pickle_and_reads_nothing_without_it(cli, tmp_path) -> None:  # noqa: ANN001
+    import pickle
+
+    dcp_dir = tmp_path / "dcp"
+    dcp_dir.mkdir()
+    marker = tmp_path / "pwned"
+    (dcp_dir / ".metadata").write_bytes(pickle.dumps(Payload(str(marker))))  # a hostile .metadata
+    proc = cli("import", dcp_dir, tmp_path / "out")
+    line = one_line_error(proc)
+    assert "--trust-pickle" in line and "pickle" in line
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["source", "dcp metadata", "dcp data file"])
+def test_import_refuses_a_fifo_instead_of_hanging(cli, tmp_path, where: str) -> None:  # noqa: ANN001
+    if where == "source":
+        os.mkfifo(tmp_path / "ck.pt")
+        src = tmp_path / "ck.pt"
+    else:
+        dcp = pytest.importorskip("torch.distributed.checkpoint")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save({"w": torch.ones(3)}, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+        name = ".metadata" if where == "dcp metadata" else next(
+            n for n in os.listdir(tmp_path / "dcp") if n.endswith(".distcp"))
+        os.remove(tmp_path / "dcp" / name)
+        os.mkfifo(tmp_path / "dcp" / name)
+        src = tmp_path / "dcp"
+    proc = cli("import", src, tmp_path / "out", "--trust-pickle", timeout=60)
+    assert "is a FIFO, not a regular file" in one_line_error(proc)

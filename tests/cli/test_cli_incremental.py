@@ -10,6 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from helpers import flip_byte  # noqa: E402
+
 import shardsafe  # noqa: E402
 from shardsafe.manager.lock import LOCK_NAME  # noqa: E402
 
@@ -55,9 +57,7 @@ def test_verify_checks_referenced_data(cli, tmp_path) -> None:  # noqa: ANN001
     ok = cli("verify", root)
     assert ok.returncode == 0 and "OK  step_00000003: 2 tensors, 2 file(s)" in ok.stdout, ok.stdout
     victim = os.path.join(root, "step_00000000", DATA)
-    data = bytearray(open(victim, "rb").read())
-    data[4096 + 100] ^= 0x01  # inside the base, which every kept step references
-    open(victim, "wb").write(bytes(data))
+    flip_byte(victim, 4096 + 100, 0x01)  # inside the base, which every kept step references
     bad = cli("verify", root)
     assert bad.returncode == 1
     assert "2 of 2 checkpoint(s) damaged" in bad.stdout and f"step_00000000/{DATA}" in bad.stdout

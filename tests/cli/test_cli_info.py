@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("torch")
 
 from cli_helpers import one_line_error, save_step  # noqa: E402
+from helpers import flip_byte  # noqa: E402
 
 
 def test_info_text_lists_every_key(cli, tmp_path) -> None:  # noqa: ANN001
@@ -46,9 +47,7 @@ def test_info_json(cli, tmp_path) -> None:  # noqa: ANN001
 
 def test_info_on_damaged_index_exits_4_in_one_line(cli, tmp_path) -> None:  # noqa: ANN001
     path = save_step(str(tmp_path / "run"), 1)
-    with open(os.path.join(path, "index.json"), "r+b") as f:
-        f.seek(50)
-        f.write(b"!")
+    flip_byte(os.path.join(path, "index.json"), 50)
     proc = cli("info", path)
     assert proc.returncode == 4
     assert "index" in one_line_error(proc)

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("torch")
 
 from cli_helpers import one_line_error, save_step  # noqa: E402
+from helpers import flip_byte  # noqa: E402
 
 
 def _partial(run: str, name: str) -> str:
@@ -67,9 +68,7 @@ def test_ls_flags_a_checkpoint_whose_index_is_damaged(cli, tmp_path) -> None:  #
     run = str(tmp_path / "run")
     path = save_step(run, 1)
     save_step(run, 2)
-    with open(os.path.join(path, "index.json"), "r+b") as f:
-        f.seek(40)
-        f.write(b"#")
+    flip_byte(os.path.join(path, "index.json"), 40)
     rows = json.loads(cli("ls", run, "--json").stdout)
     assert [(r["name"], r["state"]) for r in rows] == [("step_00000001", "corrupt"),
                                                        ("step_00000002", "committed")]

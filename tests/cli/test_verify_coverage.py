@@ -18,10 +18,10 @@ from shardsafe.format.index import decode_index, encode_index
 DATA = "data-r00000-000.safetensors"
 
 
-def _verify(python: str, env: dict, ckpt: str, mem_limit: int | None = None):
+def _verify_bounded(python: str, env: dict, ckpt: str, mem_limit: int):
+    """``shardsafe verify`` in a child whose address space is limited to ``mem_limit`` bytes."""
     def limit() -> None:
-        if mem_limit is not None:
-            resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
+        resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
     return subprocess.run([python, "-m", "shardsafe", "verify", ckpt], env=env, capture_output=True,
                           text=True, timeout=300, preexec_fn=limit)
 
@@ -59,8 +59,8 @@ def ckpt(tmp_path) -> str:
     return path
 
 
-def test_intact_checkpoint_is_ok(ckpt, python, subprocess_env) -> None:
-    r = _verify(python, subprocess_env, ckpt)
+def test_intact_checkpoint_is_ok(ckpt, cli) -> None:
+    r = cli("verify", ckpt)
     assert r.returncode == 0 and r.stdout.startswith("OK"), r
 
 
@@ -71,23 +71,24 @@ def test_intact_checkpoint_is_ok(ckpt, python, subprocess_env) -> None:
     (b'"w":{', b'"v":{', "should be named 'w'"),
     (b'"format":"pt"', b'"format":1234', "__metadata__ is not a map of strings"),
 ], ids=["dtype-F3c", "dtype-I32", "shape", "name", "metadata"])
-def test_flipped_header_field_is_reported(ckpt, python, subprocess_env, old, new, words) -> None:
-    """Fails on the old code: it compared data_offsets only and said OK."""
+def test_flipped_header_field_is_reported(ckpt, cli, old, new, words) -> None:
+    """Every field of a tensor's header entry is compared with the index, not only its
+    data_offsets."""
     _patch_header(ckpt, old, new)
-    r = _verify(python, subprocess_env, ckpt)
+    r = cli("verify", ckpt)
     assert r.returncode == 1 and words in r.stdout and DATA in r.stdout, r
 
 
-def test_forged_partial_chunk_metadata_is_reported(ckpt, python, subprocess_env) -> None:
+def test_forged_partial_chunk_metadata_is_reported(ckpt, cli) -> None:
     # a whole tensor described as a shard in shardsafe.parts
     _patch_header(ckpt, b'"format":"pt","writer":"shardsafe"',
                   b'"shardsafe.parts":"{}","format":""')
-    r = _verify(python, subprocess_env, ckpt)
+    r = cli("verify", ckpt)
     assert r.returncode == 1 and "shardsafe.parts" in r.stdout, r
 
 
 def test_forged_data_start_of_8_gib_reads_little(tmp_path, python, subprocess_env) -> None:
-    """Fails on the old code: it allocated data_start bytes for the header (8 GiB)."""
+    """A data_start of 8 GiB is refused before anything that size is allocated for the header."""
     ckpt = str(tmp_path / "ckpt")
     shardsafe.save({"w": torch.arange(4, dtype=torch.float32)}, ckpt)
     raw = _raw(ckpt)
@@ -96,12 +97,13 @@ def test_forged_data_start_of_8_gib_reads_little(tmp_path, python, subprocess_en
     raw["tensors"][0]["chunks"][0]["offset"] = start
     _reseal(ckpt, raw)
     os.truncate(os.path.join(ckpt, DATA), start + 16)  # sparse: the sizes agree
-    r = _verify(python, subprocess_env, ckpt, mem_limit=3 << 30)
+    r = _verify_bounded(python, subprocess_env, ckpt, 3 << 30)
     assert r.returncode == 1 and "data_start" in r.stdout and "MemoryError" not in r.stderr, r
 
 
 def test_huge_block_size_is_read_in_bounded_pieces(tmp_path, python, subprocess_env) -> None:
-    """Fails on the old code: a block_size of 2^40 read a 4 GiB chunk into one buffer."""
+    """A block_size of 2^40 over a 4 GiB chunk: the block is checked in bounded pieces,
+    never read into one buffer."""
     ckpt = str(tmp_path / "ckpt")
     shardsafe.save({"w": torch.arange(4, dtype=torch.float32)}, ckpt)
     raw = _raw(ckpt)
@@ -114,7 +116,7 @@ def test_huge_block_size_is_read_in_bounded_pieces(tmp_path, python, subprocess_
     raw["block_size"] = 1 << 40
     _reseal(ckpt, raw)
     os.truncate(os.path.join(ckpt, DATA), f["size"])
-    r = _verify(python, subprocess_env, ckpt, mem_limit=3 << 30)
+    r = _verify_bounded(python, subprocess_env, ckpt, 3 << 30)
     # the header still says 16 bytes: reported; the block is checked without a 4 GiB buffer
     assert r.returncode == 1 and "checksum mismatch in block 0" in r.stdout, r
     assert "MemoryError" not in r.stderr, r

@@ -1,4 +1,7 @@
-"""`shardsafe demo` end to end: a real SIGKILL and SIGTERM, real resumes in new processes."""
+"""`shardsafe demo` end to end: a real SIGKILL and SIGTERM, real resumes in new processes.
+
+The run with a wrong resume (reported DIFFERENT) runs under -m stress; the report's
+rendering of differences is checked by test_demo_report.py."""
 
 from __future__ import annotations
 
@@ -20,18 +23,13 @@ def _demo(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=240)
 
 
-def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shardsafe", *args], env=env,
-                          capture_output=True, text=True, timeout=60)
-
-
 def _int(pattern: str, text: str) -> int:
     m = re.search(pattern, text)
     assert m is not None, f"{pattern!r} not in:\n{text}"
     return int(m.group(1))
 
 
-def test_demo_crashes_preempts_resumes_and_reports_identical(tmp_path, subprocess_env) -> None:
+def test_demo_crashes_preempts_resumes_and_reports_identical(tmp_path, subprocess_env, cli) -> None:  # noqa: ANN001
     keep = tmp_path / "run"
     proc = _demo(subprocess_env, "--steps", "120", "--every", "20", "--keep", "2", "--seed", "3",
                  "--dir", str(keep))
@@ -66,12 +64,13 @@ def test_demo_crashes_preempts_resumes_and_reports_identical(tmp_path, subproces
     # --dir keeps a manager directory that the other commands understand
     assert f"shardsafe ls {keep}" in out and f"shardsafe verify {keep}" in out
     assert sorted(p.name for p in keep.iterdir()) == ["step_00000100", "step_00000120"]
-    ls = _cli(subprocess_env, "ls", str(keep))
+    ls = cli("ls", keep)
     assert ls.returncode == 0 and re.search(r"step_00000120\s+committed\s+120", ls.stdout)
-    verify = _cli(subprocess_env, "verify", str(keep))
+    verify = cli("verify", keep)
     assert verify.returncode == 0 and verify.stdout.count("OK ") == 2, verify.stdout
 
 
+@pytest.mark.stress
 def test_demo_reports_a_wrong_resume_as_different(tmp_path, subprocess_env) -> None:
     # the hidden --corrupt-resume forgets the RNG state when resuming: dropout masks change
     env = dict(subprocess_env, TMPDIR=str(tmp_path))
@@ -90,15 +89,15 @@ def test_demo_reports_a_wrong_resume_as_different(tmp_path, subprocess_env) -> N
     (("--keep", "0"), "--keep must be at least 1"),
     (("--nproc", "0"), "--nproc must be at least 1"),
 ])
-def test_demo_rejects_bad_options(subprocess_env, args, message) -> None:
-    proc = _demo(subprocess_env, *args)
+def test_demo_rejects_bad_options(cli, args, message) -> None:  # noqa: ANN001
+    proc = cli("demo", *args)
     assert proc.returncode == 2
     assert message in proc.stderr
 
 
-def test_demo_refuses_a_non_empty_directory(tmp_path, subprocess_env) -> None:
+def test_demo_refuses_a_non_empty_directory(tmp_path, cli) -> None:  # noqa: ANN001
     (tmp_path / "precious.txt").write_text("keep me")
-    proc = _demo(subprocess_env, "--dir", str(tmp_path))
+    proc = cli("demo", "--dir", tmp_path)
     assert proc.returncode != 0
     assert "not empty" in proc.stderr
     assert (tmp_path / "precious.txt").read_text() == "keep me"

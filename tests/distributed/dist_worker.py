@@ -219,17 +219,7 @@ def s_kill(out: str) -> dict[str, Any]:
     shardsafe.save({"x": big, "version": 1}, path)
     big.to_local().fill_(2.0)
     if RANK == 2:
-        parent = os.path.dirname(path)
-
-        def kill_when_writing() -> None:  # SIGKILL as soon as our data file appears
-            while True:
-                for d in os.listdir(parent):
-                    if d.startswith(".ckpt.") and os.path.exists(
-                            os.path.join(parent, d, "data-r00002-000.safetensors")):
-                        os.kill(os.getpid(), signal.SIGKILL)
-                time.sleep(0.0002)
-
-        threading.Thread(target=kill_when_writing, daemon=True).start()
+        kill_when_writing(os.path.dirname(path), ".ckpt.", "data-r00002-000.safetensors")
     t0 = time.monotonic()
     try:
         shardsafe.save({"x": big, "version": 2}, path, overwrite=True, timeout=float(os.environ["T"]))
@@ -239,6 +229,20 @@ def s_kill(out: str) -> dict[str, Any]:
         res["message"] = str(e)
     res["elapsed"] = time.monotonic() - t0
     return res
+
+
+def kill_when_writing(parent: str, prefix: str, name: str) -> None:
+    """SIGKILLs this process as soon as a working directory ``<parent>/<prefix>*`` holds the
+    data file ``name`` (a watcher thread polls for it)."""
+
+    def watch() -> None:
+        while True:
+            for d in os.listdir(parent):
+                if d.startswith(prefix) and os.path.exists(os.path.join(parent, d, name)):
+                    os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(0.0002)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def s_async(out: str) -> dict[str, Any]:
@@ -331,6 +335,7 @@ def s_lost(out: str) -> dict[str, Any]:
     mesh = init_device_mesh("cpu", (WORLD,))
     x = distribute_tensor(torch.arange(WORLD * 64, dtype=torch.float32).reshape(WORLD * 8, 8),
                           mesh, [Shard(0)])
+    real = plan_exchange.my_share
     if RANK == 1:
         plan_exchange.my_share = lambda *args, **kwargs: []  # type: ignore[assignment]
     try:
@@ -339,6 +344,8 @@ def s_lost(out: str) -> dict[str, Any]:
     except shardsafe.CheckpointError as e:
         res["error"] = type(e).__name__
         res["message"] = str(e)
+    finally:
+        plan_exchange.my_share = real  # later phases of this process plan normally
     return res
 
 
@@ -485,11 +492,12 @@ SCENARIOS = {"comm": s_comm, "save": s_save, "load": s_load, "kill": s_kill, "as
              "many": s_many, "many_load": s_many_load}
 
 
-def main() -> None:
+def main(scenarios: dict[str, Any] = SCENARIOS) -> None:
+    """Runs the phases of ``sys.argv[1]`` with ``scenarios`` (dcp_worker.py passes its own)."""
     global WORLD
     spec, out = sys.argv[1], sys.argv[2]
     for name, WORLD in phases(spec, RANK):
-        result = SCENARIOS[name](out, *sys.argv[3:])
+        result = scenarios[name](out, *sys.argv[3:])
         with open(os.path.join(out, f"{name}-w{WORLD}-r{RANK}.json"), "w") as f:
             json.dump(result, f)
         if name == "kill":

@@ -1,12 +1,11 @@
-"""Compressed collective saves (gloo, 3 ranks) reloaded resharded on 2 ranks and in one process."""
+"""Compressed collective saves (gloo, 3 ranks) reloaded resharded on 2 ranks and in one process
+(phases of the shared ``cluster`` job)."""
 
 from __future__ import annotations
 
 import os
 
-import pytest
 import torch
-from dist_harness import run_ranks
 from dist_worker import compressed_tensors
 
 import shardsafe
@@ -16,14 +15,8 @@ from shardsafe.cli._common import checkpoints_at
 from shardsafe.storage.local import LocalStorage
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("compressed"))
-    return out, run_ranks(3, [("compressed", 3), ("compressed_load", 2)], out, timeout=240)
-
-
-def test_each_rank_writes_its_compressed_shards_to_its_block_file(job) -> None:
-    out, _ = job
+def test_each_rank_writes_its_compressed_shards_to_its_block_file(cluster) -> None:  # noqa: ANN001
+    out, _ = cluster
     index = read_checkpoint_index(os.path.join(out, "cz-sync"))
     names = sorted(f.name for f in index.files)
     assert [n for n in names if n.endswith(".blocks")] == [f"data-r{r:05d}-000.blocks" for r in range(3)]
@@ -37,8 +30,8 @@ def test_each_rank_writes_its_compressed_shards_to_its_block_file(job) -> None:
     assert [c.stored is not None for c in w.chunks] == [True, False, True]  # rank 1 chose None
 
 
-def test_compressed_checkpoints_reload_resharded_and_in_one_process(job) -> None:
-    out, results = job
+def test_compressed_checkpoints_reload_resharded_and_in_one_process(cluster) -> None:  # noqa: ANN001
+    out, results = cluster
     assert all(r == {"cz-sync": True, "cz-async": True, "cz-mixed": True}
                for r in results[("compressed_load", 2)])
     full = compressed_tensors()

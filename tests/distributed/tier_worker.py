@@ -1,8 +1,8 @@
 """Rank program of the tier tests: FSDP2 training with local, peer and persistent tiers.
 
-``python tier_worker.py train|recover <out_dir>`` with the torchrun environment (4 ranks).
-Ranks 0-1 are node 0 and ranks 2-3 node 1: each node has its own local directory
-(``<out>/node<n>``), which is what makes them different nodes.
+``python tier_worker.py train|recover <out_dir>`` with the torchrun environment (2 or 4
+ranks). The first half of the ranks is node 0, the second half node 1: each node has its
+own local directory (``<out>/node<n>``), which is what makes them different nodes.
 
 ``train`` runs steps 1..6 (persistent saves every 4, local every 2, kept 2, replicated),
 writes the full model+optimizer after steps 4 and 6 as the uninterrupted reference, trains
@@ -30,7 +30,7 @@ from helpers import flip_byte
 import shardsafe
 
 RANK = int(os.environ["RANK"])
-NODE = RANK // 2
+NODE = RANK // max(1, int(os.environ["WORLD_SIZE"]) // 2)
 
 
 def manager(out: str) -> shardsafe.CheckpointManager:
@@ -83,8 +83,8 @@ def damage(out: str) -> None:
     """Flips a byte in the data file of rank 1's local step 6."""
     dist.barrier()
     if RANK == 1:
-        step = os.path.join(out, "node0", "rank_1", "step_00000006")
-        flip_byte(max((os.path.join(step, n) for n in os.listdir(step)), key=os.path.getsize))
+        step = os.path.join(out, f"node{NODE}", "rank_1", "step_00000006")
+        flip_byte(max((os.path.join(step, n) for n in os.listdir(step)), key=os.path.getsize), -3)
     dist.barrier()
 
 
@@ -94,7 +94,7 @@ def auto_interval(out: str) -> dict:
     with shardsafe.CheckpointManager(os.path.join(out, "auto"), save_interval_steps="auto",
                                      expected_mtbf_seconds=100.0) as mgr:
         for step in range(4):
-            time.sleep(0.01 * (RANK + 1))  # rank 3's steps are 4x slower than rank 0's
+            time.sleep(0.01 * (RANK + 1))  # the last rank's steps are WORLD times slower than rank 0's
             mgr.save(step, state)
         mgr.wait_until_finished()
         return {"interval": mgr.current_interval_steps, "steps": mgr.all_steps()}
@@ -104,7 +104,7 @@ def recover(out: str) -> None:
     res = {"local": recover_once(out, "local")}
     damage(out)  # rank 1's copy fails its checksum: rank 1 alone takes its peer copy
     res["damaged"] = recover_once(out, "damaged")
-    wipe(out, [1])  # node 1 is lost: ranks 2 and 3 fetch their copies from node 0
+    wipe(out, [1])  # node 1 is lost: its ranks fetch their copies from node 0
     res["peer"] = recover_once(out, "peer")
     wipe(out, [0, 1])
     res["persistent"] = recover_once(out, "persistent")

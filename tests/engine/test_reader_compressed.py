@@ -12,7 +12,7 @@ from helpers import flip_byte
 import shardsafe
 from shardsafe.engine.commit import read_index
 from shardsafe.engine.prepared import BLOCK_SIZE
-from shardsafe.engine.reader import Reader, ReadJob
+from shardsafe.engine.reader import ChunkReader, ReadJob
 from shardsafe.plan.layout import block_file_name
 from shardsafe.storage.local import LocalStorage
 
@@ -34,7 +34,7 @@ def _read_rows(path: str, lo: int, hi: int) -> torch.Tensor:
     index = read_index(LocalStorage(), path)
     entry = index.tensors[0]
     out = torch.zeros(hi - lo, COLS)
-    Reader(LocalStorage(), path, index).run(
+    ChunkReader(LocalStorage(), path, index).run(
         [ReadJob(entry, out.view(-1).view(torch.uint8).numpy(), (lo, 0), (hi - lo, COLS))])
     return out
 

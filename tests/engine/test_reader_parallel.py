@@ -13,7 +13,7 @@ from helpers import flip_byte
 import shardsafe
 from shardsafe.engine import reader as reader_mod
 from shardsafe.engine.commit import read_index
-from shardsafe.engine.reader import Reader, ReadJob, _byte_span, _coalesce
+from shardsafe.engine.reader import ChunkReader, ReadJob, _byte_span, _coalesce
 from shardsafe.plan.load_plan import pieces_for
 from shardsafe.storage.local import LocalStorage
 
@@ -75,10 +75,10 @@ def test_partial_piece_reads_only_covering_blocks(saved):
     flip_byte(os.path.join(path, DATA), entry.chunks[0].offset + 100, 0x40)
     lo = (16 << 20) // 4 + 10
     dest = np.zeros(1000 * 4, dtype=np.uint8)
-    Reader(storage, path, index).run([ReadJob(entry, dest, (lo,), (1000,))])
+    ChunkReader(storage, path, index).run([ReadJob(entry, dest, (lo,), (1000,))])
     assert np.array_equal(dest.view(np.float32), state["big"][lo : lo + 1000].numpy())
     with pytest.raises(shardsafe.CorruptCheckpointError):
-        Reader(storage, path, index).run([ReadJob(entry, dest, (5,), (10,))])
+        ChunkReader(storage, path, index).run([ReadJob(entry, dest, (5,), (10,))])
 
 
 def test_byte_span_of_a_2d_region():

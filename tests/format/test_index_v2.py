@@ -200,6 +200,16 @@ def _json_edit(fn: Callable[[dict[str, Any]], None], fix_counts: bool = True) ->
     (lambda js: js["tree"]["v"].__setitem__(2, {"t": "int", "v": 1}), "exactly once"),
     (lambda js: js.__setitem__("checksum", "md5"), "checksum algorithm"),
     (lambda js: js.__setitem__("block_size", 10), "block_size"),
+    # key paths: strings and integers bare, other keys as key nodes (section 6)
+    (lambda js: js["tensors"][0].__setitem__("key", [True]), "tensor key"),
+    (lambda js: js["tensors"][0].__setitem__("key", [1.5]), "tensor key"),
+    (lambda js: js["tensors"][0].__setitem__("key", [None]), "tensor key"),
+    (lambda js: js["tensors"][0].__setitem__("key", [["w"]]), "tensor key"),
+    (lambda js: js["tensors"][0].__setitem__("key", [{"t": "str", "v": "w"}]), "tensor key"),
+    (lambda js: js["tensors"][0].__setitem__("key", [{"t": "pickle", "v": "gASV"}]), "tensor key"),
+    (lambda js: js["tensors"][0].__setitem__("key", [{"t": "list", "v": []}]), "tensor key"),
+    (lambda js: js["tensors"][0].__setitem__("key", "w"), "key list"),
+    (lambda js: js["tensors"][0].__setitem__("key", [{"t": "none"}]), "keyed"),  # valid, but not the tree's
 ])
 def test_forged_json_part_is_rejected(fn: Callable[[dict[str, Any]], None], message: str) -> None:
     with pytest.raises(CorruptCheckpointError, match=message):

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from shardsafe.bench.scale import build_index
+from shardsafe.harness.synthetic_job import build_index
 from shardsafe.format.index import ChunkEntry, FileEntry, Index, TensorEntry, decode_index, encode_index
 from shardsafe.format.index_v2 import encode
 from shardsafe.format.lazy_chunks import LazyChunks

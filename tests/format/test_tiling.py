@@ -70,6 +70,17 @@ def _agrees_with_brute_force(pos: np.ndarray, ext: np.ndarray, shape: tuple[int,
 @settings(max_examples=300, deadline=None)
 @given(_guillotine(), st.randoms(use_true_random=False))
 def test_tilings_and_forgeries_agree_with_a_coverage_count(case, rnd) -> None:
+    _tiling_and_forgery(case, rnd)
+
+
+@pytest.mark.stress
+@settings(max_examples=20_000, deadline=None)
+@given(_guillotine(), st.randoms(use_true_random=False))
+def test_tilings_and_forgeries_agree_with_a_coverage_count_long(case, rnd) -> None:
+    _tiling_and_forgery(case, rnd)
+
+
+def _tiling_and_forgery(case, rnd) -> None:  # noqa: ANN001
     shape, boxes = case
     ndim = len(shape)
     pos, ext = _arrays(boxes, ndim)

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from helpers import flip_byte
 
 import shardsafe
 from shardsafe import CheckpointError, CheckpointManager, CheckpointNotFoundError
@@ -160,7 +161,7 @@ def test_uncollected_background_error_is_logged_at_exit(tmp_path, caplog) -> Non
     mgr = CheckpointManager(tmp_path, max_to_keep=1, best_fn=lambda m: m["acc"])
     mgr.save(1, make_state(1), metrics={"acc": 1.0})
     mgr.save(2, make_state(2), metrics={"loss": 1.0})  # best_fn raises in the worker
-    while mgr._inflight.future is not None and not mgr._inflight.future.done():
+    while mgr._writers[0].slot.future is not None and not mgr._writers[0].slot.future.done():
         time.sleep(0.01)
     assert mgr._finalizer.atexit  # Python runs it at interpreter exit; run it now instead
     with caplog.at_level(logging.ERROR, logger="shardsafe"):
@@ -172,9 +173,7 @@ def test_damaged_index_does_not_stop_retention(tmp_path, caplog) -> None:
     with CheckpointManager(tmp_path) as mgr:
         mgr.save(1, make_state(1))
         mgr.save(2, make_state(2))
-    with open(tmp_path / "step_00000001" / "index.json", "r+b") as f:
-        f.seek(20)
-        f.write(b"#")
+    flip_byte(tmp_path / "step_00000001" / "index.json", 20)
     with caplog.at_level(logging.WARNING, logger="shardsafe"):
         with CheckpointManager(tmp_path, max_to_keep=2) as mgr:
             mgr.save(3, make_state(3))

@@ -213,7 +213,8 @@ def _check_after_kill(directory: str, committed: int) -> bool:
     return debris
 
 
-@pytest.mark.parametrize("async_save", [1, 0])
+# asynchronous saves by default; synchronous ones too under -m stress
+@pytest.mark.parametrize("async_save", [1, pytest.param(0, marks=pytest.mark.stress)])
 def test_sigkill_during_incremental_saves_and_retention(tmp_path, python, subprocess_env,
                                                         async_save: int) -> None:
     directory, progress = str(tmp_path / "ckpt"), str(tmp_path / "progress")

@@ -191,3 +191,48 @@ def test_a_lock_that_is_no_file_is_never_followed(tmp_path, caplog, kind: str) -
             assert mgr.save(1, {"w": torch.ones(2)})
         assert "damaged lock" in caplog.text
     assert (outside / "keep.txt").read_text() == "keep"
+
+
+def test_two_managers_taking_over_one_stale_lock_do_not_both_own_it(tmp_path) -> None:
+    """Both find the lock of a dead owner; the second is held just after judging it stale,
+    until the first has taken it over. The second must then see the new owner, not delete
+    the first one's fresh lock."""
+    import logging
+    import threading
+
+    owner = start_owner(str(tmp_path))
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    judged, first_done = threading.Event(), threading.Event()
+
+    class HoldSecond(logging.Handler):
+        def handle(self, record: logging.LogRecord) -> bool:  # not emit: no handler lock held
+            if threading.current_thread().name == "second" and "taking over" in record.getMessage():
+                judged.set()
+                first_done.wait(10)
+            return True
+
+    handler = HoldSecond()
+    logging.getLogger("shardsafe").addHandler(handler)
+    outcome: dict[str, object] = {}
+
+    def second() -> None:
+        try:
+            outcome["second"] = CheckpointManager(tmp_path)
+        except CheckpointError as e:
+            outcome["second"] = e
+
+    try:
+        t = threading.Thread(target=second, name="second")
+        t.start()
+        assert judged.wait(10)
+        first = CheckpointManager(tmp_path)  # takes the stale lock over while the second waits
+        first_done.set()
+        t.join(10)
+    finally:
+        logging.getLogger("shardsafe").removeHandler(handler)
+        first_done.set()
+    assert isinstance(outcome["second"], CheckpointError), outcome["second"]
+    assert "already has a writable CheckpointManager" in str(outcome["second"])
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["token"] == first._owner_lock.owner.token
+    first.close()

@@ -82,9 +82,7 @@ def test_other_damage_falls_back(two_steps, damage, caplog) -> None:
     elif damage == "truncated":
         os.truncate(data, os.path.getsize(data) - 10)
     else:
-        with open(os.path.join(d, "index.json"), "r+b") as f:
-            f.seek(20)
-            f.write(b"#")
+        helpers.flip_byte(os.path.join(d, "index.json"), 20)
     state = make_state(7)
     with caplog.at_level(logging.WARNING, logger="shardsafe"):
         with CheckpointManager(two_steps, read_only=True) as ro:

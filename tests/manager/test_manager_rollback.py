@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 
 import pytest
 import torch
 
+import shardsafe
 from shardsafe import CheckpointError, CheckpointManager, CheckpointNotFoundError
 from shardsafe.manager.steps import ROLLBACK_MARKER, step_name
 
@@ -24,7 +23,7 @@ def test_synchronous_save_returns_after_retention(tmp_path) -> None:
         for s in range(6):
             assert mgr.save(s, state(s))
             # nothing left for a background thread: the listing is already final
-            assert mgr._inflight.future is None
+            assert mgr._writers[0].slot.future is None
             assert mgr.all_steps() == list(range(max(0, s - 1), s + 1))
             names = sorted(n for n in os.listdir(tmp_path) if n.startswith("step_"))
             assert names == [step_name(x) for x in mgr.all_steps()]
@@ -54,7 +53,7 @@ def test_synchronous_retention_error_raises_from_save(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("async_save", [True, False])
-def test_rollback_moves_newer_steps_aside(tmp_path, async_save) -> None:
+def test_rollback_moves_newer_steps_aside(tmp_path, cli, async_save) -> None:  # noqa: ANN001
     with CheckpointManager(tmp_path, async_save=async_save) as mgr:
         for s in (100, 200, 300):
             assert mgr.save(s, state(s), metrics={"loss": s / 100})
@@ -77,14 +76,13 @@ def test_rollback_moves_newer_steps_aside(tmp_path, async_save) -> None:
     moved = [n for n in os.listdir(tmp_path) if n.startswith(step_name(200) + ROLLBACK_MARKER)]
     assert len(moved) == 2
     # shardsafe ls shows the moved-aside steps with their own state
-    out = subprocess.run([sys.executable, "-m", "shardsafe", "ls", "--json", str(tmp_path)],
-                         capture_output=True, text=True, check=True, env=os.environ)
+    out = cli("ls", "--json", tmp_path)
+    assert out.returncode == 0, out.stderr
     rows = {r["name"]: r for r in json.loads(out.stdout)}
     assert {r["state"] for n, r in rows.items() if ROLLBACK_MARKER in n} == {"rolled-back"}
     assert {r["step"] for n, r in rows.items() if ROLLBACK_MARKER in n} == {150, 200, 300}
     assert rows[step_name(100)]["state"] == "committed"
-    table = subprocess.run([sys.executable, "-m", "shardsafe", "ls", str(tmp_path)],
-                           capture_output=True, text=True, check=True, env=os.environ).stdout
+    table = cli("ls", tmp_path).stdout
     states = [line.split()[1] for line in table.splitlines()[1:]]
     assert states.count("rolled-back") == 4 and states.count("committed") == 1  # 200 twice
 
@@ -105,3 +103,37 @@ def test_rollback_failures_move_nothing(tmp_path) -> None:
             ro.restore(state(0), step=1, rollback=True)
         assert ro.all_steps() == [1, 2]
     assert not [n for n in os.listdir(tmp_path) if ROLLBACK_MARKER in n]
+
+
+def test_rolled_back_incremental_steps_load_and_rename_back(tmp_path) -> None:
+    """Steps 5 and 6 of an incremental manager reference step 4's data; after a rollback to
+    step 3 all three are set aside, and each still loads where it lies and after it is
+    renamed back (nothing it needs was renamed away from under it)."""
+    base = torch.arange(64 * 64, dtype=torch.float32).reshape(64, 64)
+
+    def st(s: int) -> dict:
+        w = base.clone()
+        if s >= 4:
+            w += 1  # step 4 rewrites the big tensor; 5 and 6 reference it
+        return {"w": w, "head": torch.full((4,), float(s)), "step": s}
+
+    with CheckpointManager(tmp_path, incremental=True, async_save=False) as mgr:
+        for s in range(1, 7):
+            assert mgr.save(s, st(s))
+        target = st(0)
+        assert mgr.restore(target, step=3, rollback=True) == 3
+        assert mgr.all_steps() == [1, 2, 3]
+    aside = {int(n.split(ROLLBACK_MARKER)[0][5:]): n for n in os.listdir(tmp_path) if ROLLBACK_MARKER in n}
+    assert sorted(aside) == [4, 5, 6]
+    for s in (4, 5, 6):
+        got = shardsafe.load(str(tmp_path / aside[s]))
+        assert torch.equal(got["w"], st(s)["w"]) and got["step"] == s
+    os.rename(tmp_path / aside[5], tmp_path / step_name(5))  # renamed back, on its own
+    with CheckpointManager(tmp_path, read_only=True) as mgr:
+        assert mgr.all_steps() == [1, 2, 3, 5]
+        got = st(0)
+        assert mgr.restore(got, step=5) == 5
+        assert torch.equal(got["w"], st(5)["w"]) and torch.equal(got["head"], st(5)["head"])
+    os.rename(tmp_path / aside[6], tmp_path.parent / "elsewhere")  # or anywhere else
+    got = shardsafe.load(str(tmp_path.parent / "elsewhere"))
+    assert torch.equal(got["w"], st(6)["w"]) and torch.equal(got["head"], st(6)["head"])

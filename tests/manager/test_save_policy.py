@@ -74,3 +74,39 @@ def test_initial_save_through_the_manager(tmp_path) -> None:
                            async_save=False) as mgr:
         assert mgr.save(3, {"x": 1}) and not mgr.save(4, {"x": 2})
         assert mgr.all_steps() == [3]
+
+
+def test_auto_interval_is_a_policy_asked_on_every_call() -> None:
+    from shardsafe.manager.interval import AutoInterval
+    from shardsafe.manager.save_policy import AutoIntervalSteps
+
+    t = [0.0]
+    auto = AutoInterval(100.0, agree=lambda v: v, clock=lambda: t[0])
+    policy = save_policy_from_options(ManagerOptions(save_interval_steps="auto", expected_mtbf_seconds=100.0,
+                                                     save_on_steps=[0, 1, 2, 3]), auto)
+    assert any(isinstance(p, AutoIntervalSteps) for p in policy.policies)
+    for step in range(4):  # another rule says yes first: the interval still sees each call
+        t[0] += 1.0
+        assert policy.should_save(ctx(step))
+        if step == 0:
+            auto.saved(0, 2.0)
+    assert auto.step_s == pytest.approx(1.0) and auto.interval == round((2 * 2.0 * 100.0) ** 0.5)
+
+
+@pytest.mark.parametrize("step, committed, force, result", [
+    (5, {}, False, True),
+    (5, {3: "step_00000003"}, False, True),
+    (3, {3: "step_00000003"}, False, False),
+    (2, {3: "step_00000003"}, False, False),
+    (3, {3: "step_00000003"}, True, "already exists"),
+    (2, {3: "step_00000003"}, True, "steps must increase"),
+])
+def test_is_new_step_table(step, committed, force, result) -> None:
+    from shardsafe.errors import CheckpointError
+    from shardsafe.manager.save_policy import is_new_step
+
+    if isinstance(result, str):
+        with pytest.raises(CheckpointError, match=result):
+            is_new_step(step, committed, force=force, where="d")
+    else:
+        assert is_new_step(step, committed, force=force, where="d") is result

@@ -116,3 +116,19 @@ def test_delete_of_a_step_refuses_a_link(tmp_path, target: str) -> None:
     with pytest.raises(shardsafe.CheckpointError, match="symbolic link"):
         steps.delete(1)
     assert _contents(dest) == before
+
+
+def test_a_copied_step_is_restored_as_the_step_its_index_records(tmp_path, caplog) -> None:  # noqa: ANN001
+    import shutil
+
+    run = tmp_path / "run"
+    with CheckpointManager(run, async_save=False) as mgr:
+        assert mgr.save(100, {"w": torch.full((2,), 100.0)})
+    shutil.copytree(run / step_name(100), run / step_name(200))  # a copy named step 200
+    with CheckpointManager(run, read_only=True) as mgr:
+        with pytest.raises(shardsafe.CorruptCheckpointError, match="holds step 100"):
+            mgr.restore({"w": torch.zeros(2)}, step=200)
+        state = {"w": torch.zeros(2)}
+        assert mgr.restore(state) == 100  # 200 is refused as damaged, 100 restored
+        assert torch.equal(state["w"], torch.full((2,), 100.0))
+    assert "holds step 100" in caplog.text

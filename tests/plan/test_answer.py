@@ -157,3 +157,28 @@ def test_rank0_work_grows_with_ranks_not_with_their_product() -> None:
     assert job.shares(decision, parts)[16383] == set(range(10))
     empty = Boxes(np.full(10, EMPTY, np.int32), np.zeros(10, np.int64), [], np.zeros(20, np.int64))
     assert read_share(decision, parts, 5, job.shape.digest, empty, 0).writes.tolist() == []
+
+
+@pytest.mark.parametrize("make, world, tensors", [(_fsdp, 4096, 10), (_hsdp, 1024, 300)],
+                         ids=["fsdp-4096", "hsdp-1024"])
+def test_rank0_memory_grows_with_the_plan_not_with_the_reports(make: Callable[[int, int], Job], world: int,
+                                                               tensors: int) -> None:
+    """Rank 0 reads one report at a time: what it allocates while planning is a few words per
+    rank and per shared box (a JSON row per rank and tensor would be ~100 bytes each)."""
+    import tracemalloc
+
+    job = make(world, tensors)
+    empty = Values(b"", b"", NO_VALUES)
+    hellos_in = [hello(False, layout_digest(job.shape, job.boxes(r), empty), job.shape.digest, NO_VALUES)
+                 for r in range(world)]
+    reports = (report(r, job.boxes(r), job.shape.body if r == 0 else b"") for r in range(world))
+    tracemalloc.start()
+    try:
+        hellos = read_hellos(iter(hellos_in), world)
+        decision, parts, lead = decide_full(None, hellos, reports, txn)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert lead is not None
+    boxes = sum(len(items) for _, items, _ in lead.joined.plan.shared)
+    assert peak < 128 * boxes + 400 * world + 4 * len(job.shape.body) + (1 << 20), (peak, boxes)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from shardsafe.bench.scale import build_index
+from shardsafe.harness.synthetic_job import build_index
 from shardsafe.format.index import ChunkEntry, decode_index, encode_index
 from shardsafe.format.index_v2 import chunk_rows, decode, encode
 from shardsafe.plan.load_plan import pieces_for

@@ -117,6 +117,24 @@ def test_open_writer_truncates_padding_and_abort_leaves_no_durable_promise(backe
     assert not s.exists(backend.path("aborted"))
 
 
+def test_write_stream_writes_pieces_in_order_and_stops_on_error(backend: Backend) -> None:
+    data = np.random.default_rng(3).integers(0, 256, 12 * MiB + 5, dtype=np.uint8).tobytes()
+    p = backend.path("streamed")
+    backend.storage.makedirs(backend.root)
+    pieces = (memoryview(data)[i : i + 4 * MiB] for i in range(0, len(data), 4 * MiB))
+    backend.storage.write_stream(p, len(data), pieces)
+    assert backend.storage.size(p) == len(data) and backend.storage.read(p) == data
+
+    def failing():  # noqa: ANN202
+        yield memoryview(data)[: 6 * MiB]
+        raise OSError("source went away")
+
+    with pytest.raises(OSError, match="source went away"):
+        backend.storage.write_stream(backend.path("broken"), len(data), failing())
+    with pytest.raises(ValueError, match="expected"):
+        backend.storage.write_stream(backend.path("short"), len(data), iter([memoryview(data)[:10]]))
+
+
 def test_write_concatenates_buffers_and_read_returns_them(backend: Backend) -> None:
     p = _write(backend, "f", b"hello", b"", b" world")
     assert backend.storage.read(p) == b"hello world"

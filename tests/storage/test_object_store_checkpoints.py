@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 import shardsafe  # noqa: E402
 from shardsafe import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError  # noqa: E402
 from shardsafe.engine.commit import is_committed, read_index  # noqa: E402
-from shardsafe.engine.reader import Reader, ReadJob  # noqa: E402
+from shardsafe.engine.reader import ChunkReader, ReadJob  # noqa: E402
 from shardsafe.storage import storage_for  # noqa: E402
 from shardsafe.storage.fsspec import FsspecStorage  # noqa: E402
 
@@ -172,7 +172,7 @@ def test_s3_load_reads_only_the_wanted_byte_ranges(s3) -> None:  # noqa: ANN001
     index = read_index(storage, path)
     entry = next(t for t in index.tensors if t.key == ("b",))
     out = np.empty(entry.nbytes, dtype=np.uint8)
-    Reader(storage, path, index).run([ReadJob(entry, out, (0,), entry.shape)])
+    ChunkReader(storage, path, index).run([ReadJob(entry, out, (0,), entry.shape)])
     chunk = entry.chunks[0]
     assert storage.reads == [(chunk.file, chunk.offset, chunk.nbytes)]
     assert np.array_equal(out.view(np.float32), np.ones(5000, dtype=np.float32))

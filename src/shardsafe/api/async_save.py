@@ -63,9 +63,9 @@ def async_save(state: Mapping[str, Any] | Stateful, path: str, *, staging: Stagi
     tensors are compressed in the background, after staging, so the stall does not grow.
     With ``max_staging_bytes`` the save stages into at most that many bytes of host
     memory: a larger state streams through them while it is written, and the call
-    returns once the last part is staged (it waits for the disk for what does not fit;
-    not combinable with ``compression`` yet). See ``Checkpointer.async_save`` for the
-    arguments.
+    returns once the last part is staged (it waits for the disk for what does not fit).
+    The two combine: compressed, the budget holds the blocks being coded too (it must be
+    at least 48 MiB then). See ``Checkpointer.async_save`` for the arguments.
     """
     return default_checkpointer().async_save(state, path, staging=staging, overwrite=overwrite,
                                              metadata=metadata, storage_options=storage_options,

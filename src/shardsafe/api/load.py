@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, MutableMapping
-from contextlib import contextmanager
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,11 +13,12 @@ import numpy as np
 from .. import dtensor, tensors
 from .._collector import paused
 from ..comm import distributed_active, get_comm
+from ..engine.buffers import allocating
 from ..engine.index_exchange import read_index_collective
 from ..engine.commit import is_committed, read_index
 from ..engine.mmap_load import load_mapped
-from ..engine.reader import Reader, ReadJob
-from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
+from ..engine.reader import ChunkReader, ReadJob
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
 from ..format.index import Index
 from ..per_rank import loading
 from ..plan.flatten import Stateful, is_stateful
@@ -42,17 +42,21 @@ class LoadResult:
     """Key paths whose shape or dtype differs between checkpoint and ``state`` (not loaded)."""
 
 
-def _read(reader: Reader, targets: list[TensorTarget], new: Allocated | None = None) -> None:
-    """Reads every target (and the tensors of a new state): tensors stored as one raw chunk
-    whose target is contiguous host memory go by table row and address (``Reader.whole_tasks``),
-    the others through ``ReadJob``s."""
+def read_targets(reader: ChunkReader, targets: list[TensorTarget], new: Allocated | None = None) -> None:
+    """Reads (and verifies) every target's region (and the tensors of a new state), then
+    runs the copies into targets that are not contiguous host memory.
+
+    Whole tensors stored as one raw chunk, whose target is contiguous host memory, are
+    read by table row and address (``ChunkReader.whole_tasks``); the others through
+    ``ReadJob``s.
+    """
     jobs: list[ReadJob] = []
     direct = new or Allocated()
     table = reader.index.table
     whole = whole_raw(table).tolist() if table is not None else None
     starts = table.tensor_start.tolist() if table is not None else None
     for tt in targets:
-        if tt.dest is None and whole is not None and tt.tid >= 0 and whole[tt.tid]:
+        if tt.dest is None and tt.offsets is None and whole is not None and tt.tid >= 0 and whole[tt.tid]:
             addr = _address(tt.target)
             if addr is not None:
                 direct.tensors.append(tt.tid)
@@ -64,7 +68,10 @@ def _read(reader: Reader, targets: list[TensorTarget], new: Allocated | None = N
             jobs.append(ReadJob(e, tt.dest, (0,) * len(e.shape), e.shape))
             continue
         # a DTensor target reads only its own box of the global tensor
-        target, offsets, shape = dtensor.target_region(tt.target)
+        if tt.offsets is None:
+            target, offsets, shape = dtensor.target_region(tt.target)
+        else:
+            target, offsets, shape = tt.target, tt.offsets, tensors.shape_of(tt.target)
         dest = tensors.writable_bytes(target)
         if dest is not None:
             jobs.append(ReadJob(e, dest, offsets, shape))
@@ -129,24 +136,40 @@ def load(path: str, state: MutableMapping[str, Any] | Stateful | None = None, *,
         CorruptCheckpointError: A checksum fails or a file is truncated/malformed.
         StateMismatchError: ``strict`` and the target's keys, shapes or dtypes differ.
     """
+    return load_checked(path, state, None, strict=strict, storage_options=storage_options, mmap=mmap,
+                        process_group=process_group, collective=collective, timeout=timeout)
+
+
+def load_checked(path: str, state: MutableMapping[str, Any] | Stateful | None,
+                 check: Callable[[Index], None] | None, *, strict: bool = True,
+                 storage_options: dict | None = None, mmap: bool = False, process_group: Any = None,
+                 collective: bool | None = None, timeout: float | None = None) -> Any:
+    """``load``, first calling ``check(index)`` with the validated index: it raises (a
+    ``CheckpointError``) to refuse the checkpoint before anything is read. The manager
+    checks that a step's index records the step and run it restores."""
     if state is not None and not isinstance(state, MutableMapping) and not is_stateful(state):
         raise TypeError(f"state must be a mutable mapping (dict) or a Stateful object (with "
                         f"state_dict() and load_state_dict()) to load into, got {type(state).__name__}")
     with paused():  # building thousands of tensors and entries: no collection meanwhile
-        return _load(path, state, strict, storage_options, mmap, process_group, collective, timeout)
+        return _load(path, state, check, strict, storage_options, mmap, process_group, collective, timeout)
 
 
-def _load(path: str, state: MutableMapping[str, Any] | Stateful | None, strict: bool,
-          storage_options: dict | None, mmap: bool, process_group: Any, collective: bool | None,
-          timeout: float | None) -> Any:
+def _load(path: str, state: MutableMapping[str, Any] | Stateful | None, check: Callable[[Index], None] | None,
+          strict: bool, storage_options: dict | None, mmap: bool, process_group: Any,
+          collective: bool | None, timeout: float | None) -> Any:
     storage, spath = storage_for(path, storage_options)
     if collective is not False and distributed_active(process_group):
         index = read_index_collective(storage, spath, get_comm(process_group), timeout)
+        if check is not None:
+            check(index)
         return _load_from(storage, spath, index, path, state, strict, mmap)
     for attempt in range(_ATTEMPTS):
         before = _identity(storage, spath)
         try:
-            return _load_from(storage, spath, read_index(storage, spath), path, state, strict, mmap)
+            index = read_index(storage, spath)
+            if check is not None:
+                check(index)
+            return _load_from(storage, spath, index, path, state, strict, mmap)
         except (CorruptCheckpointError, CheckpointNotFoundError) as e:
             if not is_committed(storage, spath):  # deleted (e.g. by retention) while we read it
                 raise CheckpointNotFoundError(f"no committed checkpoint at {path!r} (deleted while "
@@ -171,18 +194,8 @@ def _identity(storage: Any, spath: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-@contextmanager
-def _allocating(index: Index, path: str) -> Iterator[None]:
-    """Turns a failed host allocation (a checkpoint larger than memory, e.g. a forged one
-    over sparse files) into a CheckpointError."""
-    try:
-        yield
-    except (MemoryError, RuntimeError) as e:
-        if not isinstance(e, MemoryError) and "alloc" not in str(e):
-            raise  # a torch RuntimeError that is not about memory
-        total = sum(t.nbytes for t in index.tensors)
-        raise CheckpointError(f"cannot allocate memory to load {path!r} ({total} bytes of tensors): "
-                              f"{e}") from e
+def _total(index: Index, path: str) -> str:
+    return f"{path!r} ({sum(t.nbytes for t in index.tensors)} bytes of tensors)"
 
 
 def _load_from(storage: Any, spath: str, index: Index, path: str,
@@ -192,11 +205,11 @@ def _load_from(storage: Any, spath: str, index: Index, path: str,
         if state is not None or not isinstance(storage, LocalStorage):
             raise ValueError("mmap=True applies to load(path) of a local checkpoint, without a state")
         return load_mapped(spath, index)
-    reader = Reader(storage, spath, index)
+    reader = ChunkReader(storage, spath, index)
     if state is None:
-        with _allocating(index, path):
+        with allocating(lambda: _total(index, path)):
             value, new = new_state.build(index)
-        _read(reader, new.others, new)
+        read_targets(reader, new.others, new)
         return value
     with loading():  # PerRank values describe only this rank's entry
         m = match(index, state)
@@ -206,8 +219,8 @@ def _load_from(storage: Any, spath: str, index: Index, path: str,
     if problems:
         log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(problems),
                     "\n  ".join(problems))
-    with _allocating(index, path):  # temporaries for device / strided targets
-        _read(reader, m.reads)
+    with allocating(lambda: _total(index, path)):  # temporaries for device / strided targets
+        read_targets(reader, m.reads)
     m.apply()
     return LoadResult(m.missing, m.unexpected, m.mismatched)
 
@@ -218,4 +231,4 @@ def read_checkpoint_index(path: str, storage_options: dict | None = None) -> Ind
     return read_index(storage, spath)
 
 
-__all__ = ["LoadResult", "load", "read_checkpoint_index"]
+__all__ = ["LoadResult", "load", "load_checked", "read_checkpoint_index", "read_targets"]

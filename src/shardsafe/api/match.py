@@ -10,6 +10,8 @@ restores fully; ``nn.Module`` state dicts are closed (extra keys are unexpected)
 
 from __future__ import annotations
 
+import argparse
+
 import copy as _copy
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -32,6 +34,9 @@ class TensorTarget:
     """The tensor (or DTensor) its bytes are read into."""
     dest: Any = None
     """A new tensor's writable bytes, known from its allocation (None: derived from ``target``)."""
+    offsets: tuple[int, ...] | None = None
+    """Where ``target`` starts in the global tensor, when it holds only a box of it (a DCP
+    read item); None: derived from ``target`` (all of it, or a DTensor's local shard)."""
     tid: int = -1
     """The tensor's position in the index's tensor table (-1: not known)."""
 
@@ -131,6 +136,9 @@ class _Matcher:
             return self.tensor(target, node, path, open_)
         if isinstance(target, MutableMapping) and t == "dict":
             return self.mapping(target, node, path, open_, copy_)
+        if type(target) is argparse.Namespace and node["t"] == "namespace":  # its attributes, in place
+            attrs = self.mapping(vars(target), node, path, open_, copy_)
+            return target if attrs is vars(target) else argparse.Namespace(**attrs)
         if isinstance(target, (list, tuple)) and t in ("list", "tuple"):
             if len(target) == len(node["v"]):
                 return self.sequence(target, node, path, open_, copy_)

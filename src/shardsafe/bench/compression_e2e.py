@@ -24,7 +24,7 @@ import shardsafe
 
 from ..harness.compare import differences
 from .compression import MiB, adamw_state, weights
-from . import moto_server
+from ..harness import moto_server
 from .measure import remove
 from .report import _f
 from .throttle import ThrottledProxy

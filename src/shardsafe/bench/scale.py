@@ -5,7 +5,7 @@ FSDP job of R ranks would write (each of T tensors split evenly along dimension 
 the ranks, one data file per rank), builds and encodes the v2 index with the real
 encoder, decodes and validates it with the real decoder, and plans one rank's load the
 way ``shardsafe.load`` does (``format.index.decode_index``, then the reader's planner
-``engine.reader.Reader.tasks``, which builds objects only for the chunks that overlap
+``engine.reader.ChunkReader.tasks``, which builds objects only for the chunks that overlap
 the rank's shard). ``plan.table_reads`` (fully vectorised) is timed too. It prints a
 table and, last, one JSON line.
 
@@ -36,20 +36,16 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..engine.reader import ReadJob, Reader
-from ..format.chunk_table import ChunkTable, Split, num_blocks
+from ..engine.reader import ChunkReader, ReadJob
 from ..format.dtypes import lookup
 from ..format.index import decode_index
-from ..format.index_v2 import ColumnarIndex, FileInfo, TensorInfo, decode, encode
-from ..format.tree import Node
-from ..plan.layout import data_file_name
+from ..format.index_v2 import ColumnarIndex, decode, encode
 from ..plan.table_reads import even_shard_reads, row_split_tensors
 from ..storage.local import LocalStorage
+from ..harness.synthetic_job import build_index, job_tensors
 from .exchange import simulate
 
 T = TypeVar("T")
-BLOCK = 16 << 20
-DATA_START = 4096
 
 
 def _timed(fn: Callable[[], T]) -> tuple[T, float]:
@@ -65,62 +61,6 @@ def _timed_cpu(fn: Callable[[], T]) -> tuple[T, float, float]:
     return out, time.perf_counter() - t0, time.process_time() - c0
 
 
-def job_shapes(ranks: int, tensors: int) -> list[tuple[tuple[int, ...], str]]:
-    """(global shape, dtype) of each tensor: 2-D weights and 1-D norms, some rows uneven."""
-    out = []
-    for t in range(tensors):
-        rows = ranks * (1 + t % 3) - (3 if t % 10 == 7 else 0)
-        dtype = "bfloat16" if t % 4 == 1 else "float32"
-        out.append(((rows,), dtype) if t % 5 == 4 else ((rows, 256 + 64 * (t % 4)), dtype))
-    return out
-
-
-def job_tensors(ranks: int, tensors: int) -> tuple[tuple[TensorInfo, ...], Node]:
-    """The tensors of the simulated job and its structure tree (``model.layers.<i>.w<j>``)."""
-    infos = tuple(TensorInfo(("model", "layers", t // 10, f"w{t % 10}"), "torch", d, s)
-                  for t, (s, d) in enumerate(job_shapes(ranks, tensors)))
-    layers: dict[int, list[tuple[str, int]]] = {}
-    for t, info in enumerate(infos):
-        layers.setdefault(int(info.key[2]), []).append((str(info.key[3]), t))
-    tree = {"t": "dict", "k": ["model"], "v": [{"t": "dict", "k": ["layers"], "v": [
-        {"t": "dict", "k": list(layers), "v": [
-            {"t": "dict", "k": [k for k, _ in ws], "v": [{"t": "tensor", "id": t} for _, t in ws]}
-            for ws in layers.values()]}]}]}
-    return infos, tree
-
-
-def build_index(ranks: int, tensors: int, seed: int = 0) -> ColumnarIndex:
-    """The v2 index of the simulated job (rank r writes part r of every tensor to file r)."""
-    shapes = job_shapes(ranks, tensors)
-    item = np.array([2 if d == "bfloat16" else 4 for _, d in shapes], dtype=np.int64)
-    rows = np.array([s[0] for s, _ in shapes], dtype=np.int64)
-    inner = np.array([int(np.prod(s[1:])) for s, _ in shapes], dtype=np.int64) * item
-    step = -(-rows // ranks)
-    parts = -(-rows // step)
-    # bytes of part r of tensor t: [tensors, ranks] (0 where the uneven split left rank r nothing)
-    r = np.arange(ranks, dtype=np.int64)
-    nb = np.clip(rows[:, None] - r[None, :] * step[:, None], 0, step[:, None]) * inner[:, None]
-    order = np.argsort(-item, kind="stable")  # the data-file layout: larger elements first
-    off = np.empty_like(nb)
-    off[order] = DATA_START + np.cumsum(nb[order], axis=0) - nb[order]
-    sizes = DATA_START + nb.sum(axis=0)
-    keep = r[None, :] < parts[:, None]  # tensor-major rows: part i of tensor t is row start_t + i
-    offsets = off[keep]
-    del off
-    nbytes = nb[keep]
-    del nb, keep
-    rng = np.random.default_rng(seed)
-    sums = rng.integers(0, 1 << 32, int(num_blocks(nbytes, BLOCK).sum()), dtype=np.uint32)
-    files = tuple(FileInfo(data_file_name(i), int(sizes[i]), DATA_START, i) for i in range(ranks))
-    infos, tree = job_tensors(ranks, tensors)
-    table = ChunkTable.build(
-        [s for s, _ in shapes], item.tolist(), [Split(0, int(st), 0, 1) for st in step],
-        parts.tolist(), offsets, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
-        sums, BLOCK, sizes, np.full(ranks, DATA_START, dtype=np.int64))
-    return ColumnarIndex(tree=tree, tensors=infos, files=files, chunks=table, world_size=ranks,
-                         created=1767225600.0, library="shardsafe bench.scale")
-
-
 def load_plan(data: bytes, rank: int, world: int) -> tuple[int, float]:
     """What ``shardsafe.load`` does on rank ``rank`` of ``world`` for an FSDP target before any
     read: decode the index (``decode_index``), then plan the reads of its dim-0 shard of every
@@ -133,7 +73,7 @@ def load_plan(data: bytes, rank: int, world: int) -> tuple[int, float]:
         shape = (min(lo + q, e.shape[0]) - lo,) + e.shape[1:]
         dest = np.empty(int(np.prod(shape)) * lookup(e.dtype).itemsize, dtype=np.uint8)
         jobs.append(ReadJob(e, dest, (lo,) + (0,) * (len(shape) - 1), shape))
-    return len(Reader(LocalStorage(), "bench", index).tasks(jobs)), decode_s
+    return len(ChunkReader(LocalStorage(), "bench", index).tasks(jobs)), decode_s
 
 
 def _peak_mib() -> float:

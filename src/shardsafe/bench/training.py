@@ -24,12 +24,20 @@ from . import systems
 
 @dataclass(frozen=True)
 class ModelSize:
+    """The size of case (c)'s small transformer language model and of its batches."""
+
     vocab: int = 2048
+    """Tokens in the vocabulary (embedding and output rows)."""
     d_model: int = 256
+    """Width of every layer."""
     layers: int = 4
+    """Transformer encoder layers."""
     heads: int = 4
+    """Attention heads per layer."""
     seq: int = 64
+    """Tokens per sequence."""
     batch: int = 8
+    """Sequences per step."""
 
 
 QUICK = ModelSize(vocab=512, d_model=32, layers=1, heads=2, seq=16, batch=4)

@@ -21,7 +21,8 @@ EXIT_USAGE = 2        # bad arguments
 EXIT_NOT_FOUND = 3    # no committed checkpoint at the path
 EXIT_CORRUPT = 4      # the checkpoint is damaged
 
-COMMANDS: tuple[str, ...] = ("demo", "bench", "ls", "info", "verify", "export", "import_", "diff", "gc")
+COMMANDS: tuple[str, ...] = ("demo", "bench", "ls", "info", "verify", "export", "import_", "diff", "gc",
+                             "cp")
 
 
 def build_parser() -> argparse.ArgumentParser:

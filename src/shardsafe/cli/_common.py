@@ -11,7 +11,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -37,17 +37,38 @@ def add_storage_options(parser: argparse.ArgumentParser) -> None:
                              "'{\"endpoint_url\": \"http://127.0.0.1:9000\"}'")
 
 
-def storage_options(args: argparse.Namespace) -> dict:
-    """The parsed ``--storage-options`` (an empty dict when absent)."""
-    raw = getattr(args, "storage_options", None)
+CKPT = ("ckpt", "CKPT", "checkpoint directory or URL")  # the operand naming one checkpoint
+
+
+def add_command(sub: argparse._SubParsersAction, name: str, run: Callable[[argparse.Namespace], int],
+                help: str, description: str, *operands: tuple[str, str, str],
+                json_help: str | None = None) -> argparse.ArgumentParser:
+    """Adds subcommand ``name`` that calls ``run``: its ``operands`` (``(dest, metavar,
+    help)`` each, positional), ``--json`` when ``json_help`` is given, and
+    ``--storage-options``. Returns the parser, for the command's own options."""
+    p = sub.add_parser(name, help=help, description=description)
+    for dest, metavar, text in operands:
+        p.add_argument(dest, metavar=metavar, help=text)
+    if json_help is not None:
+        p.add_argument("--json", action="store_true", help=json_help)
+    add_storage_options(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def storage_options(args: argparse.Namespace, name: str = "storage_options") -> dict:
+    """The parsed ``--storage-options`` (or the option stored as ``name``; an empty dict
+    when absent)."""
+    raw = getattr(args, name, None)
+    flag = "--" + name.replace("_", "-")
     if not raw:
         return {}
     try:
         value = json.loads(raw)
     except ValueError as e:
-        raise ValueError(f"--storage-options is not valid JSON: {e}") from None
+        raise ValueError(f"{flag} is not valid JSON: {e}") from None
     if not isinstance(value, dict):
-        raise ValueError("--storage-options must be a JSON object")
+        raise ValueError(f"{flag} must be a JSON object")
     return value
 
 

@@ -1,6 +1,6 @@
 """Walking a checkpoint's leaves and reading single tensors (for info, export and diff).
 
-Reads go through ``engine.reader.Reader``, so every byte the CLI hands out has passed
+Reads go through ``engine.reader.ChunkReader``, so every byte the CLI hands out has passed
 its checksum.
 """
 
@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import tensors
-from ..engine.reader import Reader, ReadJob
+from ..engine.buffers import allocating
+from ..engine.reader import ChunkReader, ReadJob
 from ..format.index import Index, TensorEntry
 from ..format.tree import KeyPath, Node, decode_plain, dict_items, render_path
 
@@ -104,9 +105,14 @@ def subtree(index: Index, only: str | None) -> tuple[Node, KeyPath]:
     return hit
 
 
-def read_tensor(reader: Reader, entry: TensorEntry) -> Any:
-    """Reads one whole tensor (torch, or numpy for arrays saved from numpy), verified."""
-    value, dest = tensors.empty(entry.kind, entry.dtype, entry.shape)
+def read_tensor(reader: ChunkReader, entry: TensorEntry) -> Any:
+    """Reads one whole tensor (torch, or numpy for arrays saved from numpy), verified.
+
+    Raises:
+        CheckpointError: there is not enough memory for it.
+    """
+    with allocating(lambda: f"{render_path(entry.key)} ({entry.nbytes} bytes)"):
+        value, dest = tensors.empty(entry.kind, entry.dtype, entry.shape)
     reader.run([ReadJob(entry, dest, (0,) * len(entry.shape), entry.shape)])
     return value
 

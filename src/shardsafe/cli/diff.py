@@ -17,9 +17,9 @@ import numpy as np
 
 from . import EXIT_FAILED, EXIT_OK
 from .. import tensors
-from ._common import add_storage_options, open_checkpoint, progress, storage_options
+from ._common import add_command, open_checkpoint, progress, storage_options
 from ._tensors import Leaf, leaves, read_tensor
-from ..engine.reader import Reader
+from ..engine.reader import ChunkReader
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +40,20 @@ def _describe(leaf: Leaf) -> str:
     return f"{leaf.kind} {leaf.value()!r}"
 
 
+# float4_e2m1fn_x2: each byte packs two E2M1 values (sign, 2 exponent bits, 1 mantissa
+# bit), which torch cannot convert; these are the 16 values of a 4-bit code
+_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
 def _as_numpy(value: Any) -> np.ndarray:
     if isinstance(value, np.ndarray):
         return value
     t = value
     if t.dtype.is_complex:
         return t.to(tensors.torch.complex128).numpy()
+    if tensors.torch_dtype_name(t.dtype) == "float4_e2m1fn_x2":
+        codes = t.contiguous().view(tensors.torch.uint8).numpy()
+        return np.stack([_E2M1[codes & 15], _E2M1[codes >> 4]], axis=-1)
     return t.to(tensors.torch.float64).numpy()  # covers bfloat16/float8 numpy lacks
 
 
@@ -69,7 +77,7 @@ def _bytes_equal(a: Any, b: Any) -> bool:
     return np.array_equal(tensors.host_bytes(a), tensors.host_bytes(b))
 
 
-def compare(ra: Reader, rb: Reader, on_bytes: Any = None) -> tuple[list[Change], int]:
+def compare(ra: ChunkReader, rb: ChunkReader, on_bytes: Any = None) -> tuple[list[Change], int]:
     """The changes from checkpoint A to B, and the number of identical leaves."""
     la = {leaf.key: leaf for leaf in leaves(ra.index)}
     lb = {leaf.key: leaf for leaf in leaves(rb.index)}
@@ -101,15 +109,11 @@ def compare(ra: Reader, rb: Reader, on_bytes: Any = None) -> tuple[list[Change],
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("diff", help="compare two checkpoints",
-                       description="List keys only in A (-), only in B (+) and changed (~), with "
-                                   "the max abs difference per changed tensor. Exits 0 when "
-                                   "identical, 1 when they differ.")
-    p.add_argument("a", metavar="A", help="first checkpoint")
-    p.add_argument("b", metavar="B", help="second checkpoint")
-    p.add_argument("--json", action="store_true", help="print JSON for machines")
-    add_storage_options(p)
-    p.set_defaults(func=run)
+    add_command(sub, "diff", run, "compare two checkpoints",
+                "List keys only in A (-), only in B (+) and changed (~), with the max abs "
+                "difference per changed tensor. Exits 0 when identical, 1 when they differ.",
+                ("a", "A", "first checkpoint"), ("b", "B", "second checkpoint"),
+                json_help="print JSON for machines")
 
 
 def _line(c: Change) -> str:
@@ -129,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     both = sum(t.nbytes for t in ia.tensors) + sum(t.nbytes for t in ib.tensors)
     bar = progress(both, "diff")
     try:
-        changes, same = compare(Reader(sa, pa, ia), Reader(sb, pb, ib), bar.update)
+        changes, same = compare(ChunkReader(sa, pa, ia), ChunkReader(sb, pb, ib), bar.update)
     finally:
         bar.close()
     if args.json:

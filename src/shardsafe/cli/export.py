@@ -23,9 +23,9 @@ from typing import Any
 
 from . import EXIT_OK
 from .. import tensors
-from ._common import add_storage_options, open_checkpoint, progress, storage_options
+from ._common import CKPT, add_command, open_checkpoint, progress, storage_options
 from ._tensors import as_torch, leaves, read_tensor, require_torch, subtree
-from ..engine.reader import Reader
+from ..engine.reader import ChunkReader
 from ..format.datafile import safetensors_header
 from ..format.dtypes import lookup
 from ..format.index import Index
@@ -38,18 +38,15 @@ _JSON_KINDS = ("int", "float", "str", "bool", "none")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="write a checkpoint as one .safetensors or .pt file",
-                       description="Consolidate CKPT into OUT: .safetensors (keys are dotted key "
-                                   "paths; plain values go to __metadata__ as JSON) or .pt "
-                                   "(loadable with torch.load(weights_only=True)).")
-    p.add_argument("ckpt", metavar="CKPT", help="checkpoint directory or URL")
-    p.add_argument("out", metavar="OUT", help="output file (.safetensors, .pt or .pth)")
+    p = add_command(sub, "export", run, "write a checkpoint as one .safetensors or .pt file",
+                    "Consolidate CKPT into OUT: .safetensors (keys are dotted key paths; plain "
+                    "values go to __metadata__ as JSON) or .pt (loadable with "
+                    "torch.load(weights_only=True)).",
+                    CKPT, ("out", "OUT", "output file (.safetensors, .pt or .pth)"))
     p.add_argument("--only", metavar="KEY", help="export only this subtree (e.g. 'model'); its "
                                                  "prefix is dropped from the exported keys")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="cast floating-point tensors")
     p.add_argument("--format", choices=("safetensors", "pt"), help="default: from OUT's suffix")
-    add_storage_options(p)
-    p.set_defaults(func=run)
 
 
 def _out_format(args: argparse.Namespace) -> str:
@@ -63,9 +60,14 @@ def _out_format(args: argparse.Namespace) -> str:
     raise ValueError(f"cannot tell the format of {args.out!r} from its suffix; pass --format")
 
 
+# floating-point dtypes torch cannot cast: two values packed per byte (shapes count bytes)
+UNCASTABLE = ("float4_e2m1fn_x2",)
+
+
 def _cast_to(saved: str, dtype: str | None) -> str:
-    """The dtype a tensor saved as ``saved`` is exported as (``--dtype`` casts floating point)."""
-    if dtype is not None and getattr(tensors.torch, saved).is_floating_point:
+    """The dtype a tensor saved as ``saved`` is exported as (``--dtype`` casts floating
+    point; packed dtypes torch cannot cast stay as they are)."""
+    if dtype is not None and saved not in UNCASTABLE and getattr(tensors.torch, saved).is_floating_point:
         return dtype
     return saved
 
@@ -112,7 +114,7 @@ def _st_header(index: Index, node: Node, base: KeyPath, dtype: str | None) -> tu
     return safetensors_header(meta, entries, 8), order, skipped
 
 
-def _write_safetensors(reader: Reader, node: Node, base: KeyPath, out: str, dtype: str | None) -> list[str]:
+def _write_safetensors(reader: ChunkReader, node: Node, base: KeyPath, out: str, dtype: str | None) -> list[str]:
     header, order, skipped = _st_header(reader.index, node, base, dtype)
     bar = progress(sum(n for _, n in order), "export")
     try:
@@ -132,7 +134,7 @@ def _write_safetensors(reader: Reader, node: Node, base: KeyPath, out: str, dtyp
     return skipped
 
 
-def _build_pt(reader: Reader, node: Node, dtype: str | None) -> Any:
+def _build_pt(reader: ChunkReader, node: Node, dtype: str | None) -> Any:
     """The nested value at ``node`` with only types weights-only unpickling admits."""
     t = node["t"]
     if t == "dict":
@@ -157,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyError:
         raise ValueError(f"no key path {args.only!r} in {args.ckpt}") from None
     dtype = DTYPES[args.dtype] if args.dtype else None
-    reader = Reader(storage, spath, index)
+    reader = ChunkReader(storage, spath, index)
     tmp = f"{args.out}.tmp-{os.getpid()}"
     try:
         if fmt == "safetensors":
@@ -169,6 +171,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+    kept = [leaf.dotted for leaf in leaves(index, node, base)
+            if dtype is not None and leaf.entry is not None and leaf.entry.dtype in UNCASTABLE]
+    if kept:
+        print(f"note: kept {len(kept)} packed tensor(s) in their own dtype (torch cannot cast "
+              f"them): {', '.join(kept[:10])}{' ...' if len(kept) > 10 else ''}", file=sys.stderr)
     if skipped:
         print(f"note: skipped {len(skipped)} value(s) safetensors cannot hold: "
               f"{', '.join(skipped[:10])}{' ...' if len(skipped) > 10 else ''}", file=sys.stderr)

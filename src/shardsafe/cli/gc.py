@@ -3,7 +3,7 @@
 Retention keeps the ``--max-to-keep`` newest committed checkpoints (by step for a
 manager directory of ``step_<N>`` checkpoints, else by creation time), plus every
 ``--keep-period``-th step, and deletes the others crash-safely (index first). The
-decision is the manager's own policy code (``manager.policy``), so ``gc`` and a
+decision is the manager's own policy code (``manager.retention``), so ``gc`` and a
 ``CheckpointManager`` with the same options keep the same steps. Leftovers are partial saves: hidden
 ``.<name>.shardsafe-tmp-<id>`` directories, object-store prefixes holding data but no
 index, and unfinished S3 multipart uploads. A leftover younger than ``--min-age``
@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass
 
 from . import EXIT_OK
-from ._common import Entry, add_storage_options, modified, scan, storage_options
+from ._common import Entry, add_command, modified, scan, storage_options
 from ..engine.commit import is_temporary, uncommit
 from ..engine.sweep import plan_sweep, sweep
-from ..manager.policy import (AnyPreservationPolicy, EveryNSteps, LatestN, PreservationPolicy,
+from ..manager.retention import (AnyPreservationPolicy, EveryNSteps, LatestN, PreservationPolicy,
                               StepRecord, steps_to_delete)
 from ..manager.steps import MANAGER_KEY
 from ..storage import Storage, storage_for
@@ -92,10 +92,10 @@ def plan(storage: Storage, path: str, max_to_keep: int | None, min_age: float,
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("gc", help="apply retention and remove leftovers of unfinished saves",
-                       description="Delete committed checkpoints beyond the --max-to-keep newest "
-                                   "and remove leftovers of unfinished saves older than --min-age.")
-    p.add_argument("dir", metavar="DIR", help="directory of checkpoints (or URL)")
+    p = add_command(sub, "gc", run, "apply retention and remove leftovers of unfinished saves",
+                    "Delete committed checkpoints beyond the --max-to-keep newest and remove "
+                    "leftovers of unfinished saves older than --min-age.",
+                    ("dir", "DIR", "directory of checkpoints (or URL)"))
     p.add_argument("--max-to-keep", type=int, metavar="N",
                    help="keep the N newest committed checkpoints (default: keep all)")
     p.add_argument("--keep-period", type=int, metavar="P",
@@ -104,8 +104,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="only remove leftovers at least this old, so running saves are safe "
                         f"(default {DEFAULT_MIN_AGE:.0f})")
     p.add_argument("--dry-run", action="store_true", help="print what would be removed")
-    add_storage_options(p)
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

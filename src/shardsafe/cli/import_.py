@@ -5,10 +5,13 @@
 * safetensors files become a flat dict keyed by their tensor names; their
   ``__metadata__`` is kept in the checkpoint's metadata.
 * A DCP (torch.distributed.checkpoint) directory is read in this process without a
-  process group. DCP's own ``.metadata`` file is a pickle, so this runs only for a
-  local directory the user names explicitly (never a URL) and should only be used on
-  trusted checkpoints. Non-tensor values inside DCP are read with
+  process group. DCP's own ``.metadata`` file is a pickle, which can run code when read,
+  so this runs only with ``--trust-pickle``, for a local directory the user names
+  explicitly (never a URL). Non-tensor values inside DCP are read with
   ``torch.load(weights_only=True)``, not DCP's default full unpickling.
+
+Only regular files (and, for DCP, a directory of regular files) are read: a FIFO,
+socket or device is refused before it is opened (opening a FIFO would block forever).
 """
 
 from __future__ import annotations
@@ -22,26 +25,27 @@ from typing import Any
 from . import EXIT_OK
 from .. import tensors
 from ..api.save import save
-from ._common import add_storage_options, storage_options
+from ._common import add_command, storage_options
 from ._tensors import require_torch
+from ..storage.files import kind_of
 
 DCP_METADATA = ".metadata"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("import", help="convert a torch.save / safetensors / DCP checkpoint",
-                       description="Convert SRC into a shardsafe checkpoint at CKPT. SRC is a "
-                                   "torch.save file (loaded with weights_only=True), a "
-                                   ".safetensors file, or a DCP checkpoint directory (local and "
-                                   "trusted: DCP metadata is pickled).")
-    p.add_argument("src", metavar="SRC", help="source file or DCP directory (local)")
-    p.add_argument("ckpt", metavar="CKPT", help="checkpoint to create (directory or URL)")
+    p = add_command(sub, "import", run, "convert a torch.save / safetensors / DCP checkpoint",
+                    "Convert SRC into a shardsafe checkpoint at CKPT. SRC is a torch.save file "
+                    "(loaded with weights_only=True), a .safetensors file, or a DCP checkpoint "
+                    "directory (local and trusted, with --trust-pickle: DCP metadata is a pickle).",
+                    ("src", "SRC", "source file or DCP directory (local)"),
+                    ("ckpt", "CKPT", "checkpoint to create (directory or URL)"))
     p.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="allow reading a DCP directory: its .metadata is a Python pickle, which "
+                        "can run code when read (only for checkpoints you trust)")
     p.add_argument("--prefix", metavar="KEY", default=None,
                    help="store the imported state under this top-level key (--prefix model: "
                         "load(CKPT, {'model': module}) restores a module in place)")
-    add_storage_options(p)
-    p.set_defaults(func=run)
 
 
 def read_torch_save(src: str) -> Any:
@@ -111,18 +115,35 @@ def read_dcp(src: str) -> dict[str, Any]:
     return state
 
 
+def _check_dcp(src: str, trust_pickle: bool) -> None:
+    """A DCP directory may be read: ``.metadata`` and every entry are regular files (or
+    directories), and the user trusts its pickle."""
+    if not os.path.exists(os.path.join(src, DCP_METADATA)):
+        raise ValueError(f"{src} is a directory without {DCP_METADATA}: not a DCP checkpoint")
+    for name in sorted(os.listdir(src)):
+        kind = kind_of(os.path.join(src, name))
+        if kind not in ("a regular file", "a directory") or (name == DCP_METADATA and kind != "a regular file"):
+            raise ValueError(f"{os.path.join(src, name)} is {kind}, not a regular file (never opened)")
+    if not trust_pickle:
+        raise ValueError(f"{src} is a DCP checkpoint: its {DCP_METADATA} is a Python pickle, which "
+                         f"can run code when read; pass --trust-pickle to import it if you trust it")
+
+
 def run(args: argparse.Namespace) -> int:
     require_torch("import")
     src = args.src
     if "://" in src:
         raise ValueError("import reads a local SRC; copy it from object storage first")
     metadata: dict[str, Any] = {"source": os.path.abspath(src)}
-    if os.path.isdir(src):
-        if not os.path.isfile(os.path.join(src, DCP_METADATA)):
-            raise ValueError(f"{src} is a directory without {DCP_METADATA}: not a DCP checkpoint")
+    try:
+        kind = kind_of(src)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{src} does not exist") from None
+    if kind == "a directory":
+        _check_dcp(src, args.trust_pickle)
         state, metadata["format"] = read_dcp(src), "dcp"
-    elif not os.path.exists(src):
-        raise FileNotFoundError(f"{src} does not exist")
+    elif kind != "a regular file":
+        raise ValueError(f"{src} is {kind}, not a regular file (never opened)")
     elif src.lower().endswith(".safetensors"):
         state, st_meta = read_safetensors(src)
         metadata.update(format="safetensors", safetensors_metadata=st_meta)

@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from . import EXIT_OK
-from ._common import (add_storage_options, human_bytes, local_time, open_checkpoint, own_bytes,
+from ._common import (CKPT, add_command, human_bytes, local_time, open_checkpoint, own_bytes,
                       referenced_bytes, storage_options, table)
 from ._tensors import Leaf, leaves
 from ..format.index import Index, TensorEntry
@@ -19,14 +19,11 @@ _VALUE_WIDTH = 60  # plain values longer than this are shortened in the table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("info", help="show what a checkpoint holds",
-                       description="Show a checkpoint's format version, the ranks that wrote "
-                                   "it, its files, and every key with dtype, shape, bytes and "
-                                   "number of chunks (plain values with their type and value).")
-    p.add_argument("ckpt", metavar="CKPT", help="checkpoint directory or URL")
-    p.add_argument("--json", action="store_true", help="print JSON for machines")
-    add_storage_options(p)
-    p.set_defaults(func=run)
+    add_command(sub, "info", run, "show what a checkpoint holds",
+                "Show a checkpoint's format version, the ranks that wrote it, its files, and every "
+                "key with dtype, shape, bytes and number of chunks (plain values with their type "
+                "and value).",
+                CKPT, json_help="print JSON for machines")
 
 
 def _leaf_record(leaf: Leaf) -> dict[str, Any]:

@@ -7,24 +7,21 @@ import json
 from typing import Any
 
 from . import EXIT_OK
-from ._common import (Entry, add_storage_options, checkpoints_at, human_bytes, local_time,
+from ._common import (Entry, add_command, checkpoints_at, human_bytes, local_time,
                       modified, storage_options, table)
 from ..manager.steps import is_rolled_back
 from ..storage import storage_for
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ls", help="list checkpoints (steps) in a directory",
-                       description="List the checkpoints under DIR (a manager directory of "
-                                   "step_<N> checkpoints or any directory holding checkpoints) "
-                                   "with committed/partial/corrupt/rolled-back state, size, time "
-                                   "and metrics. With incremental saves SIZE counts a step's own "
-                                   "data (+ what it references in earlier steps), and a deleted "
-                                   "step whose data later steps still use is 'referenced'.")
-    p.add_argument("dir", metavar="DIR", help="directory or URL (s3://bucket/run)")
-    p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-    add_storage_options(p)
-    p.set_defaults(func=run)
+    add_command(sub, "ls", run, "list checkpoints (steps) in a directory",
+                "List the checkpoints under DIR (a manager directory of step_<N> checkpoints or "
+                "any directory holding checkpoints) with committed/partial/corrupt/rolled-back "
+                "state, size, time and metrics. With incremental saves SIZE counts a step's own "
+                "data (+ what it references in earlier steps), and a deleted step whose data "
+                "later steps still use is 'referenced'.",
+                ("dir", "DIR", "directory or URL (s3://bucket/run)"),
+                json_help="print a JSON list instead of a table")
 
 
 def _metrics_text(metrics: dict[str, Any]) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import EXIT_FAILED, EXIT_OK
-from ._common import Entry, add_storage_options, checkpoints_at, progress, storage_options
+from ._common import Entry, add_command, checkpoints_at, progress, storage_options
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ..format.block_verify import BlockSpan, BlockStream, chunk_spans
 from ..format.blockfile import DATA_START, MAGIC
@@ -186,13 +186,11 @@ def verify_checkpoint(storage: Storage, entry: Entry, label: str,
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("verify", help="check every checksum of a checkpoint or directory",
-                       description="Check the index, the data-file headers and every chunk "
-                                   "checksum of CKPT, or of every checkpoint in DIR. Prints one "
-                                   "line per damaged file/key and exits 1 if any is found.")
-    p.add_argument("path", metavar="CKPT|DIR", help="checkpoint, or directory of checkpoints")
-    add_storage_options(p)
-    p.set_defaults(func=run)
+    add_command(sub, "verify", run, "check every checksum of a checkpoint or directory",
+                "Check the index, the data-file headers and every chunk checksum of CKPT, or of "
+                "every checkpoint in DIR. Prints one line per damaged file/key and exits 1 if any "
+                "is found.",
+                ("path", "CKPT|DIR", "checkpoint, or directory of checkpoints"))
 
 
 def run(args: argparse.Namespace) -> int:

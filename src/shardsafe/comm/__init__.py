@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from .base import Comm, SingleProcessComm, next_namespace
+from .base import Comm, ExternalRank, SingleProcessComm, next_namespace
 from .channel import Channel, LocalChannel
 
 
@@ -41,5 +41,5 @@ def free_loopback_port() -> int:
         return int(s.getsockname()[1])
 
 
-__all__ = ["Channel", "Comm", "LocalChannel", "SingleProcessComm", "distributed_active",
+__all__ = ["Channel", "Comm", "ExternalRank", "LocalChannel", "SingleProcessComm", "distributed_active",
            "free_loopback_port", "get_comm", "next_namespace"]

@@ -131,6 +131,25 @@ class SingleProcessComm:
         return 0 if global_rank == 0 else -1
 
 
+class ExternalRank:
+    """A rank of a save that another system coordinates: it knows its place, and talks to
+    no other rank itself.
+
+    ``shardsafe.dcp`` writes through it: DCP's planner decides which rank writes what,
+    gathers every rank's results and has one rank commit, so shardsafe's own collectives
+    must never run; each of them raises ``RuntimeError``.
+    """
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise RuntimeError("this save's ranks are coordinated outside shardsafe: no collective may run")
+
+    barrier = gather_bytes = broadcast_bytes = gather = broadcast = _refuse
+    allreduce_max = channel = group_rank = _refuse
+
+
 _SEQ_LOCK = threading.Lock()
 _SEQUENCES: dict[tuple[str, str], int] = {}
 

@@ -10,6 +10,10 @@ a file is closed, written and a new part (``data-r<rank>-001.blocks``, ...) begu
 holds ``PART_BYTES`` stored bytes, so a save holds at most about ``PART_BYTES`` of
 stored bytes at once, whatever the size of the state.
 
+Mirrors (``engine.copies.MirrorBlocks``) receive every part as it is written (a rank's
+own copy of the save holds the same block files); a failed write of a part does not stop
+them.
+
 Two sources of bytes, as for ``engine.writer.FileWrite``:
 - *staged* (async saves): the staging image laid out by the plan; coding starts once
   every unit is staged (``unit_ready``), on the background thread's time, so the
@@ -25,6 +29,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from typing import Protocol
 
 import numpy as np
 
@@ -41,6 +46,16 @@ from .io_pool import io_pool, io_threads
 PART_BYTES = 1 << 30  # a block file is written (and a new part begun) once it holds this much
 
 _scratch = threading.local()
+
+
+class BlockMirror(Protocol):
+    """Another directory receiving the same block files (``engine.copies.MirrorBlocks``)."""
+
+    def write_file(self, name: str, buffers: Sequence[memoryview]) -> None: ...
+
+    def write_at(self, name: str, bound: int, offset: int, data: memoryview) -> None: ...
+
+    def finish(self, coded: Sequence[CodedFile] | None, error: BaseException | None = None) -> None: ...
 
 
 def _copy_of(src: np.ndarray) -> memoryview:
@@ -97,15 +112,19 @@ class BlockFileWrite:
         staged: The staging image (async saves), complete once ``nunits`` units are ready.
         sources: Per-item flat uint8 host views (sync saves), complete at ``all_ready``.
         nunits: Units of the staging image (staged mode).
+        mirrors: Other directories receiving the same files.
     """
 
     def __init__(self, plan: FilePlan, storage: Storage, path_of: Callable[[str], str],
                  name_of: Callable[[int], str], compression: str, block_size: int, *,
                  staged: np.ndarray | None = None, sources: Sequence[np.ndarray] | None = None,
-                 nunits: int = 0) -> None:
+                 nunits: int = 0, mirrors: Sequence[BlockMirror] = ()) -> None:
         if (staged is None) == (sources is None):
             raise ValueError("give exactly one of staged= and sources=")
         self.plan, self.storage, self.path_of, self.name_of = plan, storage, path_of, name_of
+        self.mirrors = list(mirrors)
+        self._parts: list[CodedFile] = []  # the parts written so far
+        self._write_error: BaseException | None = None
         self.compression, self.block_size = compression, block_size
         if staged is not None:
             sources = [staged[o : o + it.nbytes] for o, it in zip(plan.layout.offsets, plan.items)]
@@ -166,11 +185,11 @@ class BlockFileWrite:
         """Codes every block, writes each part durably, returns what each part holds."""
         if not self._ready.wait(timeout):
             raise TimeoutError(f"{self.plan.name}: staging did not finish")
-        if self._failed is not None:
-            raise self._failed
         done: list[CodedFile] = []
-        part, item, blocks = _Part(self.name_of(0)), 0, []
         try:
+            if self._failed is not None:
+                raise self._failed
+            part, item, blocks = _Part(self.name_of(0)), 0, []
             for i, fut in self._blocks():
                 if i != item:  # item `item` is complete
                     part.add(self.plan.items[item], blocks)
@@ -180,21 +199,47 @@ class BlockFileWrite:
                         part = _Part(self.name_of(len(done)))
                 blocks.append(fut.result())
             part.add(self.plan.items[item], blocks)
-            done.append(self._write(part))
+            done.append(self._write(part, last=True))
+        except BaseException as e:
+            self._finish_mirrors(None, e)
+            raise
         finally:
-            self.cancel()
+            self._stop_coding()
+        if self._write_error is not None:
+            raise self._write_error
         return done
 
-    def _write(self, part: _Part) -> CodedFile:
+    def _finish_mirrors(self, done: Sequence[CodedFile] | None, error: BaseException | None) -> None:
+        mirrors, self.mirrors = self.mirrors, []
+        for m in mirrors:
+            m.finish(done, error)
+
+    def _write(self, part: _Part, *, last: bool = False) -> CodedFile:
+        """Writes ``part`` to the mirrors, then to its own file; after the ``last`` part
+        the mirrors are finished before its own write (a copy does not wait for an upload)."""
         path = self.path_of(part.out.name)
-        try:
-            self.storage.write(path, [memoryview(x) for x in part.buffers])
-        except OSError as e:  # e.g. disk full: say which file
-            raise with_path(e, path) from None
+        buffers = [memoryview(x) for x in part.buffers]
+        for m in self.mirrors:
+            m.write_file(part.out.name, buffers)
+        if last:
+            self._finish_mirrors(self._parts + [part.out], None)
+        self._parts.append(part.out)
+        if self._write_error is None:
+            try:
+                self.storage.write(path, buffers)
+            except OSError as e:  # e.g. disk full: say which file; raised once the mirrors are done
+                self._write_error = with_path(e, path)
+        if self._write_error is not None and not self.mirrors:
+            raise self._write_error
         return part.out
 
     def cancel(self) -> None:
-        """Stops coding: cancels queued jobs and waits for running ones."""
+        """Stops coding: cancels queued jobs and waits for running ones; mirrors that were
+        not handed their outcome yet fail."""
+        self._finish_mirrors(None, RuntimeError(f"the write of {self.plan.name} was cancelled"))
+        self._stop_coding()
+
+    def _stop_coding(self) -> None:
         with self._lock:
             self._cancelled = True
             futures = list(self._inflight)

@@ -14,13 +14,15 @@ import logging
 import math
 import mmap
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from .. import tensors
 from .._numbers import ceil_div
+from ..errors import CheckpointError
 from ..format.datafile import ALIGN
 from ..format.dtypes import lookup
 from ..storage.memory import HUGE, anonymous
@@ -35,6 +37,18 @@ def round_up(n: int, to: int = ALIGN) -> int:
     """``n`` rounded up to a multiple of ``to`` (buffers are padded to ALIGN so that the
     last range of a file goes through direct I/O too)."""
     return ceil_div(n, to) * to
+
+
+@contextmanager
+def allocating(what: Callable[[], str]) -> Iterator[None]:
+    """Turns a failed host allocation (a checkpoint larger than memory, e.g. a forged one
+    over sparse files) into a ``CheckpointError``; ``what()`` says what was being read."""
+    try:
+        yield
+    except (MemoryError, RuntimeError) as e:
+        if not isinstance(e, MemoryError) and "alloc" not in str(e):
+            raise  # a torch RuntimeError that is not about memory
+        raise CheckpointError(f"cannot allocate memory to load {what()}: {e}") from e
 
 
 def new_tensor(kind: str, dtype: str, shape: tuple[int, ...]) -> tuple[Any, np.ndarray]:
@@ -110,39 +124,65 @@ class HostBuffer:
             pass
 
 
-class StagingArena:
-    """Staging buffers kept for reuse: whole file images, or unit slots under a budget.
+class HostSlice:
+    """A page-aligned range of a ``HostBuffer`` with the same interface (``array``,
+    ``view``, ``nbytes``, ``capacity``): one file image carved from a staging slab."""
 
-    ``get(sizes)`` hands out the file images of the previous save when the layout is the
-    same; otherwise it frees them and allocates (and pre-faults) new ones, so at most
-    one copy of the state is held. ``slots(size, count)`` instead gives a pool of at
-    most ``count`` unit-sized buffers (saves with ``max_staging_bytes``): a state of any
-    size streams through them. The arena holds one kind or the other, never both, so
-    what it holds is what ``nbytes`` says and never more than ``peak_nbytes``. Not a
-    pool for concurrent saves: the Checkpointer runs one save at a time and holds its
-    buffers until that save is written.
+    def __init__(self, parent: HostBuffer, start: int, nbytes: int) -> None:
+        self.parent, self.start, self.nbytes = parent, start, nbytes
+        self.capacity = max(round_up(nbytes), ALIGN)
+        self.array = parent.array[start : start + nbytes]
+
+    def view(self, start: int = 0, stop: int | None = None) -> memoryview:
+        """A memoryview of ``[start, stop)``; ``stop`` may reach into the padding."""
+        return self.parent.view(self.start + start, self.start + (self.capacity if stop is None else stop))
+
+
+class StagingArena:
+    """Staging memory kept for reuse: one slab of file images, or unit slots under a budget.
+
+    ``get(sizes)`` carves file images of ``sizes`` bytes (each padded to a page, so every
+    image can be written with direct I/O) from one slab. The slab is reused whenever the
+    images fit in it and fill at least half of it, so saves whose layouts differ but
+    whose total stays about the same (a step due on both tiers, then one due on the local
+    tier only) reuse memory that is already faulted in; otherwise it is freed and a new
+    one allocated (and pre-faulted), so at most one copy of the state is held.
+    ``slots(size, count)`` instead gives a pool of at most ``count`` unit-sized buffers
+    (saves with ``max_staging_bytes``): a state of any size streams through them. The
+    arena holds one kind or the other, never both, so what it holds is what ``nbytes``
+    says and never more than ``peak_nbytes``. Not a pool for concurrent saves: the
+    Checkpointer runs one save at a time and holds its buffers until that save is written.
     """
 
     def __init__(self, *, pin: bool = False) -> None:
         self.pin = pin
         self._lock = threading.Lock()
         self._sizes: tuple[int, ...] | None = None
-        self._buffers: list[HostBuffer] = []
+        self._slab: HostBuffer | None = None
+        self._buffers: list[HostSlice] = []
         self._slots: BouncePool | None = None
         self._peak = 0
         self.allocations = 0  # how many times buffers were (re)allocated; for tests/benchmarks
 
-    def get(self, sizes: Sequence[int]) -> list[HostBuffer]:
-        """Buffers of exactly ``sizes`` bytes, reused when the sizes match the last call."""
+    def get(self, sizes: Sequence[int]) -> list[HostSlice]:
+        """Images of exactly ``sizes`` bytes (the same objects when the sizes match the last call)."""
         key = tuple(int(s) for s in sizes)
+        need = sum(max(round_up(n), ALIGN) for n in key)
         with self._lock:
-            if key != self._sizes:
+            if key == self._sizes:
+                return list(self._buffers)
+            slab = self._slab
+            if slab is None or need > slab.nbytes or 2 * need < slab.nbytes:
                 self._free()
-                log.debug("allocating %d staging buffer(s), %d bytes", len(key), sum(key))
-                self._buffers = [HostBuffer(n, pin=self.pin) for n in key]
-                self._sizes = key
-                self._peak = max(self._peak, sum(key))
+                log.debug("allocating a staging slab of %d bytes for %d image(s)", need, len(key))
+                slab = self._slab = HostBuffer(need, pin=self.pin)
+                self._peak = max(self._peak, need)
                 self.allocations += 1
+            self._buffers, at = [], 0
+            for n in key:
+                self._buffers.append(HostSlice(slab, at, n))
+                at += max(round_up(n), ALIGN)
+            self._sizes = key
             return list(self._buffers)
 
     def slots(self, size: int, count: int) -> BouncePool:
@@ -160,14 +200,14 @@ class StagingArena:
             return self._slots
 
     @property
-    def buffers(self) -> tuple[HostBuffer, ...]:
-        """The buffers currently held (the ones the next same-layout save reuses)."""
+    def buffers(self) -> tuple[HostSlice, ...]:
+        """The images of the last ``get`` (the ones the next same-layout save reuses)."""
         return tuple(self._buffers)
 
     @property
     def nbytes(self) -> int:
-        """Bytes currently held (file images, or the slots allocated so far)."""
-        held = sum(b.nbytes for b in self._buffers)
+        """Bytes currently held (the slab, or the slots allocated so far)."""
+        held = self._slab.nbytes if self._slab is not None else 0
         return held + (self._slots.nbytes if self._slots is not None else 0)
 
     @property
@@ -177,9 +217,9 @@ class StagingArena:
         return max(self._peak, slots)
 
     def _free(self) -> None:
-        for b in self._buffers:
-            b.close()
-        self._buffers, self._sizes = [], None
+        if self._slab is not None:
+            self._slab.close()
+        self._slab, self._buffers, self._sizes = None, [], None
         if self._slots is not None:
             self._peak = max(self._peak, self._slots.peak_nbytes)
             self._slots.close()

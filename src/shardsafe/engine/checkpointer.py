@@ -2,17 +2,25 @@
 
 Sync saves stream: each write unit is copied into one of a few aligned bounce buffers
 and written with direct I/O, so they need no full copy of the state. Async saves
-stage the whole state into buffers the Checkpointer keeps (allocated once per layout,
-pre-faulted), then checksum, write and commit on a background thread while the
-caller goes on. With ``max_staging_bytes`` an async save streams instead: units are
-staged in order into at most that many bytes of unit-sized buffers, each written and
-given back while later units are staged; the call returns once the last unit is staged. The background thread is a plain thread, not an I/O-pool worker: it
-waits for I/O-pool jobs, and a pool worker waiting for its own pool can deadlock.
+stage the whole state into buffers the Checkpointer keeps (one slab, reused while the
+layout's size stays about the same, pre-faulted), then checksum, write and commit on a
+background thread while the caller goes on. With ``max_staging_bytes`` an async save
+streams instead: units are staged in order into at most that many bytes of unit-sized
+buffers, each written and given back while later units are staged; the call returns
+once the last unit is staged. The background thread is a plain thread, not an I/O-pool
+worker: it waits for I/O-pool jobs, and a pool worker waiting for its own pool can
+deadlock.
 
-With ``compression=`` the larger items go to a block file (``engine.block_writer``): a
-sync save codes them on the I/O pool from per-block copies; an async save stages them
-like everything else and codes them from the staging buffers once staged, so the
-caller's stall is the copy alone.
+With ``compression=`` the larger items go to a block file: a sync save codes them on
+the I/O pool from per-block copies (``engine.block_writer``); an async save stages
+them like everything else and codes them from the staging buffers once staged, or,
+under a budget, from each unit as it streams through (``engine.block_stream``), so the
+caller's stall is the copy alone and the budget bounds the memory.
+
+A save may carry copies (``engine.copies``): this rank's own checkpoint of a view of
+the state, written from the same staged bytes, committed on its own, with a handle of
+its own (``Copy.handle``). The options are validated once, when the Checkpointer is
+built (``engine.save_options``); a call's overrides go through the same checks.
 
 Invariants:
 - at most one save of a Checkpointer is in flight; a new save first waits for it;
@@ -23,35 +31,38 @@ Invariants:
 
 from __future__ import annotations
 
-import concurrent.futures.thread  # noqa: F401 - registers its exit hook before ours (see _drain_at_exit)
 import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
 from ..comm import Comm, SingleProcessComm, get_comm
 from ..errors import CheckpointError
-from ..format.codec import Compression, check_compression
+from ..format.codec import Compression
 from ..plan.flatten import Stateful
+from ..storage.base import Storage
 from .io_pool import io_threads
-from . import async_jobs, cuda, pipeline
-from .async_jobs import JobMaker, Stager, Write
-from .buffers import BouncePool, HostBuffer, StagingArena, slot_count
+from . import async_jobs, background, cuda, pipeline
+from .async_jobs import Jobs
+from .background import JobMaker
+from .buffers import BouncePool, HostBuffer, StagingArena
+from .copies import Copy, PreparedCopy, begin_copy, fail_copy, prepare_copy
 from .handle import SaveHandle
 from .incremental import Baseline
-from .prepared import BLOCK_SIZE, UNIT_SIZE, PreparedSave
+from .entries import Entries
+from .prepared import UNIT_SIZE, PreparedSave, local_entries
+from .save_options import SaveOptions
 from .staging import StageTask, host_sources, stage_files
 from .units import FileUnits
-from .writer import FileWrite
+from .writer import FileWrite, UnitMirror
 
 log = logging.getLogger("shardsafe")
 
 StagingMode = Literal["blocking", "background"]
 """How ``async_save`` copies the state: on the caller's thread, or in the background."""
 STAGING_MODES: tuple[StagingMode, ...] = get_args(StagingMode)
-BACKGROUND_COPY_THREADS = 1
 SLOW_WAIT_S = 1.0  # a new save waiting longer than this for the previous one logs a warning
 
 
@@ -70,7 +81,13 @@ class Checkpointer:
             larger one streams through ``max_staging_bytes // unit_size`` unit buffers,
             and ``async_save`` blocks until the rest of the state fits (at least one
             unit). Sync saves bounce through the same buffers. ``async_save`` may
-            override it per call.
+            override it per call. Combines with ``compression`` (then ``unit_size`` must
+            be a multiple of the 16 MiB checksum block, as by default).
+        compression: The default ``compression`` of every save (see ``shardsafe.save``);
+            a call may override it.
+
+    Raises:
+        ValueError: an invalid option or combination (``engine.save_options``).
 
     Example::
 
@@ -84,53 +101,68 @@ class Checkpointer:
 
     def __init__(self, *, comm: Comm | None = None, unit_size: int = UNIT_SIZE,
                  pin_memory: bool | None = None, overlap_writes: bool = False,
-                 max_staging_bytes: int | None = None) -> None:
-        if max_staging_bytes is not None:
-            slot_count(max_staging_bytes, unit_size)
-        self.max_staging_bytes = max_staging_bytes
+                 max_staging_bytes: int | None = None, compression: Compression | None = None) -> None:
+        self.options = SaveOptions(unit_size=unit_size, pin_memory=pin_memory, overlap_writes=overlap_writes,
+                                   max_staging_bytes=max_staging_bytes, compression=compression)
         self.comm = comm
-        self.unit_size = unit_size
-        self.overlap_writes = overlap_writes
         self.arena = StagingArena(pin=cuda.available() if pin_memory is None else pin_memory)
         self._bounce = BouncePool(unit_size, io_threads())
         self._lock = threading.Lock()  # serialises save calls made from several threads
-        self._inflight: SaveHandle | None = None
+        self._inflight: list[SaveHandle] = []
         self._thread: threading.Thread | None = None
         self._closed = False
         _LIVE.add(self)
+
+    @property
+    def unit_size(self) -> int:
+        """Bytes per staging/write unit (``options.unit_size``)."""
+        return self.options.unit_size
+
+    @property
+    def max_staging_bytes(self) -> int | None:
+        """The default host staging budget of async saves (``options.max_staging_bytes``)."""
+        return self.options.max_staging_bytes
 
     # ------------------------------------------------------------------ public
     def save(self, state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool = False,
              metadata: Mapping[str, Any] | None = None, storage_options: dict | None = None,
              process_group: Any = None, timeout: float | None = None,
              collective: bool | None = None, compression: Compression | None = None,
-             baseline: Baseline | None = None) -> None:
+             baseline: Baseline | None = None, copies: Sequence[Copy] = ()) -> None:
         """Saves ``state`` and returns once the checkpoint is committed and durable.
 
         Waits for an async save still in flight first (and raises its error if it failed
         and nobody collected it). Arguments as for ``shardsafe.save``; ``baseline``
-        (incremental saves, ``engine.incremental``) references unchanged chunks.
+        (incremental saves, ``engine.incremental``) references unchanged chunks; each of
+        ``copies`` is committed (or has failed) on return too, as its ``handle`` says.
         """
         with self._lock:
-            prep = self._prepare(state, path, overwrite=overwrite, metadata=metadata,
-                                 storage_options=storage_options, process_group=process_group,
-                                 timeout=timeout, collective=collective, compression=compression,
-                                 baseline=baseline)
-            self._save_streamed(prep)
+            opts = self.options.with_call(compression=compression)
+            prep, prepared = self._prepare(state, path, opts, overwrite=overwrite, metadata=metadata,
+                                           storage_options=storage_options, process_group=process_group,
+                                           timeout=timeout, collective=collective, baseline=baseline,
+                                           copies=copies)
+            self._save_streamed(prep, prepared)
 
-    def _prepare(self, state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool,
+    def _prepare(self, state: Mapping[str, Any] | Stateful, path: str, opts: SaveOptions, *, overwrite: bool,
                  metadata: Mapping[str, Any] | None, storage_options: dict | None,
-                 process_group: Any, timeout: float | None,
-                 collective: bool | None, compression: Compression | None,
-                 baseline: Baseline | None = None) -> PreparedSave:
+                 process_group: Any, timeout: float | None, collective: bool | None,
+                 baseline: Baseline | None, copies: Sequence[Copy]) -> tuple[PreparedSave, list[PreparedCopy]]:
         """With the lock held: waits for the save in flight, then flattens and plans."""
-        compression = check_compression(compression)  # before anything waits or is written
         self._check_open()
         self._wait_previous()
         comm = SingleProcessComm() if collective is False else self._comm(process_group)
-        return pipeline.prepare(state, path, overwrite=overwrite, metadata=metadata,
+        prep = pipeline.prepare(state, path, overwrite=overwrite, metadata=metadata,
                                 storage_options=storage_options, comm=comm, timeout=timeout,
-                                compression=compression, baseline=baseline)
+                                compression=opts.compression, baseline=baseline)
+        prepared = []
+        for c in copies:
+            c.handle = SaveHandle(c.path)
+            try:
+                prepared.append(prepare_copy(prep, c))
+            except (TypeError, ValueError, OSError, CheckpointError) as e:
+                c.handle.settle(e)  # the copy fails alone; the save goes on
+        return prep, prepared
 
     def async_save(self, state: Mapping[str, Any] | Stateful, path: str, *,
                    staging: StagingMode = "blocking", overwrite: bool = False, metadata: Mapping[str, Any] | None = None,
@@ -138,7 +170,7 @@ class Checkpointer:
                    timeout: float | None = None, collective: bool | None = None,
                    compression: Compression | None = None,
                    baseline: Baseline | None = None,
-                   max_staging_bytes: int | None = None) -> SaveHandle:
+                   max_staging_bytes: int | None = None, copies: Sequence[Copy] = ()) -> SaveHandle:
         """Starts saving ``state``; checksums, writes and commit run in the background.
 
         Args:
@@ -154,14 +186,18 @@ class Checkpointer:
             process_group: As for ``shardsafe.save``: the group of a collective save.
             timeout: As for ``shardsafe.save``: how long ranks wait for each other.
             collective: As for ``shardsafe.save``: ``False`` saves this rank's state alone.
-            compression: As for ``shardsafe.save``. Compression runs in the background,
-                after staging: it does not lengthen the caller's stall.
+            compression: As for ``shardsafe.save`` (default: the Checkpointer's).
+                Compression runs in the background, after staging (under a budget, as
+                units stream through): it does not lengthen the caller's stall.
             baseline: Incremental saves (``engine.incremental``): reference the chunks
                 unchanged since the baseline's save instead of writing them.
             max_staging_bytes: Host staging memory of this save (default: the
                 Checkpointer's). When the state is larger, units stream through that many
                 bytes of buffers while they are written, and the call (or, with
                 ``"background"``, ``wait_staged()``) returns once the last unit is staged.
+            copies: This rank's own checkpoints of views of ``state`` (``engine.copies``),
+                written from the same staged bytes; each ``Copy.handle`` settles when that
+                copy commits or fails, independently of this save.
 
         Returns:
             A SaveHandle; ``result()`` waits for the commit and re-raises any failure.
@@ -170,63 +206,62 @@ class Checkpointer:
             TypeError: a value cannot be saved (raised here, before anything is written).
             CheckpointError: the previous async save failed and nobody collected the error,
                 or the path must not be overwritten.
-            ValueError: ``staging`` or ``max_staging_bytes`` is invalid.
+            ValueError: ``staging``, ``max_staging_bytes`` or ``compression`` is invalid.
             BaseException: with a budget, a write that failed while the call was staging.
         """
         if staging not in STAGING_MODES:
             raise ValueError(f"staging must be one of {STAGING_MODES}, got {staging!r}")
-        budget = self.max_staging_bytes if max_staging_bytes is None else max_staging_bytes
-        slots = None if budget is None else slot_count(budget, self.unit_size)
-        if slots is not None and compression is not None:
-            # block files are coded from whole staged images, which a budget does not hold
-            raise ValueError("an async save cannot combine max_staging_bytes with compression "
-                             "(yet): drop one of them, or save synchronously")
+        opts = self.options.with_call(max_staging_bytes=max_staging_bytes, compression=compression)
         with self._lock:
-            prep = self._prepare(state, path, overwrite=overwrite, metadata=metadata,
-                                 storage_options=storage_options, process_group=process_group,
-                                 timeout=timeout, collective=collective, compression=compression,
-                                 baseline=baseline)
+            prep, prepared = self._prepare(state, path, opts, overwrite=overwrite, metadata=metadata,
+                                           storage_options=storage_options, process_group=process_group,
+                                           timeout=timeout, collective=collective, baseline=baseline,
+                                           copies=copies)
             handle = SaveHandle(path, prep.nbytes)
-            if slots is not None:
-                jobs = self._slotted_jobs(prep, handle, slots)
+            jobs: JobMaker
+            if opts.slots is not None:
+                slotted = self._slotted_jobs(prep, prepared, handle, opts)
+                jobs = lambda: slotted  # noqa: E731
             else:
-                sizes = [p.layout.size for p in prep.plans + prep.coded]
+                sizes = async_jobs.staged_sizes(prep, prepared)
                 # Even the buffers are got (and, for a new layout, allocated and
                 # pre-faulted) in the writer thread with "background".
-                jobs = lambda: self._staged_jobs(prep, self.arena.get(sizes))  # noqa: E731
+                jobs = lambda: async_jobs.staged(prep, prepared, self.arena.get(sizes), self.unit_size)  # noqa: E731
             if staging == "background":
-                self._start(prep, handle, jobs, stage=True)
+                self._start(prep, prepared, handle, jobs, stage=True)
             else:
                 # Under a budget the writes must run while the caller stages: they free
                 # the buffers the later units are staged into.
-                self._stage_blocking(prep, handle, jobs(), overlap=self.overlap_writes or slots is not None)
+                self._stage_blocking(prep, prepared, handle, jobs(),
+                                     overlap=opts.overlap_writes or opts.slots is not None)
             return handle
 
-    def _stage_blocking(self, prep: PreparedSave, handle: SaveHandle,
-                        jobs: tuple[list[Write], Stager], *, overlap: bool) -> None:
+    def _stage_blocking(self, prep: PreparedSave, copies: list[PreparedCopy], handle: SaveHandle,
+                        jobs: Jobs, *, overlap: bool) -> None:
         """Copies the state on the caller's thread, then hands the writes to the writer thread.
 
         With ``overlap`` the writer thread starts first and writes units as they are staged.
         """
-        writes, stage = jobs
         if overlap:
-            self._start(prep, handle, lambda: jobs, stage=False)
+            self._start(prep, copies, handle, lambda: jobs, stage=False)
         try:
-            stage(None)
+            jobs.stage(None)
         except BaseException as e:  # noqa: BLE001 - handed to the writer, then re-raised
-            for fw in writes:
-                fw.fail(e)
+            for w in jobs.all_writes():
+                w.fail(e)
             if self._thread is not None:
                 self._thread.join()
                 self._thread = None
             else:  # no writer thread to abort: tell the other ranks ourselves
                 pipeline.abort(prep, e)
+                for c in copies:
+                    fail_copy(c, e)
             handle.mark_collected()  # the caller gets it right here
-            self._inflight = None
+            self._inflight = []
             raise
-        handle.mark_staged()
+        background.mark_staged(handle, copies)
         if not overlap:
-            self._start(prep, handle, lambda: jobs, stage=False)
+            self._start(prep, copies, handle, lambda: jobs, stage=False)
 
     @property
     def closed(self) -> bool:
@@ -240,9 +275,8 @@ class Checkpointer:
 
     def wait(self, timeout: float | None = None) -> None:
         """Waits for the save in flight (if any) and raises its error if it failed."""
-        h = self._inflight
-        if h is not None:
-            h.result(timeout)
+        if self._inflight:
+            self._inflight[0].result(timeout)
 
     def close(self) -> None:
         """Waits for the save in flight, frees the buffers, and raises an uncollected failure."""
@@ -267,14 +301,14 @@ class Checkpointer:
         """After ``fork``: fresh locks and buffers, and no save in flight.
 
         The parent's writer thread, staging helpers and a save call of another thread do
-        not exist in the child; their locks may be held and their handle never settles.
-        The child's copy of the in-flight handle is settled with an error (the save is the
-        parent's), and the buffers are new (the parent may be using the inherited ones).
+        not exist in the child; their locks may be held and their handles never settle.
+        The child's copies of the in-flight handles are settled with an error (the save is
+        the parent's), and the buffers are new (the parent may be using the inherited ones).
         """
-        if self._inflight is not None:
-            self._inflight.orphan_in_child()
+        for h in self._inflight:
+            h.orphan_in_child()
         self._lock = threading.Lock()
-        self._inflight = None
+        self._inflight = []
         self._thread = None
         self.arena = StagingArena(pin=self.arena.pin)
         self._bounce = BouncePool(self.unit_size, io_threads())
@@ -288,10 +322,12 @@ class Checkpointer:
             raise CheckpointError("this Checkpointer is closed")
 
     def _wait_previous(self) -> None:
-        """Waits for the save in flight; raises its failure if nobody has seen it yet."""
-        h = self._inflight
-        if h is None:
+        """Waits for the save in flight; raises its failure (or a copy's) if nobody has
+        seen it yet."""
+        handles = self._inflight
+        if not handles:
             return
+        h = handles[0]
         if not h.wait_settled(SLOW_WAIT_S):
             log.warning("save waits for the previous async save to %s, still in flight after %.0f s "
                         "(saving more often than the disk can absorb?)", h.path, SLOW_WAIT_S)
@@ -299,27 +335,26 @@ class Checkpointer:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self._inflight = None
-        err = h.take_failure()
-        if err is not None:
-            raise CheckpointError(f"the previous async save to {h.path!r} failed: "
-                                  f"{type(err).__name__}: {err}") from err
+        self._inflight = []
+        for h in handles:
+            err = h.take_failure()
+            if err is not None:
+                raise CheckpointError(f"the previous async save to {h.path!r} failed: "
+                                      f"{type(err).__name__}: {err}") from err
 
-    def _staged_jobs(self, prep: PreparedSave, buffers: list[HostBuffer]) -> tuple[list[Write], Stager]:
-        return async_jobs.staged(prep, buffers, self.unit_size)
-
-    def _slotted_jobs(self, prep: PreparedSave, handle: SaveHandle, count: int) -> JobMaker:
-        """Jobs streaming through ``count`` unit buffers of the arena (``async_jobs.slotted``)."""
-        slots = self.arena.slots(self.unit_size, count)
+    def _slotted_jobs(self, prep: PreparedSave, copies: list[PreparedCopy], handle: SaveHandle,
+                      opts: SaveOptions) -> Jobs:
+        """Jobs streaming through the budget's unit buffers of the arena (``async_jobs.slotted``)."""
+        assert opts.slots is not None
+        slots = self.arena.slots(self.unit_size, opts.slots)
         self._bounce.close()  # idle sync-save buffers: the budget bounds every host buffer
-        writes, stage = async_jobs.slotted(prep, handle, slots, self.unit_size)
-        return lambda: (writes, stage)
+        return async_jobs.slotted(prep, copies, handle, slots, self.unit_size, opts.coding_window)
 
     def _sync_bounce(self, nbytes: int) -> BouncePool:
         """Bounce buffers of a sync save of ``nbytes``: the budget's slots when there is a
         budget, else ``io_threads()`` buffers of ``sync_unit(nbytes)`` bytes each."""
-        if self.max_staging_bytes is not None:
-            count = slot_count(self.max_staging_bytes, self.unit_size)
+        count = self.options.slots
+        if count is not None:
             return self.arena.slots(self.unit_size, count)
         size = sync_unit(nbytes, self.unit_size)
         if self._bounce.size != size:  # another size class of state: buffers of its size
@@ -327,40 +362,61 @@ class Checkpointer:
             self._bounce = BouncePool(size, io_threads())
         return self._bounce
 
-    def _start(self, prep: PreparedSave, handle: SaveHandle, jobs: JobMaker, *, stage: bool) -> None:
-        self._inflight = handle
-        self._thread = threading.Thread(target=_background, args=(prep, handle, jobs, stage),
-                                        name="shardsafe-writer", daemon=False)
-        with _UNSETTLED_LOCK:
-            _UNSETTLED.add(handle)
-        self._thread.start()
+    def _start(self, prep: PreparedSave, copies: list[PreparedCopy], handle: SaveHandle, jobs: JobMaker,
+               *, stage: bool) -> None:
+        self._inflight = [handle] + [c.handle for c in copies]
+        self._thread = background.start(prep, copies, handle, jobs, stage=stage)
 
-    def _save_streamed(self, prep: PreparedSave) -> None:
+    def write_part(self, prep: PreparedSave) -> Entries:
+        """Writes this rank's files of a save planned and committed elsewhere, synchronously.
+
+        ``prep`` comes from ``pipeline.prepare_part``; its working directory exists. Returns
+        the entries of what this rank wrote (durable), for the coordinator's
+        ``pipeline.commit_parts``. Commits nothing and removes nothing: on failure the files
+        are closed and the error raised (the caller's coordinator never commits then).
+        """
+        with self._lock:
+            self._check_open()
+            self._wait_previous()
+            scratch: list[HostBuffer] = []
+            jobs = Jobs([], [], lambda threads: None)
+            try:
+                jobs = self._streamed_jobs(prep, [], scratch)
+                return local_entries(prep, *pipeline.finish_writes(prep, jobs.writes))
+            except BaseException:
+                for w in jobs.all_writes():
+                    w.cancel()
+                raise
+            finally:
+                for b in scratch:
+                    b.close()
+
+    def _streamed_jobs(self, prep: PreparedSave, copies: list[PreparedCopy], scratch: list[HostBuffer]) -> Jobs:
+        """The started writes of a sync save (``async_jobs.streamed``); ``scratch`` collects
+        the whole-file buffers of object stores."""
+        bounce = self._sync_bounce(prep.nbytes)  # its buffers are the write units
+        return async_jobs.streamed(prep, copies, bounce.size,
+                                   lambda storage, path, units, mirrors: self._file_write(
+                                       storage, path, units, mirrors, scratch, bounce))
+
+    def _save_streamed(self, prep: PreparedSave, copies: list[PreparedCopy]) -> None:
         """Sync save: stage per unit through bounce buffers (or gather), write, commit."""
-        pipeline.begin(prep)
-        writes: list[Write] = []
         scratch: list[HostBuffer] = []
+        jobs = Jobs([], [], lambda threads: None)
         try:
-            for plan in prep.plans:
-                bounce = self._sync_bounce(prep.nbytes)
-                units = FileUnits(plan, bounce.size, BLOCK_SIZE)
-                path = prep.file_path(plan)
-                writes.append(self._file_write(prep, units, path, scratch, bounce))
-            for plan in prep.coded:  # compressed on the I/O pool from per-block copies
-                bw = pipeline.block_file_write(prep, plan, sources=host_sources(plan, device=False))
-                writes.append(bw)
-                bw.all_ready()
-            pipeline.finish_and_commit(prep, writes)
+            pipeline.begin(prep)
+            for c in copies:
+                begin_copy(c)
+            jobs = self._streamed_jobs(prep, copies, scratch)
+            pipeline.finish_all(prep, jobs.writes, copies, jobs.copy_writes)
         except BaseException as e:
-            for fw in writes:
-                fw.cancel()
-            pipeline.abort(prep, e)
+            pipeline.abort_all(prep, jobs.all_writes(), copies, e)
             raise
         finally:
             for b in scratch:
                 b.close()
 
-    def _file_write(self, prep: PreparedSave, units: FileUnits, path: str,
+    def _file_write(self, storage: Storage, path: str, units: FileUnits, mirrors: list[UnitMirror],
                     scratch: list[HostBuffer], bounce: BouncePool) -> FileWrite:
         """A started sync-save FileWrite of one data file, all of it ready to be written.
 
@@ -368,14 +424,15 @@ class Checkpointer:
         (``open_writer`` gives None) take whole files, so the file is staged into scratch
         memory (appended to ``scratch``) first.
         """
-        writer = prep.storage.open_writer(path, units.size)
+        writer = storage.open_writer(path, units.size)
         if writer is not None:
             try:
                 sources = host_sources(units.plan, device=False)
             except BaseException:
                 writer.abort()
                 raise
-            fw = FileWrite(units, prep.storage, path, sources=sources, bounce=bounce, writer=writer)
+            fw = FileWrite(units, storage, path, sources=sources, bounce=bounce, writer=writer,
+                           mirrors=mirrors)
             try:
                 fw.start()
                 fw.all_ready()
@@ -385,7 +442,7 @@ class Checkpointer:
             return fw
         buf = HostBuffer(units.plan.layout.size)
         scratch.append(buf)
-        fw = FileWrite(units, prep.storage, path, staged=buf)
+        fw = FileWrite(units, storage, path, staged=buf, mirrors=mirrors)
         stage_files([StageTask(units, buf.array, fw.unit_ready)])
         fw.start()
         return fw
@@ -407,40 +464,6 @@ def sync_unit(nbytes: int, unit_size: int) -> int:
     return units * unit_size
 
 
-def _background(prep: PreparedSave, handle: SaveHandle, jobs: JobMaker, stage: bool) -> None:
-    """Body of the writer thread: [stage,] write, commit; the outcome goes to ``handle``."""
-    writes: list[Write] = []
-    try:
-        writes, stage_state = jobs()
-        pipeline.begin(prep)
-        for fw in writes:
-            fw.start()
-        if stage:
-            try:
-                # One copying thread: background staging overlaps the caller's compute,
-                # and more copy threads would take cores from it (the copy only has to
-                # finish before the caller's next wait_staged()).
-                stage_state(BACKGROUND_COPY_THREADS)
-            except BaseException as e:  # noqa: BLE001 - forwarded to the waiting writers
-                for fw in writes:
-                    fw.fail(e)
-                raise
-            handle.mark_staged()
-        pipeline.finish_and_commit(prep, writes)
-    # Everything the save raises is delivered to the caller through the handle (result(),
-    # the next save, close(), or the exit hook); nothing here swallows it.
-    except BaseException as e:  # noqa: BLE001
-        for fw in writes:
-            fw.cancel()
-        pipeline.abort(prep, e)
-        handle.settle(e)
-        log.debug("async save to %s failed: %s", handle.path, e)
-        return
-    handle.settle(None)
-    with _UNSETTLED_LOCK:
-        _UNSETTLED.discard(handle)
-
-
 # Every Checkpointer alive, so that a forked child can reset them (see _reset_all_in_child).
 _LIVE: weakref.WeakSet[Checkpointer] = weakref.WeakSet()
 
@@ -451,47 +474,8 @@ def _reset_all_in_child() -> None:
     Without it a child forked after a save or load (multiprocessing's default start
     method on Linux) waits forever on the parent's pools, locks and in-flight save.
     """
-    global _UNSETTLED_LOCK
-    _UNSETTLED_LOCK = threading.Lock()
-    for h in list(_UNSETTLED):
-        h.orphan_in_child()
-    _UNSETTLED.clear()  # the parent's saves: the child's exit must not wait for them
     for c in list(_LIVE):
         c._reset_in_child()
 
 
 os.register_at_fork(after_in_child=_reset_all_in_child)
-
-
-# Saves started and not yet known to be fine: the exit hook finishes them (even when their
-# Checkpointer is gone) and logs the failures nobody collected.
-_UNSETTLED: set[SaveHandle] = set()
-_UNSETTLED_LOCK = threading.Lock()
-
-
-def _drain_at_exit() -> None:
-    """Finishes saves still in flight when the main thread ends; logs uncollected failures.
-
-    Registered with ``threading._register_atexit`` so it runs before the I/O pool's own
-    exit hook (hooks run newest first) and the pool still accepts the save's jobs.
-    """
-    with _UNSETTLED_LOCK:
-        pending = list(_UNSETTLED)
-        _UNSETTLED.clear()
-    for h in pending:
-        if not h.done():
-            log.info("waiting for the async save to %s to finish before exit", h.path)
-            h.wait_settled()
-        err = h.take_failure()
-        if err is not None:
-            log.error("async save to %s failed and nobody called result(): %s: %s", h.path,
-                      type(err).__name__, err)
-
-
-_register = getattr(threading, "_register_atexit", None)
-if _register is not None:
-    _register(_drain_at_exit)
-else:  # pragma: no cover - CPython always has it (3.9+)
-    import atexit
-
-    atexit.register(_drain_at_exit)

@@ -64,6 +64,11 @@ class SaveHandle:
         """True once the save has committed or failed (``result()`` then returns at once)."""
         return self._done.is_set()
 
+    @property
+    def failed(self) -> bool:
+        """True once the save has failed (without marking its error as seen)."""
+        return self._done.is_set() and self._error is not None
+
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Waits like ``result()`` and returns the error instead of raising it (None on success)."""
         if not self._done.wait(timeout):

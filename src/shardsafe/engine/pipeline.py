@@ -18,21 +18,24 @@ background thread (bounded by ``timeout``). What the phases hand each other,
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import knobs
 from .._collector import paused
-from ..comm import Comm, get_comm
+from ..comm import Comm, ExternalRank, get_comm
 from ..plan.flatten import TensorItem, flatten
 from ..plan.layout import FilePlan, block_file_name, data_file_name, plan_file
 from ..plan.localize import localize
 from ..storage import storage_for
 from . import commit, plan_exchange, two_phase_commit
 from .block_writer import BlockFileWrite
-from .entries import CodedFile
+from .copies import PreparedCopy, commit_copy, fail_copy
+from .entries import CodedFile, Entries
 from .incremental import Baseline
+from .writer import FileWrite
 from .prepared import BLOCK_SIZE, PreparedSave, build_index, check_metadata, local_entries, split_coded
 
 log = logging.getLogger("shardsafe")
@@ -89,6 +92,35 @@ def _prepare(state: Mapping[str, Any], path: str, *, overwrite: bool, metadata: 
                         compression=compression, coded=_block_plans(comm.rank, coded))
 
 
+def prepare_part(items: Sequence[TensorItem], txn: commit.Transaction, comm: ExternalRank,
+                 compression: str | None = None) -> PreparedSave:
+    """Phase (b) for one rank of a save that another system plans and commits.
+
+    ``shardsafe.dcp`` drives the engine this way: DCP's planner decides which rank writes
+    which ``items`` (their ids index the tensor table the coordinator builds), every rank
+    writes them into ``txn``'s working directory with ``Checkpointer.write_part``, and the
+    coordinator publishes the index from every rank's entries with ``commit_parts``.
+    """
+    plain, coded = split_coded(items, compression)
+    return PreparedSave(txn.storage, txn, {"t": "dict", "k": [], "v": []}, list(items),
+                        [plan_file(data_file_name(comm.rank), plain)], {}, comm,
+                        compression=compression, coded=_block_plans(comm.rank, coded))
+
+
+def commit_parts(txn: commit.Transaction, tree: dict[str, Any], items: Sequence[TensorItem],
+                 parts: Sequence[Entries], metadata: Mapping[str, Any], world_size: int) -> None:
+    """Phase (e) of such a save: the index from every rank's entries, published in ``txn``.
+
+    ``items`` is the whole tensor table (the chunks of ``parts`` must cover each exactly);
+    ``tree`` the structure tree pointing into it.
+
+    Raises:
+        CheckpointError: the parts do not hold exactly each tensor's elements.
+    """
+    prep = PreparedSave(txn.storage, txn, tree, list(items), [], dict(metadata), ExternalRank(0, world_size))
+    commit.finish(txn, build_index(prep, parts))
+
+
 def _block_plans(rank: int, items: Sequence[TensorItem]) -> list[FilePlan]:
     """The block file of this rank's compressed items (none without any)."""
     return [plan_file(block_file_name(rank), items)] if items else []
@@ -142,24 +174,115 @@ def abort(prep: PreparedSave, error: BaseException | None = None) -> None:
         log.warning("could not remove the unfinished save %s: %s", prep.txn.workdir, e)
 
 
-def block_file_write(prep: PreparedSave, plan: FilePlan, **source: Any) -> BlockFileWrite:
+def abort_all(prep: PreparedSave, writes: Sequence[Any], copies: Sequence[PreparedCopy],
+              error: BaseException) -> None:
+    """After a failure: stops every write (the save's and the copies'), removes what the
+    save wrote (``abort``) and fails every copy not settled yet."""
+    for w in writes:
+        w.cancel()
+    abort(prep, error)
+    for c in copies:
+        if not c.handle.done():
+            fail_copy(c, error)
+
+
+def block_file_write(prep: PreparedSave, plan: FilePlan, *, name_of: Callable[[int], str] | None = None,
+                     **source: Any) -> BlockFileWrite:
     """The writer of the block files of ``plan`` (one of ``prep.coded``), named
-    ``data-r<rank>-<part>.blocks``; ``source``: ``staged=`` and ``nunits=``, or ``sources=``."""
+    ``data-r<rank>-<part>.blocks`` unless ``name_of`` names them; ``source``: ``staged=``
+    and ``nunits=``, or ``sources=``, and ``mirrors=``."""
     assert prep.compression is not None  # prep.coded is empty without compression
-    return BlockFileWrite(plan, prep.storage, prep.path_of, lambda part: block_file_name(prep.comm.rank, part),
+    return BlockFileWrite(plan, prep.storage, prep.path_of,
+                          name_of or (lambda part: block_file_name(prep.comm.rank, part)),
                           prep.compression, BLOCK_SIZE, **source)
 
 
-def finish_and_commit(prep: PreparedSave, writes: Sequence[Any]) -> None:
-    """Phase (e) after the writes: finishes every write, then commits from their results.
+def finish_all(prep: PreparedSave, writes: Sequence[Any], copies: Sequence[PreparedCopy] = (),
+               copy_writes: Sequence[Sequence[Any]] = ()) -> None:
+    """Phase (e) after the writes: finishes every write, commits each copy, then the save.
 
-    ``writes`` lists the ``FileWrite`` of each of ``prep.plans`` (their block checksums),
-    then the ``BlockFileWrite`` of each of ``prep.coded`` (their ``CodedFile``s). Block
-    files are finished first: their coding runs while ``finish`` drives it, on the I/O
-    pool next to the data files' writes, which are already queued.
+    ``writes`` lists the save's writes (as for ``finish_writes``), ``copy_writes`` the
+    same for each copy's own files. With copies, the save's writes are finished on a
+    helper thread while each copy commits as soon as its own files and its mirrors are
+    durable (a mirror is done before the save's own file is synced or uploaded: a copy
+    never waits for slow storage). Every write is finished even after another failed,
+    since a copy needs its mirrors and its own writes. Each copy commits or fails on its
+    own (its handle says which); the save commits last, possibly waiting for other ranks.
+
+    Raises:
+        BaseException: the first failure of the save's writes, or of its commit.
     """
-    order = sorted(range(len(writes)), key=lambda k: not isinstance(writes[k], BlockFileWrite))
-    results: dict[int, Any] = {k: writes[k].finish() for k in order}
+    box: dict[str, Any] = {"error": RuntimeError("the save's writes were not finished")}
+
+    def finish_save() -> None:
+        try:
+            box["results"], box["error"] = _finish(writes)
+        except BaseException as e:  # noqa: BLE001 - raised below; the mirrors must not wait for it
+            box["error"] = e
+            for w in writes:
+                w.cancel()
+
+    helper = threading.Thread(target=finish_save, name="shardsafe-finish") if copies else None
+    if helper is not None:
+        helper.start()
+    try:
+        for copy, own in zip(copies, copy_writes):
+            _finish_copy(copy, own)
+    finally:
+        if helper is not None:
+            helper.join()
+        else:
+            finish_save()
+    if box["error"] is not None:
+        raise box["error"]
+    commit_save(prep, *_split(prep, box["results"]))
+
+
+def _finish_copy(copy: PreparedCopy, own: Sequence[Any]) -> None:
+    """Finishes a copy's own writes and commits it (``copies.commit_copy``), or fails it."""
+    if copy.error is not None:
+        for w in own:
+            w.cancel()
+        fail_copy(copy, copy.error)
+        return
+    got, error = _finish(own)
+    if error is not None:
+        fail_copy(copy, error)
+    else:
+        commit_copy(copy, got)
+
+
+def finish_writes(prep: PreparedSave, writes: Sequence[Any]) -> tuple[list[list[list[int]]], list[CodedFile]]:
+    """Finishes every write of this rank: the block checksums of each of ``prep.plans``, and
+    what the block files of ``prep.coded`` hold.
+
+    ``writes`` lists the ``FileWrite`` of each of ``prep.plans``, then the block-file
+    writes of ``prep.coded``. Block files are finished first: their coding runs while
+    ``finish`` drives it, on the I/O pool next to the data files' writes, which are
+    already queued.
+
+    Raises:
+        BaseException: the first failure (after every write was finished).
+    """
+    results, error = _finish(writes)
+    if error is not None:
+        raise error
+    return _split(prep, results)
+
+
+def _split(prep: PreparedSave, results: Sequence[Any]) -> tuple[list[list[list[int]]], list[CodedFile]]:
     n = len(prep.plans)
-    commit_save(prep, [results[k] for k in range(n)],
-                [f for k in range(n, len(writes)) for f in results[k]])
+    return list(results[:n]), [f for r in results[n:] for f in r]
+
+
+def _finish(writes: Sequence[Any]) -> tuple[list[Any], BaseException | None]:
+    """Every write's result (block files first), and the first failure (None if none)."""
+    order = sorted(range(len(writes)), key=lambda k: isinstance(writes[k], FileWrite))
+    results: list[Any] = [None] * len(writes)
+    error: BaseException | None = None
+    for k in order:
+        try:
+            results[k] = writes[k].finish()
+        except Exception as e:  # noqa: BLE001 - the others are still finished (a copy needs them)
+            error = error or e
+    return results, error

@@ -91,7 +91,7 @@ def _scratch_buffer(nbytes: int) -> np.ndarray:
     return buf[:nbytes]
 
 
-class Reader:
+class ChunkReader:
     """Reads chunks of one checkpoint in parallel on the shared I/O pool."""
 
     def __init__(self, storage: Storage, path: str, index: Index) -> None:

@@ -20,6 +20,12 @@ Two sources of bytes:
 
 Storages without ranged writes (object stores: ``Storage.open_writer`` returns None)
 get the whole staged file in one ``Storage.write`` at the end.
+
+Mirrors (``engine.copies.MirrorFile``) write every unit again into another file (a
+rank's own copy of the save) from the same bytes, in the same job, before its buffer
+is given back, and get the block checksums at ``finish``. A failed write of this file
+does not stop its mirrors (it is kept and raised by ``finish`` once they are done);
+a mirror's failure is its own.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
+from typing import Protocol
+
 import numpy as np
 
 from ..format.checksum import crc32c
@@ -35,11 +43,23 @@ from ..format.crc_combine import crc32c_combine
 from ..storage.base import RangeWriter, Storage
 from ..storage.files import with_path
 from .io_pool import io_pool, wait_all
-from .buffers import BouncePool, HostBuffer, round_up
+from .buffers import BouncePool, HostBuffer, HostSlice, round_up
 from .staging import Sources, copy_unit
 from .units import HEADER, BlockSums, FileUnits
 
 log = logging.getLogger("shardsafe")
+
+
+class UnitMirror(Protocol):
+    """Another file written from the same units (see ``engine.copies.MirrorFile``)."""
+
+    def start(self) -> None: ...
+
+    def write(self, offset: int, data: memoryview) -> None: ...
+
+    def write_gather(self, offset: int, views: Sequence[memoryview]) -> None: ...
+
+    def finish(self, sums: Sequence[list[int]] | None, error: BaseException | None = None) -> None: ...
 
 
 class FileWrite:
@@ -49,20 +69,23 @@ class FileWrite:
         units: The file's units and checksum blocks.
         storage: Backend; ``path`` is the file's path in it.
         staged: The file image (staged mode), or None for streamed mode.
-        sources: Per-item flat uint8 host views (streamed mode).
+        sources: The items' host bytes (streamed mode).
         bounce: Bounce buffers for streamed direct writes.
         writer: The file, already opened with ``storage.open_writer`` (default: opened by
             ``start``).
         slots: The pool the buffers of ``unit_ready(k, buf)`` come from (slotted mode).
+        mirrors: Other files written from the same units (see the module docstring).
     """
 
     def __init__(self, units: FileUnits, storage: Storage, path: str, *,
-                 staged: HostBuffer | None = None, sources: Sources | None = None,
+                 staged: HostBuffer | HostSlice | None = None, sources: Sources | None = None,
                  bounce: BouncePool | None = None, writer: RangeWriter | None = None,
-                 slots: BouncePool | None = None) -> None:
+                 slots: BouncePool | None = None, mirrors: Sequence[UnitMirror] = ()) -> None:
         if sum(x is not None for x in (staged, sources, slots)) != 1:
             raise ValueError("give exactly one of staged=, sources= and slots=")
         self.units, self.storage, self.path = units, storage, path
+        self.mirrors = list(mirrors)
+        self._write_error: BaseException | None = None  # this file's own write failed
         self.staged, self.sources, self.bounce = staged, sources, bounce or slots
         self._slotted = slots is not None
         self._unit_bufs: dict[int, HostBuffer] = {}  # slotted: staged units not yet written
@@ -92,6 +115,8 @@ class FileWrite:
         if self._writer is None and self.staged is None:
             raise ValueError(f"{type(self.storage).__name__} has no ranged writes: stage the whole file"
                              + (" (max_staging_bytes needs a local path)" if self._slotted else ""))
+        for m in self.mirrors:
+            m.start()
         with self._lock:
             self._started = True
             pending, self._pending = self._pending, []
@@ -133,7 +158,8 @@ class FileWrite:
 
     def error(self) -> BaseException | None:
         """The first failure so far (of staging or of a finished job), else None."""
-        return self._failed or self._job_error
+        own = self._write_error if not self.mirrors else None  # with mirrors, staging goes on for them
+        return self._failed or self._job_error or own
 
     def _note_error(self, fut: Future) -> None:
         if self._job_error is None and not fut.cancelled():
@@ -151,7 +177,7 @@ class FileWrite:
 
     def _submit(self, job: tuple[str, int]) -> None:
         kind, k = job
-        if kind == "write" and self._writer is None:
+        if kind == "write" and self._writer is None and not self.mirrors:
             return  # no ranged writes: the whole image is written in finish()
         if kind == "sums" and (self._from_copies or not len(self.units.blocks_ending_in(k))):
             return  # (streamed: checksummed in the write job, from the bounce copy)
@@ -177,14 +203,25 @@ class FileWrite:
             off = int(u.offsets[i])
             sums[b] = crc32c(memoryview(self.sources[i])[lo - off : hi - off])
 
+    def _write_own(self, offset: int, data: memoryview) -> None:
+        """Writes to this file; a failure is kept for ``finish`` (the mirrors go on)."""
+        if self._writer is None or self._write_error is not None:
+            return
+        try:
+            self._writer.write_at(offset, data)
+        except Exception as e:  # noqa: BLE001 - raised by finish(), after the mirrors
+            self._write_error = e
+
     def _write_unit(self, k: int) -> None:
         start, stop = self.units.span(k)
-        w = self._writer
         if self.staged is not None:
             # The buffer is padded to 4096, so the file's last unit also goes out direct;
             # the writer truncates the padding away on close.
             end = round_up(stop) if k == self.units.nunits - 1 else stop
-            w.write_at(start, self.staged.view(start, end))
+            view = self.staged.view(start, end)
+            for m in self.mirrors:
+                m.write(start, view)
+            self._write_own(start, view)
         elif self._from_copies:
             if self._slotted:
                 with self._lock:
@@ -197,7 +234,10 @@ class FileWrite:
                 if not self._slotted:
                     copy_unit(self.units, k, self.sources, buf.array, base=start)
                 self._sum_copy(k, start, buf.view(0, stop - start))
-                w.write_at(start, buf.view(0, round_up(stop - start)))
+                view = buf.view(0, round_up(stop - start))
+                for m in self.mirrors:
+                    m.write(start, view)
+                self._write_own(start, view)
             finally:
                 self.bounce.release(buf)
         else:
@@ -244,8 +284,15 @@ class FileWrite:
         parts = self.units.parts(k)
         views = [(header if i == HEADER else memoryview(self.sources[i]))[src : src + n]
                  for i, src, n in zip(parts.item, parts.src, parts.length)]
-        if views:
-            self._writer.write_gather(parts.dst[0], views)
+        if not views:
+            return
+        for m in self.mirrors:
+            m.write_gather(parts.dst[0], views)
+        if self._writer is not None and self._write_error is None:
+            try:
+                self._writer.write_gather(parts.dst[0], views)
+            except Exception as e:  # noqa: BLE001 - raised by finish(), after the mirrors
+                self._write_error = e
 
     # ------------------------------------------------------------------ completion
     def finish(self, timeout: float | None = None) -> BlockSums:
@@ -264,19 +311,35 @@ class FileWrite:
             wait_all(futures)
             if self._from_copies:
                 self._join_pieces()
+            self._finish_mirrors(None)
+            if self._write_error is not None:
+                raise self._write_error
             if self._writer is None:
                 self.storage.write(self.path, [self.staged.view(0, self.units.size)])
             else:
                 self._writer.close(sync=True)
         except OSError as e:  # e.g. disk full: say which file
+            self._finish_mirrors(e)
             if self._writer is not None:
                 self._writer.abort()
             raise with_path(e, self.path) from None
-        except BaseException:
+        except BaseException as e:
+            self._finish_mirrors(e)
             if self._writer is not None:
                 self._writer.abort()
             raise
+        return self.sums
+
+    @property
+    def sums(self) -> BlockSums:
+        """The block checksums of the file's items (complete once ``finish`` returned)."""
         return BlockSums(self._sums, self.units.block_first)
+
+    def _finish_mirrors(self, error: BaseException | None) -> None:
+        """Hands the mirrors the checksums (or the error that leaves them without); once."""
+        mirrors, self.mirrors = self.mirrors, []
+        for m in mirrors:
+            m.finish(None if error is not None else self.sums, error)
 
     def cancel(self) -> None:
         """Waits for submitted jobs and closes the file without syncing (save failed elsewhere)."""
@@ -289,5 +352,6 @@ class FileWrite:
             held, self._unit_bufs = list(self._unit_bufs.values()), {}
         for buf in held:
             self.bounce.release(buf)
+        self._finish_mirrors(RuntimeError(f"the write of {self.path} was cancelled"))
         if self._writer is not None:
             self._writer.abort()

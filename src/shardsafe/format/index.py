@@ -23,7 +23,7 @@ from . import INDEX_NAME, index_v2, tree
 from .checksum import ALGORITHM, crc32c
 from .index_common import (IndexHeader, MAX_DIM, MAX_INDEX_BYTES, MAX_NDIM, FileEntry, bad, check_int,
                            check_tree, decode_files, finite_float, header_fields, reject_constant,
-                           tensor_header, unique_members)
+                           tensor_header, tensor_key, unique_members)
 from .chunk_table import ChunkTable
 from .index_common import ChunkEntry
 from .lazy_chunks import LazyChunks, LazyTensors
@@ -180,12 +180,7 @@ def _decode_chunk(c: Any, ndim: int, itemsize: int, block_size: int, key: str,
 def _decode_tensor(t: Any, block_size: int, file_id: dict[str, int],
                    cols: _Columns) -> tuple[index_v2.TensorInfo, int, int]:
     """One tensor row: (info, itemsize, chunk count); its chunks go to ``cols``."""
-    if not isinstance(t, dict) or not isinstance(t.get("key"), list):
-        raise bad("tensor entry needs a key list")
-    try:
-        key = tree.decode_key_path(t["key"])
-    except (tree.TreeError, RecursionError) as e:
-        raise bad(f"tensor key {t['key']!r}: {e}") from None
+    key = tensor_key(t)
     name = tree.render_path(key)
     kind, dt, shape = tensor_header(t, name)
     chunks = t.get("chunks")
@@ -301,3 +296,20 @@ def _from_columns(ci: index_v2.ColumnarIndex, version: int) -> Index:
                  files=ci.files, block_size=ci.block_size,
                  world_size=ci.world_size, created=ci.created, metadata=ci.metadata,
                  library=ci.library, format_version=version, table=ci.chunks, infos=ci.tensors)
+
+
+def encode_renamed(index: Index, names: Sequence[str]) -> bytes:
+    """The v2 bytes of ``index`` with data file row ``i`` renamed to ``names[i]`` (the chunk
+    table names files by row, so nothing else changes). The result is decoded once to
+    check it: names must be valid and unique (section 2)."""
+    if index.table is None or len(names) != len(index.files):
+        raise ValueError("encode_renamed needs a decoded index and one name per data file")
+    ci = index_v2.ColumnarIndex(
+        tree=index.tree, tensors=index.infos if index.infos is not None else tuple(
+            index_v2.TensorInfo(t.key, t.kind, t.dtype, t.shape) for t in index.tensors),
+        files=tuple(FileEntry(n, f.size, f.data_start, f.rank) for n, f in zip(names, index.files)),
+        chunks=index.table, world_size=index.world_size, created=index.created,
+        metadata=index.metadata, library=index.library)
+    data = index_v2.encode(ci)
+    decode_index(data)
+    return data

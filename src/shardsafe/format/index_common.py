@@ -202,6 +202,18 @@ def decode_files(raw: Any) -> tuple[FileEntry, ...]:
     return tuple(out)
 
 
+def tensor_key(t: Any) -> tree.KeyPath:
+    """The key path of a tensor row (both versions): strings and integers bare, every
+    other key as its node (section 6), decoded as ``tree.walk`` yields it, so that it
+    can be compared with the tree's paths."""
+    if not isinstance(t, dict) or not isinstance(t.get("key"), list):
+        raise bad("tensor entry needs a key list")
+    try:
+        return tree.decode_key_path(t["key"])
+    except (tree.TreeError, RecursionError) as e:
+        raise bad(f"tensor key {t['key']!r}: {e}") from None
+
+
 def tensor_header(t: dict[str, Any], name: str) -> tuple[str, DType, tuple[int, ...]]:
     """Kind, dtype and global shape of a tensor row (both versions), checked."""
     if t.get("kind") not in TENSOR_KINDS:

@@ -40,7 +40,7 @@ from .dtypes import lookup
 from .index_common import (IndexHeader, MAX_DIM, MAX_EXTENT_BYTES, MAX_INDEX_BYTES, MAX_NDIM, TENSOR_KINDS,
                            FileEntry, StoredBlocks, bad, check_int, check_tree,
                            decode_files, finite_float, header_fields, reject_constant,
-                           tensor_header, unique_members)
+                           tensor_header, tensor_key, unique_members)
 
 MAGIC = b"SSAFEIDX"
 VERSION = 2
@@ -162,7 +162,7 @@ def _tensor_rows(tensors: Sequence[TensorInfo], ct: ChunkTable) -> str:
         elif all(type(k) is str or type(k) is int for k in key):
             kt = "[" + ",".join(esc(k) if type(k) is str else str(k) for k in key) + "]"
         else:
-            kt = _dumps(list(key))
+            kt = _dumps(tree.encode_key_path(key))
         tk = (info.kind, info.dtype, info.shape, count, split)
         tail = tails.get(tk)
         if tail is None:
@@ -334,11 +334,7 @@ def _split_container(data: bytes) -> tuple[dict[str, Any], memoryview]:
 
 def _tensor(t: Any) -> tuple[TensorInfo, int, int, Split | None]:
     """One tensor row: (info, itemsize, chunk count, split)."""
-    if not isinstance(t, dict) or not isinstance(t.get("key"), list):
-        raise bad("tensor entry needs a key list")
-    key = tuple(t["key"])
-    if not all(isinstance(k, str) or (isinstance(k, int) and not isinstance(k, bool)) for k in key):
-        raise bad(f"tensor key {t['key']!r} must hold strings and integers")
+    key = tensor_key(t)
     name = tree.render_path(key)
     kind, dt, shape_t = tensor_header(t, name)
     count = check_int(t.get("chunks"), f"chunk count of {name}", 0, 1 << 40)

@@ -105,19 +105,21 @@ def _first_miscovered(p: np.ndarray, e: np.ndarray, s: np.ndarray) -> tuple[list
         hi_rank.append(inv[n : 2 * n].astype(I64))
         bits.append(max(int(len(v) - 1).bit_length(), 1))
     words = _pack_layout(bits)
-    keys = [np.empty(n << k, dtype=I64) for _ in words]
-    sign = np.empty(n << k, dtype=np.int32)
-    for m in range(1 << k):
-        rows = slice(m * n, (m + 1) * n)
-        sign[rows] = -1 if bin(m).count("1") % 2 else 1
-        for w, dims in enumerate(words):
-            acc = np.zeros(n, dtype=I64)
-            for d, shift in dims:
-                acc |= (hi_rank[d] if m >> d & 1 else lo_rank[d]) << shift
-            keys[w][rows] = acc
+    upper = (np.arange(1 << k)[:, None] >> np.arange(k)[None, :]) & 1  # (subset, dim): upper bound?
+    keys = []
+    for dims in words:  # row m * n + i: corner m of box i
+        acc = np.zeros((1 << k, n), dtype=I64)
+        for d, shift in dims:
+            acc |= np.where(upper[:, d, None] == 1, hi_rank[d] << shift, lo_rank[d] << shift)
+        keys.append(acc.reshape(-1))
+    sign = np.repeat(np.where(upper.sum(axis=1) % 2 == 1, -1, 1).astype(np.int32), n)
     box_keys, box_sign = _box_corners(values, words, k)
     keys = [np.concatenate([kw, bw]) for kw, bw in zip(keys, box_keys)]
     sign = np.concatenate([sign, box_sign])
+    if len(keys) == 1:  # every sum is zero iff the +1 corners and the -1 corners are one multiset
+        plus, minus = keys[0][sign > 0], keys[0][sign < 0]
+        if len(plus) == len(minus) and np.array_equal(np.sort(plus), np.sort(minus)):
+            return None
     order = np.lexsort(keys[::-1]) if len(keys) > 1 else np.argsort(keys[0], kind="stable")
     sorted_keys = [kw[order] for kw in keys]
     new = np.zeros(len(order), dtype=bool)

@@ -5,39 +5,50 @@ Layout under ``local_directory`` (one per node, e.g. ``/dev/shm/run``)::
     rank_<r>/step_<N>/              rank r's state alone, the ordinary format
     peer/rank_<s>/step_<N>/         a copy of rank s's checkpoint (s on another node)
 
-Each rank saves its state alone (``collective=False``; DTensors as their local shards,
-see ``local_view``) with its own ``Checkpointer``, so a local save never waits for the
-persistent tier's writer. The save is asynchronous like the manager's: ``save`` returns
-once the state is staged; a worker thread waits for the commit, applies retention
-(``max_to_keep`` newest) and then, with replication, exchanges the new checkpoint with
-the peers (``comm.p2p.PeerLink``, a dedicated gloo group used only from this thread
-while training runs). An error of any of that is raised, naming step, rank and
-directory, by the next ``save`` or ``wait``: it never stops the persistent tier.
+A local checkpoint holds ``{"state": LocalView(state)}`` (DTensors as their local
+shards, see ``local_view``) saved by this rank alone. It is not saved here: the manager
+stages a step once for every due tier (``engine.copies``: the local checkpoint is fed
+from the same staged bytes as the persistent save) and the tier's ``TierWriter`` waits
+for it. After each local save, this module applies the tier's retention (the newest
+``max_to_keep``, by ``retention.LatestN``; also after a failed save). The first save
+that finds the directory full (no space left) switches the tier to making room: from
+then on retention keeps one step fewer between saves, so the step being written fits
+where the newest ones already are, instead of every later save failing as well. With
+replication it then exchanges the new checkpoint with the
+peers (``peer_copy`` over the link of ``comm.agreement.Agreement.peer_link``, whose
+transfers give up after the manager's timeout).
 
-Listing uses ``steps.StepDirectory`` (so the commit rule decides what exists);
-``restore`` lives in ``tier_restore``.
+Identity: every local step records its step and its run (``run_identity``, the id of
+the persistent directory) in its index. Listing trusts only that record, never the
+directory name, and skips steps of other runs (a writable manager deletes them, with a
+warning: they would only fill the node's memory). A read-only manager lists and loads
+but never writes here.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Mapping, MutableMapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ..api.load import load
-from ..comm import agreement, distributed_active
-from ..engine.checkpointer import Checkpointer
+from ..comm.agreement import Agreement
+from ..engine import commit
 from ..errors import CheckpointError
 from ..storage import storage_for
 from . import peer_copy
 from .local_view import LocalView
+from .retention import LatestN, StepRecord, steps_to_delete
 from .steps import StepDirectory, step_name
 
 log = logging.getLogger("shardsafe")
 
 ROOT_KEY = "state"  # the local checkpoint holds {"state": LocalView(state)}
+LOCAL_KEY = "shardsafe.local"  # index metadata: {"step": N, "run": id}
 
 
 class LocalTier:
@@ -45,165 +56,204 @@ class LocalTier:
 
     Args:
         directory: The node's local directory (a local path).
+        run: The run id of the persistent directory (None: no local step is valid).
         interval: Save when ``step % interval == 0``.
         max_to_keep: Keep this many newest local steps (and peer copies per rank).
         replication: Also keep each rank's checkpoint on a rank of another node (needs
             torch.distributed with at least two nodes; collective to construct).
+        agreement: The manager's agreement (rank, timeout, the peers' link).
+        writable: False for a read-only manager (nothing is ever written here).
     """
 
-    def __init__(self, directory: str, *, interval: int, max_to_keep: int, replication: bool) -> None:
+    def __init__(self, directory: str, *, run: str | None, interval: int, max_to_keep: int,
+                 replication: bool, agreement: Agreement, writable: bool) -> None:
         self.directory = os.path.abspath(directory)
-        self.interval = interval
+        self.run, self.interval, self.writable = run, interval, writable
         self.max_to_keep = max_to_keep
-        self.rank = agreement.rank()
+        self.tight = False  # the directory was full once: keep a step fewer between saves
+        self.rank = agreement.rank
         self.own_path = os.path.join(self.directory, f"rank_{self.rank}")
         storage, spath = storage_for(self.own_path)
-        storage.makedirs(spath)
         self.own = StepDirectory(storage, spath)
-        self.own.remove_leftovers()  # a crashed local save's temporary directory
-        self.link = None
-        if replication and distributed_active():
-            from ..comm.p2p import PeerLink  # torch.distributed only when replicating
-
-            self.link = PeerLink(self.directory)
-            if self.link.holder[self.rank] is None:
-                log.warning("local_replication: every rank shares one local directory (one node): "
-                            "there is no other node to hold copies")
-            for src in self.link.sources:  # half-received copies (this rank alone writes them)
-                if os.path.isdir(self.peer_path(src)):
-                    StepDirectory(storage, self.peer_path(src)).remove_leftovers()
-        self._saver = Checkpointer()
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="shardsafe-local")
-        self._future: Future | None = None
+        self.link = agreement.peer_link(self.directory) if replication else None
+        if self.link is not None and self.link.holder[self.rank] is None:
+            log.warning("local_replication: every rank shares one local directory (one node): "
+                        "there is no other node to hold copies")
+        if writable:
+            storage.makedirs(spath)
+            for d in self._directories():
+                d.remove_leftovers()  # a crashed local save, a half-received copy
+                self._drop_foreign(d)
 
     # ------------------------------------------------------------------ listing
+    def _directories(self) -> list[StepDirectory]:
+        dirs = [self.own]
+        for src in self.link.sources if self.link is not None else []:
+            storage, spath = storage_for(self.peer_path(src))
+            if storage.exists(spath):
+                dirs.append(StepDirectory(storage, spath))
+        return dirs
+
+    def _identity(self, steps: StepDirectory, name: str) -> tuple[int | None, str | None]:
+        """The step and run a committed local step records (Nones when unreadable)."""
+        try:
+            info = commit.read_index(steps.storage, steps.storage.join(steps.path, name)).metadata.get(LOCAL_KEY)
+        except (OSError, CheckpointError):
+            return None, None
+        if not isinstance(info, dict):
+            return None, None
+        step, run = info.get("step"), info.get("run")
+        return (step if isinstance(step, int) and not isinstance(step, bool) else None,
+                run if isinstance(run, str) else None)
+
+    def valid(self, steps: StepDirectory) -> dict[int, str]:
+        """Committed steps of this run whose index records the step their name says."""
+        out = {}
+        for step, name in steps.committed().items():
+            if os.path.islink(steps.storage.join(steps.path, name)):
+                log.warning("ignoring local step entry %s in %s: it is a symbolic link", name, steps.path)
+                continue
+            recorded, run = self._identity(steps, name)
+            if run != self.run or self.run is None:
+                continue
+            if recorded != step:
+                log.warning("ignoring local step %s in %s: its index records step %s", name, steps.path,
+                            recorded)
+                continue
+            out[step] = name
+        return out
+
+    def _drop_foreign(self, steps: StepDirectory) -> None:
+        """Deletes committed steps of another run (they are never restored)."""
+        mine = self.valid(steps)
+        for step, name in steps.committed().items():
+            if step not in mine and not os.path.islink(steps.storage.join(steps.path, name)):
+                if self._identity(steps, name)[1] != self.run:
+                    log.warning("deleting local step %s in %s: it belongs to another run (another "
+                                "persistent directory)", name, steps.path)
+                    steps.delete(step, name)
+
     def steps(self) -> list[int]:
-        """This rank's committed local steps, oldest first."""
-        return list(self.own.committed())
+        """This rank's valid local steps, oldest first."""
+        return sorted(self.valid(self.own))
 
     def peer_path(self, source: int) -> str:
         """Where this rank keeps the copies of rank ``source``."""
         return os.path.join(self.directory, "peer", f"rank_{source}")
 
     def held(self) -> dict[int, list[int]]:
-        """Peer copies this rank holds: source rank -> committed steps."""
+        """Peer copies this rank holds: source rank -> valid steps."""
         if self.link is None:
             return {}
         out = {}
         for src in self.link.sources:
             storage, spath = storage_for(self.peer_path(src))
-            out[src] = list(StepDirectory(storage, spath).committed()) if storage.exists(spath) else []
+            out[src] = sorted(self.valid(StepDirectory(storage, spath))) if storage.exists(spath) else []
         return out
 
     # ------------------------------------------------------------------ saving
     def due(self, step: int) -> bool:
         """Whether ``step`` is due for a local save."""
-        return step % self.interval == 0
+        return self.writable and step % self.interval == 0
 
-    def save(self, step: int, state: Mapping[str, Any]) -> None:
-        """Starts the local save of ``step`` (returns once staged).
+    def target(self, step: int, state: Mapping[str, Any]) -> tuple[dict[str, Any], str, dict[str, Any]]:
+        """``(state to save, path, metadata)`` of the local save of ``step``."""
+        return ({ROOT_KEY: LocalView(state)}, self.own.step_path(step),  # type: ignore[arg-type]
+                {LOCAL_KEY: {"step": step, "run": self.run}})
 
-        Raises:
-            CheckpointError: The previous local save (or its peer copy) failed; this step's
-                save has started all the same.
-        """
-        previous: CheckpointError | None = None
+    def describe(self, step: int) -> str:
+        return f"local save of step {step} on rank {self.rank} to {self.own.step_path(step)!r} (or its peer copy)"
+
+    def after_save(self, step: int, error: CheckpointError | None, seq: int) -> None:
+        """Retention (also after a failed save: it frees the space the next one needs),
+        then the peer exchange (always, to stay paired with the peers)."""
+        problem: BaseException | None = None
+        if error is not None and not self.tight and _out_of_space(error):
+            self.tight = self.max_to_keep > 1
+            log.warning("the local directory %s is full: from now on it keeps %d step(s) between "
+                        "saves to make room for the next one", self.directory, max(1, self.max_to_keep - 1))
         try:
-            self.wait()
-        except CheckpointError as e:
-            previous = e
-        path = self.own.step_path(step)
-        try:
-            job = self._saver.async_save({ROOT_KEY: LocalView(state)}, path, overwrite=True,  # type: ignore[arg-type]
-                                         collective=False, metadata={"shardsafe.local": {"step": step}})
+            self._retain(self.own)
         except (OSError, CheckpointError) as e:
-            job = e
-        self._future = self._worker.submit(self._finish, step, path, job)
-        if previous is not None:
-            raise previous
-
-    def _finish(self, step: int, path: str, job: Any) -> None:
-        """Worker thread: commit, retention, then the peer exchange (always, to stay paired)."""
-        error: BaseException | None = job if isinstance(job, BaseException) else None
-        if error is None:
-            try:
-                job.result()
-                self._retain(self.own)
-            except (OSError, CheckpointError) as e:
-                error = e
+            problem = e
         if self.link is not None:
             try:
-                self._replicate(step, None if error is not None else path, error)
+                self._replicate(step, None if error is not None else self.own.step_path(step), error)
             except (OSError, CheckpointError) as e:
-                error = error or e
-        if error is not None:
-            raise CheckpointError(f"local save of step {step} on rank {self.rank} to {path!r} "
-                                  f"(or its peer copy) failed: {error}") from error
+                problem = problem or e
+        if problem is not None:
+            raise CheckpointError(f"{self.describe(step)}: {problem}") from problem
+
+    def _retain(self, steps: StepDirectory) -> None:
+        committed = steps.committed()
+        records = [StepRecord(s, 0.0) for s in committed]
+        policy = LatestN(self.max_to_keep - 1 if self.tight else self.max_to_keep)
+        steps.drop({s: committed[s] for s in steps_to_delete(records, policy)})
 
     def _replicate(self, step: int, path: str | None, error: BaseException | None) -> None:
         assert self.link is not None
         dst = self.link.holder[self.rank]
         try:
-            msg = peer_copy.pack(step, self.rank, path, None if error is None else str(error))
-        except OSError as e:  # the peer still waits for this round: send it the reason
-            msg = peer_copy.pack(step, self.rank, None, f"reading the local copy failed: {e}")
-        got = self.link.exchange({dst: msg} if dst is not None else {}, self.link.sources)
-        for src, data in got.items():
-            m = peer_copy.unpack(data)
-            if m.error is not None:
-                log.warning("rank %d has no peer copy of rank %d's step %d: its local save failed: %s",
-                            self.rank, src, m.step, m.error)
+            out = peer_copy.outgoing(step, self.rank, path, None if error is None else str(error))
+        except (OSError, CheckpointError) as e:  # the peer still waits for this round: send why
+            out = peer_copy.outgoing(step, self.rank, None, f"reading the local copy failed: {e}")
+        incoming = {src: peer_copy.Incoming(self.peer_path(src), step_name) for src in self.link.sources}
+        try:
+            self.link.exchange({dst: out.segments} if dst is not None else {}, self.link.sources,
+                               lambda src, _at, data: incoming[src].feed(data))
+        except CheckpointError as e:
+            raise CheckpointError(f"peer copy of step {step}: {e}") from e
+        finally:
+            out.close()
+            for inc in incoming.values():
+                if inc.received is None:
+                    inc.abort()
+        for src, inc in incoming.items():
+            got = inc.done()
+            if got.error is not None:
+                log.warning("rank %d has no peer copy of rank %d's step %d: %s",
+                            self.rank, src, got.step, got.error)
                 continue
-            peer_copy.write_step(m.files, self.peer_path(src), step_name(m.step))
             storage, spath = storage_for(self.peer_path(src))
             self._retain(StepDirectory(storage, spath))
-
-    def _retain(self, steps: StepDirectory) -> None:
-        committed = steps.committed()
-        for s in list(committed)[: max(0, len(committed) - self.max_to_keep)]:
-            steps.delete(s, committed[s])
-
-    def wait(self) -> None:
-        """Blocks until the local save in flight (and its peer copy) is done.
-
-        Raises:
-            CheckpointError: It failed (naming step, rank and directory).
-        """
-        fut, self._future = self._future, None
-        if fut is not None:
-            fut.result()
 
     # ------------------------------------------------------------------ loading
     def load(self, path: str, state: MutableMapping[str, Any]) -> None:
         """Loads the local checkpoint at ``path`` into ``state`` (this rank alone, verified)."""
         load(path, {ROOT_KEY: LocalView(state)}, collective=False)
 
+    def receive_directory(self) -> str:
+        """Where a copy fetched from a peer is stored: this rank's own directory, or (read-only)
+        a private temporary directory the caller removes with ``discard_received``."""
+        return self.own_path if self.writable else tempfile.mkdtemp(prefix="shardsafe-peer-")
+
+    def discard_received(self, directory: str) -> None:
+        if directory != self.own_path:
+            shutil.rmtree(directory, ignore_errors=True)
+
     def forget_newer(self, step: int) -> None:
         """Deletes this rank's local steps and held copies newer than ``step`` (a restore
         went back to ``step``: they belong to a discarded future)."""
-        dirs = [self.own]
-        for src in self.held():
-            storage, spath = storage_for(self.peer_path(src))
-            dirs.append(StepDirectory(storage, spath))
-        for d in dirs:
-            for s, name in d.committed().items():
-                if s > step:
-                    d.delete(s, name)
+        if not self.writable:
+            return
+        for d in self._directories():
+            d.drop({s: n for s, n in d.committed().items() if s > step})
 
     def close(self) -> None:
-        """Waits for the save in flight, stops the worker, frees buffers and the group.
-
-        Raises:
-            CheckpointError: The last local save failed.
-        """
-        try:
-            self.wait()
-        finally:
-            self._worker.shutdown(wait=True)
-            self._saver.close()
-            if self.link is not None:
-                self.link.close()
-                self.link = None
+        """Destroys the peers' link (collective: every rank closes its manager)."""
+        if self.link is not None:
+            self.link.close()
+            self.link = None
 
 
-__all__ = ["LocalTier", "ROOT_KEY"]
+def _out_of_space(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) says the filesystem is full."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+__all__ = ["LOCAL_KEY", "LocalTier", "ROOT_KEY"]

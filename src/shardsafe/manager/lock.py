@@ -12,19 +12,25 @@ On a local filesystem the lock is written to a private file and hard-linked into
 which fails if a lock exists: of two managers starting at once exactly one wins, and a
 lock is never seen empty or half-written. A lock file is read only if it is a small
 regular file; anything else in its place (forged or damaged content, a huge file, a
-symlink, a FIFO) is damage and is replaced, except a directory, which is refused. Object stores have no exclusive create: there the
+symlink, a FIFO) is damage and is replaced, except a directory, which is refused.
+Replacing a stale or damaged lock is serialised with ``flock`` on the directory, and the
+lock is removed only if it is still the file that was judged: of two managers taking one
+stale lock over, the second sees the first one's new lock instead of deleting it. Object stores have no exclusive create: there the
 lock is written and read back, which catches a second manager started later but not two
 started within the same moment.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import secrets
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from ..errors import CheckpointError, CorruptCheckpointError
@@ -135,6 +141,39 @@ def _create(storage: Storage, path: str, data: bytes) -> bool:
     return storage.read(path) == data  # best effort: another writer may have raced us
 
 
+def _fingerprint(storage: Storage, path: str) -> tuple[int, ...] | None:
+    """Which file ``path`` is now (local: device, inode, size, mtime); None elsewhere or absent."""
+    if not isinstance(storage, LocalStorage):
+        return None
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+@contextmanager
+def _takeover_guard(storage: Storage, directory: str) -> Iterator[None]:
+    """Serialises lock takeovers of one local directory (``flock`` on the directory).
+
+    Without it two managers that both judged the same lock stale could each delete it:
+    the second would delete the lock the first had just created. Where ``flock`` is not
+    available (object stores, some network file systems) the takeover is best effort.
+    """
+    fd = None
+    if isinstance(storage, LocalStorage):
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            log.debug("no flock on %s (%s): lock takeover is best effort", directory, e)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the flock
+
+
 class DirectoryLock:
     """The lock of one manager directory, held from ``acquire`` until ``release``."""
 
@@ -153,9 +192,10 @@ class DirectoryLock:
         """
         me = LockOwner(socket.gethostname(), os.getpid(), time.time(), secrets.token_hex(8))
         path = storage.join(directory, LOCK_NAME)
-        for _ in range(3):  # a stale lock removed, or a lock released meanwhile: try again
+        for _ in range(5):  # a stale lock removed, or a lock released meanwhile: try again
             if _create(storage, path, me.encode()):
                 return cls(storage, directory, me)
+            seen = _fingerprint(storage, path)  # before the read: what is judged is at most this
             try:
                 other = _read(storage, path)
             except FileNotFoundError:
@@ -170,7 +210,10 @@ class DirectoryLock:
                 raise CheckpointError(f"{path!r} is a directory, not a manager lock; remove it")
             what = "damaged lock" if other is None else f"stale lock of {other.describe()} (dead)"
             log.warning("taking over the %s in %s", what, url)
-            storage.delete(path)  # a link is removed itself, never what it points to
+            with _takeover_guard(storage, directory):  # two managers taking over: one at a time
+                if _fingerprint(storage, path) != seen:
+                    continue  # replaced since we judged it (another manager took it over): look again
+                storage.delete(path)  # a link is removed itself, never what it points to
         raise CheckpointError(f"could not take the manager lock {path!r}: other managers keep "
                               f"taking it")
 

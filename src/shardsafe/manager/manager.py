@@ -1,24 +1,32 @@
 """``CheckpointManager``: the object a training loop uses (Orbax's verbs, shardsafe's commit).
 
 One writable manager owns a directory of ``step_<N>`` checkpoints (``lock``: a second
-writable manager on it raises). ``save`` asks the save policy (``save_policy``) whether a
-step is due, captures the state and returns (with ``async_save`` the write, the commit
-and then retention continue on a background thread; without it all three are done when
-``save`` returns). ``restore`` loads the newest step that verifies, or an explicit step,
-optionally rolling the directory back to it. Every decision about which steps exist goes
-through ``steps.StepDirectory`` and therefore through ``engine.commit.is_committed``.
+writable manager on it raises), and optionally a local tier on each node
+(``local_tier``). ``save`` asks the save policy (``save_policy``) whether a step is due
+for the persistent tier and the local tier's interval whether it is due there, then
+starts one save for every due tier (``tier_save``: the state is staged once) and
+returns once the state is captured; each tier's ``TierWriter`` (``tier_writer``) waits
+for its commit and applies its retention, in the background with ``async_save``, before
+``save`` returns without. ``restore`` loads the newest step every rank can get, from the
+fastest tier that has it (``tier_restore``), else the newest persistent step that
+verifies (``recovery``), or an explicit step, optionally rolling the directory back to
+it. Every decision about which steps exist goes through ``steps.StepDirectory`` and
+therefore through ``engine.commit.is_committed``.
 
 Under torch.distributed every rank creates the manager and makes the same calls. Saves
 and restores are collective; the ranks agree through ``comm.agreement`` (never by talking
-to the store themselves) on decisions that could differ between them: a time-based
-interval, a preemption signal that reached only some ranks, a step that fails
-verification on one rank only. Rank 0 alone locks and deletes (retention, ``delete``,
-leftovers, setting corrupt or rolled-back steps aside) and the others learn its outcome.
+to the store themselves), every question bounded by the manager's ``timeout``: a rank
+that stops calling the manager turns into ``CheckpointTimeoutError`` naming it. Rank 0
+alone locks and deletes (retention, ``delete``, leftovers, setting corrupt or
+rolled-back steps aside) and the others learn its outcome.
 
-Threads: the caller's thread runs ``save``/``restore``/...; one worker thread per manager
-waits for each asynchronous save to commit and then applies retention. At most one save
-is in flight: a new save first waits for the previous one and raises its error, so no
-background error is lost (``wait_until_finished`` and ``close`` raise it too).
+Errors: at most one save per tier is in flight. A step due on the persistent tier waits
+for the persistent save in flight and raises its failure before anything of the new step
+is saved; every step waits for the local save in flight (a local write is fast) and
+raises its failure only once the new step's saves have started (the local tier never
+stops the persistent one). A step due on the local tier alone does not wait for a
+persistent save still writing (``tier_save``). ``wait_until_finished`` and ``close``
+raise them too; none is lost.
 """
 
 from __future__ import annotations
@@ -27,27 +35,29 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Mapping, MutableMapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Mapping, MutableMapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
-from ..comm import agreement
-from ..engine.checkpointer import Checkpointer
+from ..comm.agreement import Agreement
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ..plan.flatten import Stateful
 from ..storage import storage_for
-from . import recovery, saving
+from . import recovery
+from .local_tier import LocalTier
 from .lock import DirectoryLock
-from .options import ManagerOptions
-from .policy import best_step, policy_from_options, steps_to_delete
-from .preemption import PreemptionWatcher
+from ..format.codec import Compression
+from .options import BestFn, BestMode, ManagerOptions, Seconds, check_directory, options_section
+from .persistent_tier import PersistentTier
 from .records import StepRecords
-from .save_policy import SaveContext, save_policy_from_options, varies_between_ranks
-from .saving import Inflight, report_uncollected
-from .steps import StepDirectory, encode_metrics, manager_metadata, step_name
-from .tier_restore import RestoreInfo
-from .tiers import Tiers
+from .retention import best_step, policy_from_options
+from .run_identity import ensure_run_id, read_run_id
+from .save_policy import is_new_step
+from .schedule import SaveSchedule
+from .steps import StepDirectory, encode_metrics, step_name
+from .tier_restore import RestoreInfo, restore_local
+from .tier_save import TierSaver
+from .tier_writer import TierWriter, report_uncollected
 
 log = logging.getLogger("shardsafe")
 
@@ -68,59 +78,96 @@ class CheckpointManager:
 
     Args:
         directory: Where the ``step_<N>`` checkpoints live (a local path or URL).
-        **options: The fields of ``ManagerOptions`` (see there).
+        save_interval_steps ... compression: The options, each a field of
+            ``ManagerOptions`` with the same name, type and default (documented there and
+            listed below).
 
     Raises:
-        ValueError: Invalid or contradictory options.
+        ValueError: Invalid or contradictory options (the message names them).
     """
 
-    def __init__(self, directory: str | os.PathLike[str], **options: Any) -> None:
-        self._opts = ManagerOptions(**options)
+    def __init__(self, directory: str | os.PathLike[str], *,
+                 save_interval_steps: int | Literal["auto"] | None = 1,
+                 save_on_steps: Iterable[int] = frozenset(),
+                 save_interval_seconds: Seconds | None = None,
+                 initial_save: bool = False,
+                 max_to_keep: int | None = None,
+                 keep_period: int | None = None,
+                 keep_time_interval: Seconds | None = None,
+                 best_fn: BestFn | None = None,
+                 best_mode: BestMode = "max",
+                 keep_checkpoints_without_metrics: bool = True,
+                 async_save: bool = True,
+                 max_staging_bytes: int | None = None,
+                 preemption_signals: Iterable[int] = (),
+                 read_only: bool = False,
+                 restore_fallback: bool = True,
+                 storage_options: Mapping[str, Any] | None = None,
+                 incremental: bool = False,
+                 local_directory: str | os.PathLike[str] | None = None,
+                 local_save_interval_steps: int | None = None,
+                 local_max_to_keep: int = 2,
+                 local_replication: bool = False,
+                 expected_mtbf_seconds: Seconds | None = None,
+                 timeout: Seconds | None = None,
+                 compression: Compression | None = None) -> None:
+        given = locals()
+        options = {name: given[name] for name in ManagerOptions.__dataclass_fields__}
+        self._opts = opts = ManagerOptions(**options)
         self._url = os.fspath(directory)
-        so = dict(self._opts.storage_options) if self._opts.storage_options is not None else None
+        check_directory(opts, self._url)
+        so = dict(opts.storage_options) if opts.storage_options is not None else None
         storage, spath = storage_for(self._url, so)
         self._dir = StepDirectory(storage, spath)
-        self._policy = policy_from_options(self._opts)
-        self._save_policy = save_policy_from_options(self._opts)
-        self._records = StepRecords(self._dir, self._url, read_only=self._opts.read_only)
-        self._inflight = Inflight()
-        self._last_started: int | None = None
-        self._saved_after_signal = False
-        self._peer_preempted = False  # another rank received a preemption signal
+        self._agree = Agreement(opts.timeout)
+        self._records = StepRecords(self._dir, self._url, read_only=opts.read_only)
+        self._persistent = PersistentTier(self._dir, self._url, self._records, policy_from_options(opts),
+                                          self._agree, incremental=opts.incremental)
         self._saves_started = 0
         self._closed = False
-        self._worker: ThreadPoolExecutor | None = None
-        self._saver: Checkpointer | None = None
-        self._incr = saving.Incremental(self._opts.incremental and not self._opts.read_only)
         self._owner_lock: DirectoryLock | None = None
-        self._tiers = Tiers(self._opts, writable=False)
-        self._watcher = PreemptionWatcher(self._opts.preemption_signals)  # main thread check first
+        self._local: LocalTier | None = None
+        self._last_restore: RestoreInfo | None = None
+        self._writers: list[TierWriter] = []
+        self._saver: TierSaver | None = None
+        self._schedule = SaveSchedule(opts, self._agree, self._records.newest_time)  # signals: main thread first
         built = False
         try:
-            if not self._opts.read_only:
-                storage.makedirs(spath)
-                # rank 0 locks the directory and then cleans up (the others would race it over
-                # the same files); every rank raises if another manager owns the directory
-                agreement.leader_decides(self._take_directory, what=f"locking {self._url!r}")
-                self._worker = ThreadPoolExecutor(1, thread_name_prefix="shardsafe-manager")
-                # keeps its staging buffers from one save to the next
-                self._saver = Checkpointer(max_staging_bytes=self._opts.max_staging_bytes)
-                self._tiers = Tiers(self._opts, writable=True)  # the local tier, if any
-            self._last_save_time = (time.time() if self._opts.save_interval_seconds is None or self._opts.read_only
-                                    else self._records.newest_time())
+            run = self._open_directory()
+            if opts.local_directory is not None:  # collective with replication
+                self._local = LocalTier(opts.local_directory, run=run, interval=opts.local_save_interval_steps or 1,
+                                        max_to_keep=opts.local_max_to_keep, replication=opts.local_replication,
+                                        agreement=self._agree, writable=not opts.read_only)
+            if not opts.read_only:
+                self._writers = [TierWriter(self._persistent, "persistent", background=opts.async_save)]
+                if self._local is not None:
+                    self._writers.append(TierWriter(self._local, "local", background=opts.async_save))
+                self._saver = TierSaver(opts)  # keeps its staging buffers from one save to the next
             built = True
         finally:
             if not built:  # a constructor that raised must not leave handlers or a lock behind
-                self._watcher.close()
-                self._tiers.close()
-                if self._owner_lock is not None:
-                    self._owner_lock.release()
-        self._finalizer = weakref.finalize(self, report_uncollected, self._inflight, self._owner_lock)
+                self._release()
+        self._finalizer = weakref.finalize(self, report_uncollected, [w.slot for w in self._writers],
+                                           self._owner_lock)
 
-    def _take_directory(self) -> None:
-        """Rank 0: takes the owner lock, then removes crash leftovers (now safely ours)."""
+    def _open_directory(self) -> str | None:
+        """Locks and cleans the directory (writable), and returns its run id (local tier)."""
+        storage, spath = self._dir.storage, self._dir.path
+        if self._opts.read_only:
+            return read_run_id(storage, spath) if self._opts.local_directory is not None else None
+        storage.makedirs(spath)
+        # rank 0 locks the directory and then cleans up (the others would race it over the
+        # same files); every rank raises if another manager owns the directory
+        return self._agree.leader_decides(self._take_directory, what=f"locking {self._url!r}")
+
+    def _take_directory(self) -> str | None:
+        """Rank 0: takes the owner lock, removes crash leftovers (now safely ours) and, with a
+        local tier, returns the directory's run id (``run_identity``)."""
         self._owner_lock = DirectoryLock.acquire(self._dir.storage, self._dir.path, self._url)
         self._dir.remove_leftovers()
+        if self._opts.local_directory is None:
+            return None
+        return ensure_run_id(self._dir.storage, self._dir.path)
 
     @classmethod
     def from_options(cls, directory: str | os.PathLike[str], options: ManagerOptions) -> CheckpointManager:
@@ -167,37 +214,16 @@ class CheckpointManager:
         return best_step(self._records.of(self._dir.committed()), self._opts.best_fn,
                          self._opts.best_mode)
 
+    def local_steps(self) -> list[int]:
+        """This rank's local-tier steps, oldest first (never listed by ``all_steps()``)."""
+        return self._local.steps() if self._local is not None else []
+
     # ------------------------------------------------------------------ saving
-    def _preempted(self) -> bool:
-        return self._watcher.received is not None or self._peer_preempted
-
-    def _due(self, step: int) -> bool:
-        """Is ``step`` due by the save policy? With several ranks, all of them agree.
-
-        Step-based rules give every rank the same answer; a time interval and a
-        preemption signal may not, so then the ranks OR their answers (one tiny
-        all-reduce per call): if any rank is due, every rank saves.
-        """
-        # the listing costs a request per call on object stores: read it only when needed
-        latest = self._latest_known() if self._opts.initial_save else None
-        ctx = SaveContext(step=step, now=time.time(), last_save_time=self._last_save_time,
-                          latest_step=latest, preempted=self._due_by_preemption())
-        due = self._save_policy.should_save(ctx) or self._tiers.due(step)
-        if agreement.world_size() > 1 and varies_between_ranks(self._opts):
-            due, peer_signal = agreement.any_rank([due, self._preempted()])
-            if peer_signal and not self._preempted():
-                self._peer_preempted = True
-        return due
-
-    def _due_by_preemption(self) -> bool:
-        """A signal arrived and no save has started since (one save answers one signal)."""
-        return self._preempted() and not self._saved_after_signal
-
     def _latest_known(self) -> int | None:
         """Newest committed step, or the step being saved if that is newer."""
         latest = self.latest_step()
-        fut, step = self._inflight.future, self._inflight.step
-        if step is not None and fut is not None and (not fut.done() or fut.exception() is None):
+        step = self._writers[0].step if self._writers else None
+        if step is not None:
             latest = step if latest is None else max(latest, step)
         return latest
 
@@ -209,7 +235,7 @@ class CheckpointManager:
         """
         if self._opts.read_only or self._closed:
             return False
-        if not self._due(step):
+        if not self._schedule.due(step, self._latest_known):
             return False
         latest = self._latest_known()
         return latest is None or step > latest
@@ -221,7 +247,9 @@ class CheckpointManager:
         With ``async_save`` this returns once ``state`` has been captured (the caller may
         change its tensors at once) and the write, the commit and retention continue in
         the background. With ``async_save=False`` the commit *and* retention are done when
-        it returns, so ``all_steps()`` lists exactly the retained steps.
+        it returns, so ``all_steps()`` lists exactly the retained steps. A step due on both
+        tiers is copied out of training memory once; the local tier is saved whenever its
+        interval says so, whatever the persistent tier decided.
 
         A step at or below the newest saved step is not due: without ``force`` that
         returns False, like ``should_save`` (to continue from an older step, restore it
@@ -234,102 +262,54 @@ class CheckpointManager:
             metrics: Numbers stored with the step (for ``best_fn`` and ``metrics(step)``).
             force: Save even if the step is not due.
 
+        Returns:
+            Whether ``step`` was saved to the persistent tier.
+
         Raises:
             CheckpointError: ``force`` and ``step`` exists or is older than the newest step,
                 the manager is read-only or closed, or the previous background save failed
                 (its error); also the previous local-tier save's error, raised after this
                 step's saves have started.
+            CheckpointTimeoutError: another rank did not take part within ``timeout``.
             TypeError: A value in ``state`` or ``metrics`` cannot be saved (names the key).
         """
-        t0 = time.monotonic()
-        saved = self._save_persistent(step, state, metrics=metrics, force=force)
-        self._tiers.after_save(step, state, saved, time.monotonic() - t0)
-        return saved
-
-    def _save_persistent(self, step: int, state: Mapping[str, Any], *,
-                         metrics: Mapping[str, Any] | None, force: bool) -> bool:
         self._check_writable("save")
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
-        if not force and not self._due(step):
+        t0 = time.monotonic()
+        persistent = self._schedule.due(step, self._latest_known) or force
+        local = self._local is not None and self._local.due(step)
+        if not (persistent or local):
             return False
         encode_metrics(metrics)  # fail on bad metrics before waiting or writing anything
-        self._wait_persistent()  # a local-tier error is raised after this step's saves started
-        if not self._dir.is_new(step, force, self._url):
-            return False
-        self._incr.keep_only_if(self._dir.committed().values(), self._url)
-        now = time.time()
-        url = self._dir.storage.join(self._url, step_name(step))
-        assert self._worker is not None and self._saver is not None
-        try:
-            job = saving.start_save(self._saver, state, url,
-                                    metadata=manager_metadata(step, now, metrics),
-                                    storage_options=self._opts.storage_options,
-                                    background=self._opts.async_save, baseline=self._incr.baseline,
-                                    compression=self._opts.compression)
-        except OSError as e:
-            raise CheckpointError(f"saving step {step} to {url!r} failed: {e}") from e
-        self._last_started, self._last_save_time = step, now
-        self._saved_after_signal = self._preempted()
-        self._saves_started += 1  # the same count on every rank: names the save's store keys
-        if not self._opts.async_save:  # synchronous means finished: commit and retention
-            self._after_save(step, url, job, self._saves_started)
-            return True
-        self._inflight.step = step
-        self._inflight.future = self._worker.submit(self._after_save, step, url, job,
-                                                    self._saves_started)
-        return True
-
-    def _after_save(self, step: int, url: str, job: saving.SaveJob, seq: int) -> None:
-        """Wait for the commit, then apply retention (worker thread, or the caller's)."""
-        try:
-            job.result()
-        except (OSError, CheckpointError) as e:
-            raise CheckpointError(f"saving step {step} to {url!r} failed: {e}") from e
-        log.info("committed step %d in %s", step, self._url)
-        # rank 0 applies retention; the others return once it has (through the store, never
-        # the training process group: this may be a background thread), so that every
-        # rank's wait_until_finished() returns after retention, as it does on one rank
-        try:
-            agreement.leader_acts_in_background(
-                f"manager/{self._url}/{seq}", self._apply_retention,
-                what=f"retention after step {step}", errors=(OSError, CheckpointError, ValueError))
-        except (OSError, CheckpointError, ValueError) as e:
-            raise CheckpointError(f"step {step} was saved, but retention failed: {e}") from e
-
-    def _apply_retention(self) -> None:
-        """Rank 0: un-commits the steps the retention policy drops, then sweeps their data
-        (``engine.sweep``: what a kept step references stays)."""
-        committed = self._dir.committed()
-        dropped = steps_to_delete(self._records.of(committed), self._policy)
-        for s in dropped:
-            self._dir.uncommit(s, committed[s])
-            self._records.forget(s)
-            log.info("retention deleted step %d in %s", s, self._url)
-        if dropped:
-            self._dir.sweep(self._incr.pinned())
+        if persistent:
+            self._writers[0].wait()  # a persistent failure: nothing of this step is saved
+        # the local save in flight ends first (raised once this step's saves have started)
+        local_error = self._writers[1].take_error() if self._local is not None else None
+        if persistent:
+            committed = self._dir.committed()
+            persistent = is_new_step(step, committed, force=force, where=self._url)
+            self._persistent.keep_baseline_only_if(list(committed.values()))
+        if persistent:
+            self._saves_started += 1  # the same count on every rank: names the save's store keys
+        assert self._saver is not None
+        self._saver.save(step, state, metrics=metrics, persistent=self._persistent if persistent else None,
+                         local=self._local if local else None, writers=self._writers, seq=self._saves_started)
+        if persistent:
+            self._schedule.started(step, time.monotonic() - t0)
+        if local_error is not None:
+            raise local_error
+        return persistent
 
     def wait_until_finished(self) -> None:
-        """Blocks until the save in flight is committed and retention has run.
+        """Blocks until the saves in flight are committed and retention has run.
 
         Raises:
-            CheckpointError: The background save (or its retention) failed, or the last
-                local-tier save did.
+            CheckpointError: A background save (or its retention, or its peer copy) failed.
         """
-        try:
-            self._wait_persistent()
-        finally:
-            self._tiers.wait()
-
-    def _wait_persistent(self) -> None:
-        fut = self._inflight.future
-        if fut is None:
-            return
-        try:
-            fut.result()  # errors of the write and of retention arrive wrapped, naming the step
-        finally:
-            self._inflight.future = None
-            self._inflight.step = None
+        errors = [e for w in self._writers if (e := w.take_error()) is not None]
+        if errors:
+            raise errors[0]
 
     def reached_preemption(self, step: int) -> bool:
         """True once a preemption signal has arrived and a checkpoint answers it.
@@ -339,9 +319,7 @@ class CheckpointManager:
         arrives after ``save(step)`` decided not to save yields False for that step, so the
         loop runs one more step, whose ``save`` is then due.
         """
-        if not self._preempted() or self._last_started is None:
-            return False
-        return self._saved_after_signal or step <= self._last_started
+        return self._schedule.reached_preemption(step)
 
     def delete(self, step: int) -> None:
         """Deletes ``step`` crash-safely (its index first, then its data).
@@ -350,15 +328,16 @@ class CheckpointManager:
             CheckpointNotFoundError: There is no such step.
         """
         self._check_writable("delete")
-        if step == self._inflight.step or self._incr.baseline is not None:
+        inflight = self._writers[0].step
+        if step == inflight or self._persistent.baseline is not None:
             self.wait_until_finished()  # (incremental: its references are not committed yet)
+            inflight = None
         name = self._dir.committed().get(step)
         if name is None and step_name(step) not in self._dir.leftovers():
             raise CheckpointNotFoundError(f"step {step} does not exist in {self._url!r}")
-        self._incr.keep_only_if([n for s, n in self._dir.committed().items() if s != step], self._url)
-        if agreement.is_leader():  # with several ranks, rank 0 deletes for all of them
-            inflight = self._inflight.step
-            self._dir.delete(step, name, self._incr.pinned(),
+        self._persistent.keep_baseline_only_if([n for s, n in self._dir.committed().items() if s != step])
+        if self._agree.is_leader:  # with several ranks, rank 0 deletes for all of them
+            self._dir.delete(step, name, self._persistent.pinned(),
                              exclude=[step_name(inflight)] if inflight is not None else [])
         self._records.forget(step)
 
@@ -386,8 +365,9 @@ class CheckpointManager:
         shows them, and renaming one back restores it.
 
         With ``local_directory`` and ``step=None`` the ranks first agree on the newest step
-        each can get from its node or a peer (``tier_restore``); the persistent tier is read
-        only if that is older than its newest step. ``last_restore`` says which.
+        each can get from its node or a peer (``tier_restore``; a read-only manager too);
+        the persistent tier is read only if that is older than its newest step.
+        ``last_restore`` says which tier was used.
 
         Returns:
             The restored step, or None when there is no committed step.
@@ -397,6 +377,7 @@ class CheckpointManager:
                 committed step verifies.
             CheckpointNotFoundError: An explicit ``step`` does not exist.
             StateMismatchError: ``state`` does not match the checkpoint's structure.
+            CheckpointTimeoutError: another rank did not take part within ``timeout``.
             CheckpointError: ``rollback`` without ``step``, on a read-only manager, or on
                 storage that cannot rename (object stores).
         """
@@ -408,29 +389,37 @@ class CheckpointManager:
         if not self._opts.read_only:
             self.wait_until_finished()
         t0 = time.monotonic()
-        if step is None and (got := self._tiers.restore_local(state, self.latest_step())) is not None:
-            return got  # the newest step every rank could get from its node or a peer
+        if step is None and self._local is not None:
+            got = restore_local(self._local, self._agree, state, self.latest_step())
+            if got is not None:  # the newest step every rank could get from its node or a peer
+                self._last_restore = got
+                return got.step
         if step is not None:
-            name = self._dir.committed().get(step, step_name(step))
-            recovery.load_step(self._dir, self._url, step, name, state, self._opts.storage_options,
-                               agree=agreement.worst)
-            if rollback:
-                agreement.leader_decides(lambda: recovery.roll_back_after(self._dir, self._url, step),
-                                         what=f"rolling back {self._url!r} to step {step}")
-                self._records.forget(step, and_newer=True)
-                if self._last_started is not None and self._last_started > step:
-                    self._last_started = step
-            self._tiers.restored(step, t0, forget=rollback)
-            return step
-        out = recovery.restore_newest(self._dir, self._url, state, fallback=self._opts.restore_fallback,
-                                      storage_options=self._opts.storage_options, agree=agreement.worst)
-        if out.step is not None:
-            self._set_aside(out.corrupt, out.step)
-        self._tiers.restored(out.step, t0, forget=True)
-        return out.step
+            self._restore_step(state, step, rollback)
+        else:
+            out = recovery.restore_newest(self._dir, self._url, state, fallback=self._opts.restore_fallback,
+                                          storage_options=self._opts.storage_options, agree=self._agree.worst,
+                                          timeout=self._agree.timeout)
+            if out.step is not None:
+                self._set_aside(out.corrupt, out.step)
+            step, rollback = out.step, True
+        self._last_restore = RestoreInfo(step, "persistent", time.monotonic() - t0)
+        if rollback and self._local is not None and step is not None:
+            self._local.forget_newer(step)  # training continues from ``step``
+        return step
+
+    def _restore_step(self, state: MutableMapping[str, Any], step: int, rollback: bool) -> None:
+        name = self._dir.committed().get(step, step_name(step))
+        recovery.load_step(self._dir, self._url, step, name, state, self._opts.storage_options,
+                           agree=self._agree.worst, timeout=self._agree.timeout)
+        if rollback:
+            self._agree.leader_decides(lambda: recovery.roll_back_after(self._dir, self._url, step),
+                                       what=f"rolling back {self._url!r} to step {step}")
+            self._records.forget(step, and_newer=True)
+            self._schedule.rolled_back(step)
 
     def _set_aside(self, corrupt: Mapping[int, tuple[str, str]], restored: int) -> None:
-        if self._opts.read_only or not agreement.is_leader():
+        if self._opts.read_only or not self._agree.is_leader:
             return
         for s, (name, _) in sorted(corrupt.items()):
             if s > restored:
@@ -440,9 +429,20 @@ class CheckpointManager:
                 log.warning("corrupt step %d in %s %s so that training can continue from step %d",
                             s, self._url, where, restored)
 
+    @property
+    def last_restore(self) -> RestoreInfo | None:
+        """Step, tier (local, peer or persistent) and seconds of the last ``restore``."""
+        return self._last_restore
+
+    @property
+    def current_interval_steps(self) -> int | None:
+        """The persistent save interval in force (with ``"auto"``: Young/Daly's, None
+        until the first save has been measured)."""
+        return self._schedule.interval
+
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
-        """Waits for the save in flight, restores signal handlers and stops the worker.
+        """Waits for the saves in flight, restores signal handlers and stops the workers.
 
         Raises:
             CheckpointError: The last background save failed.
@@ -453,15 +453,20 @@ class CheckpointManager:
         try:
             self.wait_until_finished()
         finally:
-            self._watcher.close()
-            if self._worker is not None:
-                self._worker.shutdown(wait=True)
-            if self._saver is not None:
-                self._saver.close()  # frees the staging buffers; its saves were collected above
-            self._tiers.close()
+            self._release()
             self._finalizer.detach()
-            if self._owner_lock is not None:
-                self._owner_lock.release_quietly()
+
+    def _release(self) -> None:
+        """Stops workers, frees buffers and handlers, closes the peers' link, unlocks."""
+        self._schedule.close()
+        for w in self._writers:
+            w.close()
+        if self._saver is not None:
+            self._saver.close()  # frees the staging buffers; its saves were collected above
+        if self._local is not None:
+            self._local.close()
+        if self._owner_lock is not None:
+            self._owner_lock.release_quietly()
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -481,18 +486,5 @@ class CheckpointManager:
         mode = "read-only" if self._opts.read_only else "writable"
         return f"CheckpointManager({self._url!r}, {mode})"
 
-    # ------------------------------------------------------------------ tiers
-    def local_steps(self) -> list[int]:
-        """This rank's local-tier steps, oldest first (never listed by ``all_steps()``)."""
-        return self._tiers.local_steps()
 
-    @property
-    def last_restore(self) -> RestoreInfo | None:
-        """Step, tier (local, peer or persistent) and seconds of the last ``restore``."""
-        return self._tiers.last_restore
-
-    @property
-    def current_interval_steps(self) -> int | None:
-        """The persistent save interval in force (with ``"auto"``: Young/Daly's, None
-        until the first save has been measured)."""
-        return self._tiers.current_interval()
+CheckpointManager.__doc__ = (CheckpointManager.__doc__ or "") + options_section()

@@ -1,13 +1,24 @@
-"""The manager's configuration: one small, frozen, validated dataclass.
+"""The manager's configuration: one small, frozen, validated dataclass, and its docs.
 
-Every keyword argument of ``CheckpointManager`` lands here; cross-field checks run in
-``__post_init__`` so a bad combination fails when the manager is built, not hours later
-when the first checkpoint would have been deleted.
+Every keyword argument of ``CheckpointManager`` is a field of ``ManagerOptions``: the
+field's annotation, default and docstring are the one source of the option (the
+manager's signature spells the same fields out for ``help()``, IDEs and type checkers,
+and a test checks that both agree; ``option_docs`` hands the docstrings to the
+manager's documentation). Every check, of a field alone or of a combination, runs in
+``__post_init__`` (the engine's rules through ``engine.save_options.SaveOptions``), so a
+bad combination fails when the manager is built, not hours later when the first
+checkpoint would have been deleted; ``check_directory`` adds the rules that depend on
+where the checkpoints go. What cannot work is refused with a message naming the
+options, never dropped silently: a read-only manager, which never saves, refuses every
+option that only shapes saves.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import datetime
+import inspect
 import math
 import os
 import signal
@@ -15,8 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from ..engine.buffers import slot_count
-from ..engine.prepared import UNIT_SIZE
+from ..engine.save_options import SaveOptions
 from ..format.codec import Compression, check_compression
 
 BestFn = Callable[[Mapping[str, Any]], float]
@@ -66,6 +76,9 @@ BestMode = Literal["max", "min"]
 
 BEST_MODES: tuple[BestMode, ...] = get_args(BestMode)
 
+Seconds = float | datetime.timedelta
+"""A duration: seconds, or a ``datetime.timedelta``."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ManagerOptions:
@@ -74,7 +87,11 @@ class ManagerOptions:
     Save decisions (``save_interval_steps``, ``save_on_steps``, ``save_interval_seconds``,
     ``initial_save``, a preemption signal) combine as "any of" (``save_policy``);
     retention (``max_to_keep``, ``keep_period``, ``keep_time_interval``, ``best_fn``)
-    keeps what any of its rules keeps (``policy``).
+    keeps what any of its rules keeps (``retention``). The way saves are written
+    (``async_save``, ``max_staging_bytes``, ``compression``) applies to both tiers, and
+    every combination of them works; ``incremental`` applies to the persistent tier
+    (local steps stay whole, so that each one can be copied to a peer and restored on its
+    own).
     """
 
     save_interval_steps: int | Literal["auto"] | None = 1
@@ -82,12 +99,12 @@ class ManagerOptions:
     (e.g. to save by time only); ``"auto"`` chooses the interval from the measured save
     cost and step time and ``expected_mtbf_seconds`` (Young/Daly, see ``interval``)."""
 
-    save_on_steps: frozenset[int] = frozenset()
+    save_on_steps: Iterable[int] = frozenset()
     """Steps that are always saved (any iterable of non-negative ints)."""
 
-    save_interval_seconds: float | None = None
+    save_interval_seconds: Seconds | None = None
     """Save when this many seconds have passed since the last save (or since the newest
-    checkpoint was written, for a fresh manager); a number or ``datetime.timedelta``."""
+    checkpoint was written, for a fresh manager)."""
 
     initial_save: bool = False
     """Save the first step asked about when the directory holds no checkpoint yet."""
@@ -99,9 +116,8 @@ class ManagerOptions:
     keep_period: int | None = None
     """Additionally keep every step divisible by this."""
 
-    keep_time_interval: float | None = None
-    """Additionally keep one checkpoint per this many seconds (a number or
-    ``datetime.timedelta``)."""
+    keep_time_interval: Seconds | None = None
+    """Additionally keep one checkpoint per this many seconds."""
 
     best_fn: BestFn | None = None
     """``metrics -> float`` ranking checkpoints for retention and ``best_step()``."""
@@ -117,15 +133,19 @@ class ManagerOptions:
     background; False returns only after the commit and retention are done."""
 
     max_staging_bytes: int | None = None
-    """Host memory an async save may stage into (None: a copy of the whole state). A
-    larger state streams through this many bytes while it is written, and ``save``
-    returns once the rest fits (see ``Checkpointer``); at least one staging unit."""
+    """Host memory a save may stage into, for both tiers together (None: a copy of the
+    whole state). A larger state streams through this many bytes while it is written, and
+    ``save`` returns once the rest fits (see ``Checkpointer``); at least one 16 MiB staging
+    unit (48 MiB with ``compression``: the budget also holds the blocks being coded). Needs
+    a local directory (units are written as ranges)."""
 
-    preemption_signals: tuple[signal.Signals, ...] = ()
+    preemption_signals: Iterable[int] = ()
     """Signals that mean "save at the next step and exit" (not SIGKILL or SIGSTOP)."""
 
     read_only: bool = False
-    """Never write, delete, lock or clean up (an evaluator next to a trainer)."""
+    """Never write, delete, lock or clean up (an evaluator next to a trainer). It restores
+    from the local tier and peers too when they hold a newer step. Options that only
+    shape saves are refused with it."""
 
     restore_fallback: bool = True
     """If the newest checkpoint fails verification, ``restore`` falls back to the next
@@ -140,11 +160,13 @@ class ManagerOptions:
     (exact: a 256-bit hash of the bytes plus key, dtype and shape equality). Step
     directories are then no longer self-contained: retention and ``delete`` keep the
     files a kept step references, and ``shardsafe export`` copies one step out. After a
-    restart the first save writes everything. See README, "Incremental saves"."""
-    local_directory: str | None = None
+    restart the first save writes everything. Local-tier steps stay whole."""
+
+    local_directory: str | os.PathLike[str] | None = None
     """A fast directory on this node (e.g. ``/dev/shm/run``) for the local tier: each rank
-    saves its own state there every ``local_save_interval_steps`` (see ``local_tier``).
-    Survives process crashes, not the loss of the node."""
+    saves its own state there every ``local_save_interval_steps`` (see ``local_tier``),
+    from the same staged copy as a persistent save of the same step. Survives process
+    crashes, not the loss of the node."""
 
     local_save_interval_steps: int | None = None
     """Local saves when ``step % local_save_interval_steps == 0`` (needs ``local_directory``;
@@ -157,12 +179,19 @@ class ManagerOptions:
     """Also keep each rank's local checkpoint on a rank of another node, sent over a
     dedicated gloo group (see ``comm.p2p``), so a lost node's ranks restore from peers."""
 
-    expected_mtbf_seconds: float | None = None
+    expected_mtbf_seconds: Seconds | None = None
     """Mean time between failures, for ``save_interval_steps="auto"``."""
 
+    timeout: Seconds | None = None
+    """Seconds a rank waits for the others in anything the manager does together: save
+    decisions, saves and loads, retention, the restore agreement and peer copies (default
+    ``SHARDSAFE_TIMEOUT``). A rank that stops calling the manager turns into
+    ``CheckpointTimeoutError`` naming it on the ranks that did."""
+
     compression: Compression | None = None
-    """Lossless compression of the saved tensors: None, ``"zstd"`` or ``"auto"`` (see
-    ``shardsafe.save``). Pays where writing is slow or storage costs; costs CPU."""
+    """Lossless compression of the saved tensors, on both tiers: None, ``"zstd"`` or
+    ``"auto"`` (see ``shardsafe.save``). Pays where writing is slow or storage costs; costs
+    CPU (in the background) and slows restores."""
 
     def __post_init__(self) -> None:
         # frozen: normalised values are written with object.__setattr__
@@ -171,14 +200,9 @@ class ManagerOptions:
             _positive_int("save_interval_steps", self.save_interval_steps)
         _positive_int("max_to_keep", self.max_to_keep)
         _positive_int("keep_period", self.keep_period)
-        if self.max_staging_bytes is not None:
-            slot_count(self.max_staging_bytes, UNIT_SIZE)
-            if self.compression is not None and self.async_save:
-                raise ValueError("max_staging_bytes cannot be combined with compression in "
-                                 "asynchronous saves (yet): drop one, or async_save=False")
         set_(self, "save_on_steps", _steps(self.save_on_steps))
-        set_(self, "save_interval_seconds", _seconds("save_interval_seconds", self.save_interval_seconds))
-        set_(self, "keep_time_interval", _seconds("keep_time_interval", self.keep_time_interval))
+        for name in ("save_interval_seconds", "keep_time_interval", "timeout"):
+            set_(self, name, _seconds(name, getattr(self, name)))
         set_(self, "preemption_signals", _signals(self.preemption_signals))
         set_(self, "compression", check_compression(self.compression))
         if self.best_fn is not None and not callable(self.best_fn):
@@ -193,12 +217,15 @@ class ManagerOptions:
                      "initial_save", "incremental"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.read_only and self.preemption_signals:
-            # a read-only manager never saves, so it could not act on the signal
-            raise ValueError("a read_only manager cannot handle preemption_signals (it never saves)")
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise ValueError(f"storage_options must be a mapping, got {self.storage_options!r}")
+        self.save_options()  # the engine's rules (budget, compression)
         self._check_tiers()
+        self._check_read_only()
+
+    def save_options(self) -> SaveOptions:
+        """The engine options of this manager's saves (validated by ``SaveOptions``)."""
+        return SaveOptions(max_staging_bytes=self.max_staging_bytes, compression=self.compression)
 
     def _check_tiers(self) -> None:
         """Cross-field checks of the local tier and the automatic interval."""
@@ -217,7 +244,63 @@ class ManagerOptions:
             if not isinstance(self.local_directory, (str, os.PathLike)):
                 raise ValueError(f"local_directory must be a path, got {self.local_directory!r}")
             set_(self, "local_directory", os.fspath(self.local_directory))
-            if "://" in self.local_directory:
+            if "://" in str(self.local_directory):
                 raise ValueError(f"local_directory must be a local path, got {self.local_directory!r}")
         elif self.local_save_interval_steps is not None or self.local_replication:
             raise ValueError("local_save_interval_steps and local_replication need local_directory")
+
+    def _check_read_only(self) -> None:
+        """A read-only manager never saves: options that only shape saves are refused."""
+        if not self.read_only:
+            return
+        defaults = {f.name: f.default for f in dataclasses.fields(ManagerOptions)}
+        set_ = [n for n in SAVE_ONLY if getattr(self, n) != defaults[n]]
+        if set_:
+            raise ValueError(f"a read_only manager never saves, so {', '.join(set_)} would have no "
+                             f"effect: drop {'it' if len(set_) == 1 else 'them'} or read_only")
+
+
+SAVE_ONLY = ("save_interval_steps", "save_on_steps", "save_interval_seconds", "initial_save", "max_to_keep",
+             "keep_period", "keep_time_interval", "async_save", "max_staging_bytes", "preemption_signals",
+             "incremental", "local_save_interval_steps", "local_max_to_keep", "expected_mtbf_seconds",
+             "compression")
+"""Options that only shape saves (and retention after a save)."""
+
+
+def check_directory(opts: ManagerOptions, url: str) -> None:
+    """The rules that depend on where the persistent checkpoints go.
+
+    Raises:
+        ValueError: ``max_staging_bytes`` with an object store (``scheme://``): its units
+            are written as ranges, which object stores do not have.
+    """
+    if opts.max_staging_bytes is not None and "://" in url and not url.startswith("file://"):
+        raise ValueError(f"max_staging_bytes streams a save through ranged writes, which the object "
+                         f"store of {url!r} does not have: drop max_staging_bytes or save to a local "
+                         f"directory")
+
+
+def option_docs() -> dict[str, str]:
+    """Each option's docstring (read from this module's source), by name; empty where the
+    source is not available."""
+    try:
+        tree = ast.parse(inspect.getsource(ManagerOptions))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    out = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and \
+                isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+            out[node.target.id] = inspect.cleandoc(nxt.value.value)
+    return out
+
+
+def options_section() -> str:
+    """The options and their docs as a docstring section (for ``help(CheckpointManager)``)."""
+    docs = option_docs()
+    lines = ["", "    Options (fields of ``ManagerOptions``):", ""]
+    for f in dataclasses.fields(ManagerOptions):
+        doc = " ".join(docs.get(f.name, "").split())
+        lines.append(f"        {f.name} (default {f.default!r}): {doc}")
+    return "\n".join(lines) + "\n"

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
-from .policy import StepRecord
+from .retention import StepRecord
 from .steps import StepDirectory
 
 log = logging.getLogger("shardsafe")

@@ -20,9 +20,11 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api.load import load
+from ..api.load import load_checked
+from ..engine.detach import detach
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
-from .steps import StepDirectory
+from ..format.index import Index
+from .steps import MANAGER_KEY, StepDirectory
 
 log = logging.getLogger("shardsafe")
 
@@ -33,12 +35,13 @@ OK, VANISHED, CORRUPT, FAILED = 0, 1, 2, 3
 
 def load_step(steps: StepDirectory, base_url: str, step: int, name: str,
               state: MutableMapping[str, Any], storage_options: Mapping[str, Any] | None,
-              agree: Callable[[int], int] | None = None) -> None:
+              agree: Callable[[int], int] | None = None, timeout: float | None = None) -> None:
     """Loads step ``step`` (directory ``name`` under ``base_url``) into ``state`` in place.
 
     ``agree`` (collective restores) turns this rank's outcome into the worst outcome of
     all ranks: each rank verifies only the bytes it reads, so a damaged chunk may be
-    seen by one rank alone, and then every rank must raise, not just that one.
+    seen by one rank alone, and then every rank must raise, not just that one. ``timeout``
+    bounds the collective load (default ``SHARDSAFE_TIMEOUT``).
 
     Raises:
         CheckpointNotFoundError: The step is not committed (or was deleted meanwhile).
@@ -47,7 +50,7 @@ def load_step(steps: StepDirectory, base_url: str, step: int, name: str,
     url = steps.storage.join(base_url, name)
     outcome, error = OK, None
     try:
-        _load(url, state, storage_options)
+        _load(url, step, state, storage_options, timeout)
     except CheckpointNotFoundError as e:
         outcome, error = VANISHED, e
     except CorruptCheckpointError as e:
@@ -65,14 +68,30 @@ def load_step(steps: StepDirectory, base_url: str, step: int, name: str,
     log.info("restored step %d from %s", step, url)
 
 
-def _load(url: str, state: MutableMapping[str, Any], storage_options: Mapping[str, Any] | None) -> None:
+def _load(url: str, step: int, state: MutableMapping[str, Any],
+          storage_options: Mapping[str, Any] | None, timeout: float | None) -> None:
     try:
-        load(url, state, storage_options=dict(storage_options) if storage_options is not None else None)
+        load_checked(url, state, _records(step),
+                     storage_options=dict(storage_options) if storage_options is not None else None,
+                     timeout=timeout)
     except FileNotFoundError as e:
         if isinstance(e, CheckpointNotFoundError):
             raise
         raise CorruptCheckpointError("data file is missing",
                                      file=os.path.basename(e.filename or "") or None) from e
+
+
+def _records(step: int) -> Callable[[Index], None]:
+    """A check that an index records ``step`` (a step's identity is in its index, not its
+    name: a copied or renamed step directory is refused as damaged, never restored as
+    the step its name says)."""
+    def check(index: Index) -> None:
+        info = index.metadata.get(MANAGER_KEY)
+        recorded = info.get("step") if isinstance(info, dict) else None
+        if type(recorded) is int and recorded != step:  # noqa: E721 - not a bool
+            raise CorruptCheckpointError(f"the directory of step {step} holds step {recorded} "
+                                         f"(its index says so): a copy or a renamed step")
+    return check
 
 
 @dataclass(slots=True)
@@ -90,7 +109,7 @@ class Outcome:
 
 def restore_newest(steps: StepDirectory, base_url: str, state: MutableMapping[str, Any], *,
                    fallback: bool, storage_options: Mapping[str, Any] | None,
-                   agree: Callable[[int], int] | None = None) -> Outcome:
+                   agree: Callable[[int], int] | None = None, timeout: float | None = None) -> Outcome:
     """Loads the newest committed step that verifies into ``state``.
 
     Raises:
@@ -106,7 +125,7 @@ def restore_newest(steps: StepDirectory, base_url: str, state: MutableMapping[st
             break
         step, name = max(candidates.items())
         try:
-            load_step(steps, base_url, step, name, state, storage_options, agree)
+            load_step(steps, base_url, step, name, state, storage_options, agree, timeout)
         except CheckpointNotFoundError:
             vanished.add(step)
             continue
@@ -141,10 +160,15 @@ def check_rollback(steps: StepDirectory, base_url: str, step: int | None) -> Non
 
 
 def roll_back_after(steps: StepDirectory, base_url: str, step: int) -> None:
-    """Moves every committed step newer than ``step`` aside (kept, no longer listed)."""
+    """Moves every committed step newer than ``step`` aside (kept, no longer listed).
+
+    Each is first made self-contained (``engine.detach``): a step that references another
+    moved step still loads where it lies and when it is renamed back.
+    """
     now = time.time()
-    for s, name in steps.committed().items():
-        if s > step:
-            new = steps.roll_back(s, name, now)
-            log.warning("rolled back to step %d in %s: step %d moved aside to %s",
-                        step, base_url, s, new)
+    newer = {s: name for s, name in steps.committed().items() if s > step}
+    for s, name in newer.items():
+        detach(steps.storage, steps.step_path(s, name))
+    for s, name in newer.items():
+        new = steps.roll_back(s, name, now)
+        log.warning("rolled back to step %d in %s: step %d moved aside to %s", step, base_url, s, new)

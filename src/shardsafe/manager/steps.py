@@ -23,9 +23,8 @@ from typing import Any
 
 from .. import tensors
 from ..engine import commit, sweep
-from ..errors import CheckpointError
 from ..storage.base import Storage
-from .policy import StepRecord
+from .retention import StepRecord
 
 log = logging.getLogger("shardsafe")
 
@@ -139,22 +138,6 @@ class StepDirectory:
         t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else index.created
         return StepRecord(step, t, decode_metrics(info.get("metrics")))
 
-    def is_new(self, step: int, force: bool, url: str) -> bool:
-        """False (or, with ``force``, an error) for a step at or below the newest step."""
-        committed = self.committed()
-        latest = max(committed, default=None)
-        if latest is None or step > latest:
-            return True
-        if not force:
-            log.info("not saving step %d in %s: the newest step there is %d", step, url, latest)
-            return False
-        if step in committed:
-            raise CheckpointError(f"step {step} already exists in {url!r} "
-                                  f"({committed[step]}); delete it first to save it again")
-        raise CheckpointError(f"refusing to save step {step} in {url!r}: the newest "
-                              f"step there is {latest} and steps must increase (restore an "
-                              f"older step with rollback=True to continue from it)")
-
     def leftovers(self) -> list[str]:
         """Names of crash leftovers: unfinished saves and half-deleted steps.
 
@@ -197,6 +180,14 @@ class StepDirectory:
     def uncommit(self, step: int, name: str | None = None) -> None:
         """Removes the step's index: from now on it is not committed (its data is swept later)."""
         commit.uncommit(self.storage, self.step_path(step, name))
+
+    def drop(self, steps: Mapping[int, str], pinned: Iterable[str] = ()) -> None:
+        """Deletes ``steps`` (step -> directory name) crash-safely: every index first, then
+        one ``sweep`` (retention)."""
+        for step, name in steps.items():
+            self.uncommit(step, name)
+        if steps:
+            self.sweep(pinned)
 
     def delete(self, step: int, name: str | None = None, pinned: Iterable[str] = (),
                exclude: Iterable[str] = ()) -> None:

@@ -4,9 +4,11 @@ Each rank reports what it can reach: its own local steps, the peer copies it hol
 other ranks, and the copies that already failed to load. Rank 0 runs ``choose`` (pure)
 on the reports and broadcasts the plan: the newest step that every rank can get from its
 own local directory or else from the rank holding its copy, provided it is not older
-than the newest persistent step (otherwise the persistent tier wins). Copies travel from
-holder to owner over the peers' dedicated group; the owner stores the copy in its local
-directory and loads it from there, verifying every checksum like any load. If any rank
+than the newest persistent step (otherwise the persistent tier wins). The ranks agree
+through ``comm.agreement`` (bounded by the manager's timeout). Copies travel from holder
+to owner over the peers' link as a stream (``peer_copy``); the owner stores the copy in
+its local directory (a read-only manager: in a private temporary directory, removed
+after the load) and loads it from there, verifying every checksum like any load. If any rank
 fails to load, all ranks try again without the copy that failed (warning with step, rank
 and reason); when no step is left, the caller restores from the persistent tier.
 """
@@ -19,7 +21,7 @@ from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..comm import agreement, get_comm
+from ..comm.agreement import Agreement
 from ..errors import CheckpointError
 from . import peer_copy
 from .local_tier import LocalTier
@@ -70,23 +72,23 @@ def choose(reports: Sequence[dict[str, Any]], holders: Sequence[int | None],
     return {"step": step, "tiers": ["local" if step in lo else "peer" for lo, _ in reach]}
 
 
-def restore_local(tier: LocalTier, state: MutableMapping[str, Any], at_least: int | None) -> RestoreInfo | None:
+def restore_local(tier: LocalTier, agreement: Agreement, state: MutableMapping[str, Any],
+                  at_least: int | None) -> RestoreInfo | None:
     """Restores the newest step every rank can get from the local tier or its peers.
 
-    Collective (every rank calls it). Returns None when no such step is at least
-    ``at_least`` (the caller then restores from the persistent tier).
+    Collective (every rank calls it; each round is bounded by the agreement's timeout).
+    Returns None when no such step is at least ``at_least`` (the caller then restores
+    from the persistent tier).
     """
     t0 = time.monotonic()
-    comm = get_comm()
-    holders = tier.link.holder if tier.link is not None else [None] * comm.world_size
+    holders = tier.link.holder if tier.link is not None else [None] * agreement.world_size
     bad_local: set[int] = set()
     bad_peer: set[int] = set()
     while True:
         report = {"local": tier.steps(), "held": {str(k): v for k, v in tier.held().items()},
                   "bad_local": sorted(bad_local), "bad_peer": sorted(bad_peer)}
-        reports = comm.gather(report)
-        plan = agreement.leader_decides(lambda: choose(reports, holders, at_least),  # noqa: B023
-                                        what="choosing the step to restore")
+        plan = agreement.decide_together(report, lambda reports: choose(reports, holders, at_least),
+                                         what="choosing the step to restore")
         if plan is None:
             return None
         step, mine = plan["step"], plan["tiers"][tier.rank]
@@ -94,7 +96,7 @@ def restore_local(tier: LocalTier, state: MutableMapping[str, Any], at_least: in
             log.warning("step %d: rank %d has no usable local copy in %s; fetching it from rank %s",
                         step, tier.rank, tier.own_path, holders[tier.rank])
         error = _fetch_and_load(tier, state, plan, holders)
-        if agreement.worst(0 if error is None else 1) == 0:
+        if agreement.worst(0 if error is None else 1, what=f"restoring step {step} from the local tier") == 0:
             return RestoreInfo(step, mine, time.monotonic() - t0)
         if error is not None:
             (bad_local if mine == "local" else bad_peer).add(step)
@@ -103,34 +105,49 @@ def restore_local(tier: LocalTier, state: MutableMapping[str, Any], at_least: in
                         step, tier.rank, mine, error, nxt)
 
 
+def _fetch(tier: LocalTier, step: int, tiers: Sequence[str], holders: Sequence[int | None],
+           into: str) -> None:
+    """Moves the planned peer copies of ``step`` from their holders to their owners."""
+    assert tier.link is not None
+    sends, outs = {}, []
+    for r, t in enumerate(tiers):
+        if t == "peer" and holders[r] == tier.rank:
+            held = tier.held().get(r, [])
+            path = f"{tier.peer_path(r)}/{step_name(step)}" if step in held else None
+            outs.append(peer_copy.outgoing(step, r, path, None if path else "copy is gone"))
+            sends[r] = outs[-1].segments
+    src = holders[tier.rank]
+    receives = [src] if tiers[tier.rank] == "peer" and src is not None else []
+    incoming = peer_copy.Incoming(into, step_name)
+    try:
+        tier.link.exchange(sends, receives, lambda _src, _at, data: incoming.feed(data))
+    finally:
+        for o in outs:
+            o.close()
+    if receives:
+        got = incoming.done()
+        if got.error is not None:
+            raise CheckpointError(f"the holder has no copy: {got.error}")
+
+
 def _fetch_and_load(tier: LocalTier, state: MutableMapping[str, Any], plan: dict[str, Any],
                     holders: Sequence[int | None]) -> str | None:
     """Moves the planned peer copies to their owners, then loads; this rank's error or None."""
     step, tiers = plan["step"], plan["tiers"]
-    error: str | None = None
-    if tier.link is not None and "peer" in tiers:
-        sends = {}
-        for r, t in enumerate(tiers):
-            if t == "peer" and holders[r] == tier.rank:
-                held = tier.held().get(r, [])
-                path = f"{tier.peer_path(r)}/{step_name(step)}" if step in held else None
-                sends[r] = peer_copy.pack(step, r, path, None if path else "copy is gone")
-        receives = [holders[tier.rank]] if tiers[tier.rank] == "peer" else []
+    into = tier.receive_directory() if tiers[tier.rank] == "peer" else tier.own_path
+    try:
+        if tier.link is not None and "peer" in tiers:
+            try:
+                _fetch(tier, step, tiers, holders, into)
+            except (OSError, CheckpointError) as e:
+                return f"fetching from rank {holders[tier.rank]} failed: {e}"
         try:
-            got = tier.link.exchange(sends, receives)  # type: ignore[arg-type]
-            for msg in got.values():
-                m = peer_copy.unpack(msg)
-                if m.error is not None:
-                    raise CheckpointError(f"the holder has no copy: {m.error}")
-                peer_copy.write_step(m.files, tier.own_path, step_name(step))
+            tier.load(f"{into}/{step_name(step)}", state)
         except (OSError, CheckpointError) as e:
-            error = f"fetching from rank {holders[tier.rank]} failed: {e}"
-    if error is None:
-        try:
-            tier.load(tier.own.step_path(step), state)
-        except (OSError, CheckpointError) as e:
-            error = f"{type(e).__name__}: {e}"
-    return error
+            return f"{type(e).__name__}: {e}"
+        return None
+    finally:
+        tier.discard_received(into)
 
 
 __all__ = ["RestoreInfo", "Tier", "choose", "restore_local"]

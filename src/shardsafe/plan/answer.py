@@ -149,10 +149,9 @@ def shape_key(shape_digest: bytes) -> str:
 def _parts(j: Joined) -> dict[str, bytes]:
     parts = {shape_key(s.digest): _shape_part(s, j.plain_writer) for s in j.shapes}
     for holders, items, writers in j.plan.shared:
-        keep = [k for k, g in enumerate(items) if j.plain_writer[g] < 0]
-        if keep:
-            g = np.array(items, dtype="<u4")[keep]
-            w = np.array(writers, dtype="<u4")[keep]
+        keep = j.plain_writer[items] < 0  # DTensor boxes (plain tensors go per shape)
+        if keep.any():
+            g, w = items[keep].astype("<u4"), writers[keep].astype("<u4")
             parts[set_key(holders)] = _N.pack(len(g)) + g.tobytes() + w.tobytes()
     return parts
 

@@ -231,7 +231,7 @@ class Join:
         plain = np.zeros(len(writer), dtype=bool)
         plain[: len(self.sharded)] = ~np.array(self.sharded, dtype=bool)
         for _, items, writers in plan.shared:
-            writer[list(items)] = writers
+            writer[items] = writers
         writer[~plain] = -1
         for gid, rank in self.solo.items():
             writer[gid] = rank
@@ -271,7 +271,7 @@ class Join:
             g, n = np.concatenate(gs), np.concatenate(ns)
             if len(np.unique(g)) != len(g):
                 raise PlanError(f"holder set {list(h)[:8]} was reported twice for one tensor")
-            led.setdefault(h[0], []).append(SharedBoxes(h, tuple(g.tolist()), tuple(n.tolist())))
+            led.setdefault(h[0], []).append(SharedBoxes(h, g, n))
         return [RankReport(r, int(self.own[r]), tuple(led.get(r, ()))) for r in range(self.world)]
 
     def _plain_groups(self, shapes: Sequence[ShapeInfo],

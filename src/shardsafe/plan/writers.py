@@ -24,6 +24,8 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True, slots=True)
 class SharedBoxes:
@@ -31,13 +33,14 @@ class SharedBoxes:
 
     Attributes:
         holders: The ranks holding them, sorted (at least two).
-        items: Item ids (position in the state's tensor table), one box each, distinct.
+        items: Item ids (position in the state's tensor table), one box each, distinct
+            (a sequence or an int64 array).
         nbytes: Size of each box, aligned with ``items``.
     """
 
     holders: tuple[int, ...]
-    items: tuple[int, ...]
-    nbytes: tuple[int, ...]
+    items: Sequence[int] | np.ndarray
+    nbytes: Sequence[int] | np.ndarray
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +64,11 @@ class WriterPlan:
 
     Attributes:
         shared: For each holder set, the writer of each of its boxes (aligned with the
-            reported ``items``), as ``(holders, items, writers)`` triples.
+            reported ``items``), as ``(holders, items, writers)`` triples (int64 arrays).
         loads: Bytes each rank will write.
     """
 
-    shared: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]], ...]
+    shared: tuple[tuple[tuple[int, ...], np.ndarray, np.ndarray], ...]
     loads: tuple[int, ...]
 
     def items_written_by(self, rank: int) -> set[int]:
@@ -73,7 +76,7 @@ class WriterPlan:
         out: set[int] = set()
         for holders, items, writers in self.shared:
             if holders[0] <= rank <= holders[-1] and rank in holders:
-                out.update(i for i, w in zip(items, writers) if w == rank)
+                out.update(items[writers == rank].tolist())
         return out
 
     def imbalance(self) -> float:
@@ -98,22 +101,25 @@ def _check(world_size: int, reports: Sequence[RankReport]) -> None:
                                 f"sorted distinct ranks below {world_size}, led by the reporter")
             if h in seen:
                 raise PlanError(f"holder set {list(h)[:8]} was reported twice")
-            if len(g.items) != len(g.nbytes) or len(set(g.items)) != len(g.items):
+            if len(g.items) != len(g.nbytes) or len(np.unique(np.asarray(g.items))) != len(g.items):
                 raise PlanError(f"holder set {list(h)[:8]}: items must be distinct, one size each")
             seen.add(h)
 
 
-def _lpt_within(holders: tuple[int, ...], nbytes: Sequence[int], loads: list[int]) -> list[int]:
+def _lpt_within(holders: tuple[int, ...], nbytes: np.ndarray, loads: list[int]) -> np.ndarray:
     """Writers for boxes held by ``holders`` (greedy LPT); updates ``loads``."""
     heap = [(loads[h], h) for h in holders]
     heapq.heapify(heap)
-    writers = [0] * len(nbytes)
-    for i in sorted(range(len(nbytes)), key=lambda i: -nbytes[i]):
+    order = np.argsort(-nbytes, kind="stable")  # largest first; ties in reported order
+    chosen = []
+    for n in nbytes[order].tolist():
         load, h = heap[0]
-        writers[i] = h
-        heapq.heapreplace(heap, (load + nbytes[i], h))
+        chosen.append(h)
+        heapq.heapreplace(heap, (load + n, h))
     for load, h in heap:
         loads[h] = load
+    writers = np.empty(len(nbytes), dtype=np.int64)
+    writers[order] = chosen
     return writers
 
 
@@ -132,6 +138,8 @@ def plan_writers(world_size: int, reports: Sequence[RankReport]) -> WriterPlan:
     groups = [g for r in reports for g in r.led]
     # larger holder sets first: they have the most freedom left to fix imbalance later
     groups.sort(key=lambda g: -len(g.holders))
-    shared = tuple((g.holders, g.items, tuple(_lpt_within(g.holders, g.nbytes, loads)))
-                   for g in groups)
-    return WriterPlan(shared, tuple(loads))
+    shared = []
+    for g in groups:
+        nbytes = np.asarray(g.nbytes, dtype=np.int64)
+        shared.append((g.holders, np.asarray(g.items, dtype=np.int64), _lpt_within(g.holders, nbytes, loads)))
+    return WriterPlan(tuple(shared), tuple(loads))

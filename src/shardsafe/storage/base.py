@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 
@@ -12,9 +12,13 @@ class RangeWriter(Protocol):
     Attributes:
         direct: True while aligned ranges bypass the page cache (callers then hand it
             page-aligned buffers; see ``storage.local.LocalFileWriter``).
+        size: The file's final size: ``close`` truncates to it. A writer that learns the
+            size only at the end (a block file being coded) opens with an upper bound and
+            lowers it before ``close``.
     """
 
     direct: bool
+    size: int
 
     def write_at(self, offset: int, data: memoryview) -> None:
         """Writes ``data`` at ``offset`` (ranges may extend past the size: ``close`` truncates)."""
@@ -59,6 +63,16 @@ class Storage(Protocol):
 
     def write(self, path: str, buffers: Sequence[memoryview]) -> None:
         """Creates or replaces ``path`` with the concatenation of ``buffers``, durably."""
+        ...
+
+    def write_stream(self, path: str, size: int, pieces: Iterable[memoryview]) -> None:
+        """Creates or replaces ``path`` (``size`` bytes) from ``pieces`` in order, durably.
+
+        The pieces are written as they come (a multipart upload on object stores), so a
+        file of any size costs the memory of one piece; the iterable may produce them
+        lazily (``shardsafe cp`` reads and verifies each). An error from the iterable
+        propagates and leaves no complete file (the caller deletes what is left).
+        """
         ...
 
     def publish(self, path: str, data: bytes) -> None:

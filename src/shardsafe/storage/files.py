@@ -62,6 +62,17 @@ def check_regular(path: str) -> int:
     return st.st_size
 
 
+def kind_of(path: str) -> str:
+    """What ``path`` is, following symlinks (for a path a user names, such as the source of
+    ``shardsafe import``): ``"a regular file"``, ``"a directory"``, ``"a FIFO"``, ...
+
+    Raises:
+        FileNotFoundError: it does not exist.
+    """
+    mode = os.stat(path).st_mode
+    return "a regular file" if stat.S_ISREG(mode) else _kind(mode)
+
+
 def check_directory(path: str) -> None:
     """Refuses (``CorruptCheckpointError``) a ``path`` that is a symlink or not a directory.
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import posixpath
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from .._numbers import ceil_div
@@ -167,6 +167,24 @@ class FsspecStorage:
             self.fs.pipe_file(path, data, chunksize=part, max_concurrency=self.max_concurrency)
         else:
             self.fs.pipe_file(path, data[:])
+
+    @_os_errors
+    def write_stream(self, path: str, size: int, pieces: Iterable[memoryview]) -> None:
+        # fsspec's buffered file uploads a part whenever part_size bytes are in (s3fs: a
+        # multipart upload completed on close); discard() abandons it on an error
+        f = self.fs.open(path, "wb", block_size=max(self.part_size, ceil_div(size, MAX_PARTS)))
+        written = 0
+        try:
+            for piece in pieces:
+                written += f.write(memoryview(piece).cast("B"))
+            if written != size:
+                raise ValueError(f"{path}: {written} bytes written, {size} expected")
+        except BaseException:
+            # abandon the upload where the file can (s3fs); elsewhere the caller deletes it
+            discard = getattr(f, "discard", None)
+            (discard or f.close)()
+            raise
+        f.close()
 
     @_os_errors
     def publish(self, path: str, data: bytes) -> None:

@@ -17,7 +17,7 @@ import os
 import shutil
 import stat
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -187,6 +187,20 @@ class LocalStorage:
         try:
             for seg, off in jobs:
                 w.write_at(off, seg)
+        except BaseException:
+            w.abort()
+            raise
+        w.close()
+
+    def write_stream(self, path: str, size: int, pieces: Iterable[memoryview]) -> None:
+        w = self.open_writer(path, size)
+        offset = 0
+        try:
+            for piece in pieces:
+                w.write_at(offset, piece)
+                offset += len(memoryview(piece).cast("B"))
+            if offset != size:
+                raise ValueError(f"{path}: {offset} bytes written, {size} expected")
         except BaseException:
             w.abort()
             raise

@@ -6,7 +6,6 @@ answers; ``stop`` ends it. Needs the ``moto[server]`` package (extra ``dev``).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import urllib.request
 from typing import IO
 
 from ..comm import free_loopback_port
+from .processes import child_env
 
 START_TIMEOUT = 90.0  # moto imports slowly on a busy 2-core machine
 
@@ -27,7 +27,7 @@ def start(out: IO[bytes] | int = subprocess.DEVNULL, attempts: int = 3,
     The server logs every request to ``out``: a file, never an unread pipe (which would
     fill and block it).
     """
-    env = dict(os.environ, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    env = child_env(NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
     for _ in range(attempts):
         port = free_loopback_port()
         endpoint = f"http://127.0.0.1:{port}"

@@ -6,7 +6,7 @@ one bool per record: preserve it or not. Policies combine with ``AnyPreservation
 the one rule no configuration can override: the newest committed step is always kept.
 
 Nothing here touches a filesystem, a clock or a thread, so the rules are tested with
-tables (tests/manager/test_policy.py); the manager only applies the answer.
+tables (tests/manager/test_retention.py); the manager only applies the answer.
 """
 
 from __future__ import annotations

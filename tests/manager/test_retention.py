@@ -7,7 +7,7 @@ import math
 import pytest
 
 from shardsafe.manager.options import ManagerOptions
-from shardsafe.manager.policy import (
+from shardsafe.manager.retention import (
     AnyPreservationPolicy,
     BestN,
     EveryNSeconds,

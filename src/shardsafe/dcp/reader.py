@@ -1,0 +1,149 @@
+"""``Reader``: DCP's ``StorageReader`` over any committed shardsafe checkpoint.
+
+``read_metadata`` reads and validates the index (``engine.commit.read_index``) and
+presents it as DCP's ``Metadata`` (``translate.view``): every tensor with its saved
+chunks, every other value as a byte item. ``read_data`` reads each tensor region DCP
+asks for with the engine's reader (only the checksum blocks that hold it, each verified;
+compressed blocks decoded), straight into DCP's target where it is contiguous host
+memory of the stored dtype. A damaged block raises ``CorruptCheckpointError`` naming the
+file and the key; DCP hands it to every rank inside its ``CheckpointException``.
+
+Byte items: a checkpoint written by ``Writer`` holds the bytes DCP serialised, returned
+as they are; DCP's planner deserialises them (``DefaultLoadPlanner`` with
+``torch.load(weights_only=False)``, which can run code from the checkpoint). For any
+other checkpoint shardsafe serialises the plain value it decoded with ``torch.save``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
+
+from ..api.load import read_targets
+from ..api.match import TensorTarget
+from ..engine.commit import read_index
+from ..engine.reader import ChunkReader
+from ..errors import CheckpointError
+from ..format.index import Index
+from ..storage import storage_for
+from ..tensors import torch_dtype_name
+from . import translate
+
+
+class Reader(StorageReader):
+    """Makes ``dcp.load`` read a shardsafe checkpoint, resharded to the target's layout.
+
+    Reads checkpoints written by ``Writer`` and by ``shardsafe.save`` or a
+    ``CheckpointManager`` alike: ``dcp.load(state_dict, storage_reader=Reader(path))``
+    on every rank fills ``state_dict`` in place (each rank reads only the blocks its
+    shards need, and verifies them).
+
+    Args:
+        path: The checkpoint's directory or fsspec URL (``dcp.load``'s ``checkpoint_id``
+            replaces it when given).
+        storage_options: Passed to fsspec for URLs.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *,
+                 storage_options: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self.storage_options = storage_options
+        self._index: Index | None = None
+        self._view: translate.DcpView | None = None
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        """A new load begins (from ``checkpoint_id`` when given)."""
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+        self._index, self._view = None, None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        """Any path or fsspec URL can be read."""
+        return isinstance(checkpoint_id, (str, os.PathLike))
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The checkpoint's index as DCP's ``Metadata`` (every rank reads and validates it).
+
+        Raises:
+            CheckpointNotFoundError: No committed checkpoint at the path.
+            CorruptCheckpointError: The index is damaged.
+        """
+        storage, spath = storage_for(self.path, self.storage_options)
+        self._index = read_index(storage, spath)
+        self._view = translate.view(self._index, self.path)
+        return self._view.metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
+        if self._view is None:  # DCP handed us metadata read elsewhere
+            self.read_metadata()
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Reads every item of ``plan`` (verified), then hands each to ``planner``."""
+        assert self._index is not None and self._view is not None, "read_metadata did not run"
+        targets: list[TensorTarget] = []
+        commits: list[tuple[ReadItem, Any, Any]] = []
+        for ri in plan.items:
+            if ri.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(ri, io.BytesIO(self._bytes(ri.storage_index.fqn)))
+                continue
+            tid = self._view.tensors[ri.storage_index.fqn]
+            entry = self._index.tensors[tid]
+            target = planner.resolve_tensor(ri).detach()
+            offsets = tuple(int(a) + int(b) for a, b in zip(ri.storage_index.offset, ri.storage_offsets))
+            into = target
+            if torch_dtype_name(target.dtype) != entry.dtype:  # DCP casts; raw bytes cannot
+                into = torch.empty(tuple(ri.lengths), dtype=getattr(torch, entry.dtype))
+            targets.append(TensorTarget(entry, into, offsets=offsets))
+            commits.append((ri, target, into))
+        storage, spath = storage_for(self.path, self.storage_options)
+        read_targets(ChunkReader(storage, spath, self._index), targets)
+        for ri, target, into in commits:
+            if into is not target:
+                target.copy_(into)
+            planner.commit_tensor(ri, target)
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+    def _bytes(self, fqn: str) -> bytes:
+        """What DCP deserialises for the byte item ``fqn``."""
+        assert self._view is not None
+        value = self._view.values[fqn]
+        if self._view.raw_bytes and isinstance(value, bytes):
+            return value
+        if _holds_tensor(value):
+            raise CheckpointError(f"{self.path!r}: {fqn!r} is a {type(value).__name__} holding tensors, "
+                                  f"which DCP would load as one serialised value; load it with "
+                                  f"shardsafe.load instead")
+        buf = io.BytesIO()
+        torch.save(value, buf)
+        return buf.getvalue()
+
+
+def _holds_tensor(x: Any) -> bool:
+    if isinstance(x, torch.Tensor):
+        return True
+    if isinstance(x, dict):
+        return any(_holds_tensor(v) for v in x.values())
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return any(_holds_tensor(v) for v in x)
+    return False
+
+
+__all__ = ["Reader"]

@@ -1,0 +1,181 @@
+"""Copy a committed checkpoint to another path or store, verifying every block on the way.
+
+The copy is a save at the destination: its files go to the transaction's working
+directory (``engine.commit``) and its index is published last, so the destination holds
+the whole copy or nothing (an interrupted copy leaves what ``shardsafe gc`` removes, and
+can simply run again). Each data file streams through one buffer of ``PIECE`` bytes:
+read from the source, checked by ``format.block_verify.BlockStream`` (raw blocks against
+their CRC32C; compressed blocks against the stored and, decoded, the raw CRC32C), then
+appended at the destination (``Storage.write_stream``). A bad block stops the copy with a
+``CorruptCheckpointError`` naming the file and the key, before anything is committed.
+
+The copy needs nothing from the source: the data files an incremental step references in
+sibling steps (``<sibling>/<file>``, docs/FORMAT.md section 13) are copied to the same
+sibling next to the destination, so the index is copied byte for byte and the references
+hold there. A sibling file the destination has already (from copying another step of the
+same run) is verified against the chunks this step uses instead of being written again;
+one that holds other bytes is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ..errors import CheckpointError, CorruptCheckpointError
+from ..format import INDEX_NAME
+from ..format.block_verify import BlockSpan, BlockStream, chunk_spans
+from ..format.index import FileEntry, Index
+from ..format.tree import render_path
+from ..storage.base import Storage
+from . import commit
+from .buffers import HostBuffer
+from .locations import data_file
+
+log = logging.getLogger("shardsafe")
+
+PIECE = 16 << 20  # bytes read, verified and written at a time (the memory a copy needs)
+
+
+@dataclass(frozen=True, slots=True)
+class CopyResult:
+    """What ``copy_checkpoint`` did.
+
+    Attributes:
+        files: Data files copied (referenced ones included).
+        nbytes: Bytes of data copied.
+        skipped: The destination held this very checkpoint already (the same index):
+            nothing was written.
+    """
+
+    files: int
+    nbytes: int
+    skipped: bool = False
+
+
+def _spans_by_file(index: Index) -> dict[str, list[BlockSpan]]:
+    spans: dict[str, list[BlockSpan]] = {}
+    for t in index.tensors:
+        key = render_path(t.key)
+        for c in t.chunks:
+            spans.setdefault(c.file, []).extend(chunk_spans(c, index.block_size, key))
+    return spans
+
+
+def _verified_pieces(storage: Storage, path: str, f: FileEntry, spans: list[BlockSpan],
+                     block_size: int, buf: HostBuffer,
+                     on_bytes: Callable[[int], None] | None) -> Iterator[memoryview]:
+    """The bytes of data file ``f`` in pieces, each checked before it is handed out."""
+    stream = BlockStream(spans, block_size)
+    pos = 0
+    while pos < f.size:
+        view = buf.view(0, min(PIECE, f.size - pos))
+        try:
+            storage.read_into(path, pos, view)
+        except EOFError:
+            raise CorruptCheckpointError("data file is truncated", file=f.name) from None
+        errors = stream.feed(pos, view)
+        if errors:
+            raise errors[0]
+        pos += len(view)
+        if on_bytes is not None:
+            on_bytes(len(view))
+        yield view
+    if stream.missing():
+        s = stream.missing()[0]
+        raise CorruptCheckpointError(f"block {s.number} lies beyond the end of the file",
+                                     file=f.name, key=s.key)
+
+
+def copy_checkpoint(src: Storage, src_path: str, dst: Storage, dst_path: str, *,
+                    overwrite: bool = False,
+                    on_bytes: Callable[[int], None] | None = None) -> CopyResult:
+    """Copies the committed checkpoint at ``src_path`` to ``dst_path`` (any two backends).
+
+    ``on_bytes(n)`` is called as data passes (progress). Without ``overwrite`` a
+    destination holding the same checkpoint already (byte-identical index) is left as it
+    is (``skipped``); one holding another committed checkpoint is refused.
+
+    Raises:
+        CheckpointNotFoundError: no committed checkpoint at ``src_path``.
+        CorruptCheckpointError: the source is damaged (nothing is committed then).
+        CheckpointError: the destination holds another checkpoint and not ``overwrite``,
+            something that is not a checkpoint, or a sibling file with other bytes.
+    """
+    data, index = commit.read_index_bytes(src, src_path)
+    if not overwrite and commit.is_committed(dst, dst_path) and _same_index(dst, dst_path, data):
+        return CopyResult(0, 0, skipped=True)
+    txn = commit.plan_transaction(dst, dst_path, overwrite=overwrite)
+    spans = _spans_by_file(index)
+    buf = HostBuffer(PIECE, prefault=False)
+    commit.begin(txn)
+    try:
+        for f in index.files:
+            fspans = spans.get(f.name, [])
+            if f.reference is not None and _sibling_holds(dst, dst_path, f, fspans, index.block_size, buf):
+                continue
+            pieces = _verified_pieces(src, data_file(src, src_path, f.name), f, fspans,
+                                      index.block_size, buf, on_bytes)
+            dst.write_stream(_target(dst, dst_path, txn, f), f.size, pieces)
+        commit.finish(txn, data)
+    except BaseException:
+        abandon(txn)
+        raise
+    finally:
+        buf.close()
+    return CopyResult(len(index.files), sum(f.size for f in index.files))
+
+
+def abandon(txn: commit.Transaction) -> None:
+    """Removes what an unfinished copy wrote; a failure to is logged (another error is
+    on its way up)."""
+    try:
+        commit.abort(txn)
+    except OSError as e:
+        log.warning("could not remove the unfinished copy %s: %s", txn.workdir, e)
+
+
+def _target(dst: Storage, dst_path: str, txn: commit.Transaction, f: FileEntry) -> str:
+    """Where the copy of data file ``f`` goes: the working directory, or for a reference
+    the sibling directory it names next to the destination (created if need be)."""
+    if f.reference is None:
+        return dst.join(txn.workdir, f.name)
+    directory, name = f.reference
+    dst.makedirs(dst.join(commit.split_path(dst_path)[0], directory))
+    return dst.sibling_file(dst_path, directory, name)
+
+
+def _sibling_holds(dst: Storage, dst_path: str, f: FileEntry, spans: list[BlockSpan], block_size: int,
+                   buf: HostBuffer) -> bool:
+    """Whether the destination has referenced file ``f`` already, with the chunks this step
+    uses intact (copied with another step of the same run).
+
+    Raises:
+        CheckpointError: a file of that name is there but holds other bytes.
+    """
+    directory, name = f.reference  # type: ignore[misc]
+    try:
+        path = dst.sibling_file(dst_path, directory, name)
+        if dst.size(path) != f.size:
+            raise CheckpointError(f"{path!r} exists with another size: it is not the file the copy "
+                                  f"references (copy into an empty directory)")
+    except FileNotFoundError:
+        return False
+    try:
+        for _ in _verified_pieces(dst, path, f, spans, block_size, buf, None):
+            pass
+    except CorruptCheckpointError as e:
+        raise CheckpointError(f"{path!r} exists with other bytes than the file the copy references "
+                              f"({e}); copy into an empty directory") from None
+    return True
+
+
+def _same_index(storage: Storage, path: str, data: bytes) -> bool:
+    try:
+        return storage.read(storage.join(path, INDEX_NAME)) == data
+    except OSError:
+        return False
+
+
+__all__ = ["PIECE", "CopyResult", "abandon", "copy_checkpoint"]
