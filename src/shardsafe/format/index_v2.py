@@ -1,27 +1,17 @@
-"""Index format version 2: a binary container of a JSON part and little-endian columns.
-
-Layout (docs/FORMAT.md section 11 is the byte-by-byte spec)::
-
-    0   8  magic  b"SSAFEIDX"
-    8   4  u32    format_version (2)
-    12  4  u32    header size (32)
-    16  8  u64    J: length of the JSON part
-    24  8  u64    C: length of the column section
-    32  J         JSON part (UTF-8), zero-padded to a multiple of 8
-    A   C         columns, in the order of COLUMNS, each zero-padded to a multiple of 8
-    A+C 4  u32    CRC32C of every byte before it
+"""Index format version 2: the binary container (``format.container``) with the chunk
+table as little-endian columns (docs/FORMAT.md section 11 is the byte-by-byte spec).
 
 The JSON part holds what v1 holds except the chunks: metadata, files, tensors (each with
 its chunk count and, for an even split, the split rule), the tree, and each column's
 element type and length. Decoding checks everything ``chunk_table`` and the rules of
 FORMAT.md section 9 ask, with numpy, in time and memory linear in the index size.
+``TensorInfo`` and ``ColumnarIndex`` are what every index version decodes into.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
@@ -30,26 +20,22 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from ..errors import CorruptCheckpointError
-from . import INDEX_NAME, tree
-from .checksum import ALGORITHM, crc32c
+from . import tree
+from .checksum import ALGORITHM
 from .blockfile import RAW, BlockCoding
 from .codec import CODECS
 from .chunk_table import ChunkTable, Split, check_tensor_rows, detect_split
+from .container import dumps, narrowest, open_container, read_columns, seal, version_of
 from .dtypes import lookup
-from .index_common import (IndexHeader, MAX_DIM, MAX_EXTENT_BYTES, MAX_INDEX_BYTES, MAX_NDIM, TENSOR_KINDS,
-                           FileEntry, StoredBlocks, bad, check_int, check_tree,
-                           decode_files, finite_float, header_fields, reject_constant,
-                           tensor_header, tensor_key, unique_members)
+from .index_common import (IndexHeader, MAX_DIM, MAX_EXTENT_BYTES, MAX_NDIM, TENSOR_KINDS, FileEntry,
+                           StoredBlocks, bad, check_int, check_tree, decode_files, header_fields,
+                           tensor_header, tensor_key)
 
-MAGIC = b"SSAFEIDX"
 VERSION = 2
-HEADER = struct.Struct("<8sIIQQ")
 COLUMNS = ("offset", "file", "pos", "extent", "crc32c")
 # Present only in an index with compressed chunks, after COLUMNS (FORMAT.md 12.2): per block,
 # its codec (index into the JSON member "codecs"), stored size and stored CRC32C.
 CODED_COLUMNS = ("codec", "stored", "stored_crc32c")
-WIDTHS = ("<u1", "<u2", "<u4", "<u8")
 
 
 class TensorInfo(NamedTuple):
@@ -85,20 +71,11 @@ class ColumnarIndex(IndexHeader):
 
 
 def is_v2(data: bytes | memoryview) -> bool:
-    """Whether ``data`` starts like a v2 index (v1 starts with ``{``)."""
-    return bytes(data[: len(MAGIC)]) == MAGIC
+    """Whether ``data`` is a v2 index (by its header)."""
+    return version_of(data) == VERSION
 
 
 # ----------------------------------------------------------------------------- encoding
-
-
-def _narrowest(values: np.ndarray) -> str:
-    top = int(values.max()) if len(values) else 0
-    return next(w for w in WIDTHS if top < 1 << (8 * np.dtype(w).itemsize))
-
-
-def _pad8(n: int) -> int:
-    return -n % 8
 
 
 def stored_columns(ct: ChunkTable) -> dict[str, np.ndarray]:
@@ -118,7 +95,7 @@ def encode(index: ColumnarIndex) -> bytes:
     """The bytes of a v2 index."""
     ct = index.chunks
     cols = stored_columns(ct)
-    kinds = {n: ("<u4" if n.endswith("crc32c") else _narrowest(a)) for n, a in cols.items()}
+    kinds = {n: ("<u4" if n.endswith("crc32c") else narrowest(a)) for n, a in cols.items()}
     names = COLUMNS + (CODED_COLUMNS if ct.coding is not None else ())
     body: dict[str, Any] = {
         "library": index.library, "created": index.created, "world_size": index.world_size,
@@ -129,22 +106,10 @@ def encode(index: ColumnarIndex) -> bytes:
     if ct.coding is not None:
         rest["codecs"] = list(ct.coding.codecs)
     rest["tree"] = index.tree
-    head, tail = _dumps(body), _dumps(rest)
+    head, tail = dumps(body), dumps(rest)
     # the JSON of {**body, "tensors": [...], **rest}, with the rows written as text
     js = "".join([head[:-1], ',"tensors":[', _tensor_rows(index.tensors, ct), "],", tail[1:]]).encode("utf-8")
-    parts = [b"", js, b"\0" * _pad8(len(js))]
-    clen = 0
-    for n in names:
-        raw = np.ascontiguousarray(cols[n], dtype=kinds[n]).tobytes()
-        parts += [raw, b"\0" * _pad8(len(raw))]
-        clen += len(raw) + _pad8(len(raw))
-    parts[0] = HEADER.pack(MAGIC, VERSION, HEADER.size, len(js), clen)
-    out = b"".join(parts)
-    return out + struct.pack("<I", crc32c(out))
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return seal(js, [cols[n] for n in names], [kinds[n] for n in names], VERSION)
 
 
 def _tensor_rows(tensors: Sequence[TensorInfo], ct: ChunkTable) -> str:
@@ -162,7 +127,7 @@ def _tensor_rows(tensors: Sequence[TensorInfo], ct: ChunkTable) -> str:
         elif all(type(k) is str or type(k) is int for k in key):
             kt = "[" + ",".join(esc(k) if type(k) is str else str(k) for k in key) + "]"
         else:
-            kt = _dumps(tree.encode_key_path(key))
+            kt = dumps(tree.encode_key_path(key))
         tk = (info.kind, info.dtype, info.shape, count, split)
         tail = tails.get(tk)
         if tail is None:
@@ -170,7 +135,7 @@ def _tensor_rows(tensors: Sequence[TensorInfo], ct: ChunkTable) -> str:
                                    "chunks": int(count)}
             if split is not None:
                 row["split"] = [split.dim, split.step, split.file0, split.file_stride]
-            tail = tails[tk] = "," + _dumps(row)[1:]
+            tail = tails[tk] = "," + dumps(row)[1:]
         rows.append('{"key":' + kt + tail)
     return ",".join(rows)
 
@@ -300,38 +265,6 @@ def stored_blocks(ct: ChunkTable, row: int) -> StoredBlocks | None:
 # ----------------------------------------------------------------------------- decoding
 
 
-def _split_container(data: bytes) -> tuple[dict[str, Any], memoryview]:
-    """Checks header, sizes and CRC; returns the parsed JSON part and the column section."""
-    if len(data) > MAX_INDEX_BYTES:
-        raise bad(f"index is {len(data)} bytes, more than the {MAX_INDEX_BYTES} allowed")
-    if len(data) < HEADER.size + 4:
-        raise bad("shorter than a v2 header (truncated?)")
-    magic, version, hsize, jlen, clen = HEADER.unpack_from(data)
-    if magic != MAGIC or version != VERSION or hsize != HEADER.size:
-        raise CorruptCheckpointError(f"unsupported index header (format_version {version})",
-                                     file=INDEX_NAME)
-    a = HEADER.size + jlen + _pad8(jlen)
-    if clen % 8 or a + clen + 4 != len(data):
-        raise bad(f"sections of {jlen} + {clen} bytes do not add up to {len(data)} (truncated?)")
-    (want,) = struct.unpack_from("<I", data, len(data) - 4)
-    view = memoryview(data)
-    if crc32c(view[:-4]) != want:
-        raise CorruptCheckpointError("index checksum mismatch", file=INDEX_NAME)
-    if any(data[HEADER.size + jlen : a]):
-        raise bad("JSON padding must be zero bytes")
-    try:
-        raw = json.loads(bytes(view[HEADER.size : HEADER.size + jlen]).decode("utf-8"),
-                         parse_constant=reject_constant, parse_float=finite_float,
-                         object_pairs_hook=unique_members)
-    except (ValueError, RecursionError) as e:
-        raise bad(f"not valid JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise bad("JSON part must be an object")
-    if raw.get("checksum") != ALGORITHM:
-        raise bad(f"unknown checksum algorithm {raw.get('checksum')!r}")
-    return raw, view[a : a + clen]
-
-
 def _tensor(t: Any) -> tuple[TensorInfo, int, int, Split | None]:
     """One tensor row: (info, itemsize, chunk count, split)."""
     key = tensor_key(t)
@@ -376,7 +309,7 @@ def _tensor_columns(rows: list[Any]) -> tuple[tuple[TensorInfo, ...], list[int],
     dims = list(chain.from_iterable(shapes))
     if not set(map(type, dims)) <= {int} or (dims and (min(dims) < 1 or max(dims) > MAX_DIM)):
         return None  # (zero-size tensors: the extent bound needs max(dim, 1), row by row)
-    if not set(map(type, counts)) == {int} or min(counts) < 0 or max(counts) > 1 << 40:
+    if set(map(type, counts)) != {int} or min(counts) < 0 or max(counts) > 1 << 40:
         return None
     shape_t = list(map(tuple, shapes))
     itemsizes = [dts[d].itemsize for d in dtypes]
@@ -410,39 +343,9 @@ def _split_rules(raw: list[Any]) -> list[Split | None] | None:
     return out
 
 
-def _columns(raw: Any, section: memoryview, expected: dict[str, int | None]) -> dict[str, np.ndarray]:
-    """Views of the stored columns; their lengths must be the ones the tensor rows imply."""
-    names = COLUMNS + (CODED_COLUMNS if isinstance(raw, dict) and "codec" in raw else ())
-    if not isinstance(raw, dict) or sorted(raw) != sorted(names):
-        raise bad(f"columns must describe exactly {list(COLUMNS)}, optionally followed by "
-                  f"{list(CODED_COLUMNS)} (compressed chunks)")
-    out, at = {}, 0
-    for n in names:
-        desc = raw[n]
-        if (not isinstance(desc, list) or len(desc) != 2 or desc[0] not in WIDTHS
-                or (n.endswith("crc32c") and desc[0] != "<u4")):
-            raise bad(f"column {n}: bad descriptor {desc!r}")
-        count = check_int(desc[1], f"length of column {n}", 0, len(section))
-        if expected.get(n) is not None and count != expected[n]:
-            raise bad(f"column {n} holds {count} values, the tensor rows need {expected[n]}")
-        size = count * np.dtype(desc[0]).itemsize
-        if at + size + _pad8(size) > len(section):
-            raise bad(f"column {n} runs past the end of the column section")
-        arr = np.frombuffer(section, dtype=desc[0], count=count, offset=at)
-        if any(section[at + size : at + size + _pad8(size)]):
-            raise bad(f"column {n}: padding must be zero bytes")
-        if desc[0] == "<u8" and count and int(arr.max()) > MAX_DIM:
-            raise bad(f"column {n} holds a value above 2^62")
-        out[n] = arr.astype(np.int64) if not n.endswith("crc32c") else arr
-        at += size + _pad8(size)
-    if at != len(section):
-        raise bad("bytes after the last column")
-    return out
-
-
 def decode(data: bytes) -> ColumnarIndex:
     """Parses and validates v2 index bytes; raises CorruptCheckpointError naming the problem."""
-    raw, section = _split_container(data)
+    raw, section = open_container(data, VERSION)
     block_size = check_int(raw.get("block_size"), "block_size", 4096, 1 << 40)
     files = decode_files(raw.get("files"))
     if not isinstance(raw.get("tensors"), list):
@@ -460,7 +363,7 @@ def decode(data: bytes) -> ColumnarIndex:
 
     check_tensor_rows([i.shape for i in infos], splits, counts, len(files), name)
     general = [(c, len(i.shape)) for i, c, s in zip(infos, counts, splits) if s is None]
-    cols = _columns(raw.get("columns"), section, {
+    cols = read_columns(raw.get("columns"), section, COLUMNS, CODED_COLUMNS, {
         "offset": sum(counts), "file": sum(c for c, _ in general),
         "pos": sum(c * d for c, d in general), "extent": sum(c * d for c, d in general),
         "crc32c": None, "codec": None, "stored": None, "stored_crc32c": None})
