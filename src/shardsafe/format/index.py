@@ -19,12 +19,13 @@ import numpy as np
 
 from .._numbers import ceil_div
 from ..errors import CorruptCheckpointError
-from . import INDEX_NAME, index_v2, tree
+from . import INDEX_NAME, index_v2, index_v3, tree
 from .checksum import ALGORITHM, crc32c
 from .index_common import (IndexHeader, MAX_DIM, MAX_INDEX_BYTES, MAX_NDIM, FileEntry, bad, check_int,
                            check_tree, decode_files, finite_float, header_fields, reject_constant,
                            tensor_header, tensor_key, unique_members)
 from .chunk_table import ChunkTable
+from .container import is_container, version_of
 from .index_common import ChunkEntry
 from .lazy_chunks import LazyChunks, LazyTensors
 
@@ -103,9 +104,12 @@ def _chunk_json(c: ChunkEntry) -> dict[str, Any]:
 def encode_index(index: Index, version: int | None = None) -> bytes:
     """Serialises ``index`` to the bytes of ``index.json`` (with its trailing checksum).
 
-    ``version`` 2 writes the columnar format (format.index_v2); the default is the
-    index's own ``format_version`` (1 for indexes the writers build).
+    ``version`` 2 and 3 write the columnar formats (``format.index_v2``, ``format.index_v3``:
+    what saves write); the default is the index's own ``format_version`` (1 for indexes
+    built as objects).
     """
+    if (version or index.format_version) == index_v3.VERSION:
+        return index_v3.encode(index_v2.from_index(index))
     if (version or index.format_version) == 2:
         return index_v2.encode(index_v2.from_index(index))
     if any(c.stored is not None for t in index.tensors for c in t.chunks):
@@ -241,7 +245,7 @@ def _parse(data: bytes) -> dict[str, Any]:
     version = raw.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool) or version != V1:
         raise CorruptCheckpointError(
-            f"unsupported format_version {version!r} (this shardsafe reads {V1} and 2)",
+            f"unsupported format_version {version!r} (this shardsafe reads {V1}, 2 and {index_v3.VERSION})",
             file=INDEX_NAME)
     if raw.get("checksum") != ALGORITHM:
         raise bad(f"unknown checksum algorithm {raw.get('checksum')!r}")
@@ -249,11 +253,13 @@ def _parse(data: bytes) -> dict[str, Any]:
 
 
 def decode_index(data: bytes) -> Index:
-    """Parses and validates index bytes (v1 or v2); raises CorruptCheckpointError naming the problem.
+    """Parses and validates index bytes (v1, v2 or v3); raises CorruptCheckpointError naming the problem.
 
-    Both versions end in the same ``ChunkTable``, validated by the same code (``ChunkTable.build``).
+    Every version ends in the same ``ChunkTable``, validated by the same code (``ChunkTable.build``).
     """
-    if index_v2.is_v2(data):
+    if version_of(data) == index_v3.VERSION:
+        return _from_columns(index_v3.decode(data), index_v3.VERSION)
+    if is_container(data):  # version 2, or a header this reader refuses
         return _from_columns(index_v2.decode(data), 2)
     return _from_columns(_decode_v1(_parse(data)), V1)
 
@@ -299,7 +305,7 @@ def _from_columns(ci: index_v2.ColumnarIndex, version: int) -> Index:
 
 
 def encode_renamed(index: Index, names: Sequence[str]) -> bytes:
-    """The v2 bytes of ``index`` with data file row ``i`` renamed to ``names[i]`` (the chunk
+    """The index bytes (the version saves write) of ``index`` with data file row ``i`` renamed to ``names[i]`` (the chunk
     table names files by row, so nothing else changes). The result is decoded once to
     check it: names must be valid and unique (section 2)."""
     if index.table is None or len(names) != len(index.files):
@@ -310,6 +316,6 @@ def encode_renamed(index: Index, names: Sequence[str]) -> bytes:
         files=tuple(FileEntry(n, f.size, f.data_start, f.rank) for n, f in zip(names, index.files)),
         chunks=index.table, world_size=index.world_size, created=index.created,
         metadata=index.metadata, library=index.library)
-    data = index_v2.encode(ci)
+    data = index_v3.encode(ci)
     decode_index(data)
     return data

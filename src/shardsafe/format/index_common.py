@@ -275,6 +275,25 @@ def _check_tree_size(root: dict[str, Any]) -> None:
 
 def check_tree(node: Any, keys: Sequence[tree.KeyPath]) -> None:
     """The tree is well formed and places tensor ``i`` (key path ``keys[i]``) exactly once, at its key."""
+    ids, paths = _tensor_leaves(node, len(keys))
+    if not all(map(eq, map(keys.__getitem__, ids), paths)):
+        i, path = next((i, p) for i, p in zip(ids, paths) if keys[i] != p)
+        raise bad(f"tensor {i} is keyed {keys[i]!r} but sits at {path!r}")
+
+
+def tree_keys(node: Any, count: int) -> list[tree.KeyPath]:
+    """The key path of each of ``count`` tensors: where the well-formed tree places tensor
+    ``i``, exactly once (index version 3 keys its tensors by the tree alone)."""
+    ids, paths = _tensor_leaves(node, count)
+    keys: list[Any] = [None] * count
+    for i, p in zip(ids, paths):
+        keys[i] = p
+    return keys
+
+
+def _tensor_leaves(node: Any, count: int) -> tuple[list[int], list[tree.KeyPath]]:
+    """The ids and key paths of the tree's tensor nodes, checked: the tree is well formed,
+    its tensor nodes name each of ``count`` tensors once, its alias nodes existing ones."""
     if not isinstance(node, dict) or node.get("t") != "dict":
         raise bad("tree root must be a dict node (a state is a mapping)")
     fast = _common_tree(node)
@@ -289,13 +308,11 @@ def check_tree(node: Any, keys: Sequence[tree.KeyPath]) -> None:
         tensor_leaves = [(n["id"], path) for path, n in leaves if n["t"] == "tensor"]
         ids, paths = [i for i, _ in tensor_leaves], [p for _, p in tensor_leaves]
         aliases = [n["id"] for _, n in leaves if n["t"] == "alias"]
-    if sorted(ids) != list(range(len(keys))):
+    if sorted(ids) != list(range(count)):
         raise bad("tree must reference every tensor entry exactly once")
-    if aliases and not 0 <= min(aliases) <= max(aliases) < len(keys):
+    if aliases and not 0 <= min(aliases) <= max(aliases) < count:
         raise bad("an alias node references no tensor entry")
-    if not all(map(eq, map(keys.__getitem__, ids), paths)):
-        i, path = next((i, p) for i, p in zip(ids, paths) if keys[i] != p)
-        raise bad(f"tensor {i} is keyed {keys[i]!r} but sits at {path!r}")
+    return ids, paths
 
 
 _CONTAINERS = ("dict", "namespace", "list", "tuple")
