@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .format.dtypes import DType, from_numpy, lookup
+from .format.dtypes import DTYPES, DType, from_numpy, lookup
 
 try:
     import torch
@@ -74,6 +74,31 @@ def check_supported(x: Any) -> None:
         dtype_of(x)
     except ValueError:
         raise TypeError(f"dtype {x.dtype} is not supported") from None
+
+
+STRIDED = torch.strided if HAVE_TORCH else None
+_CPU_DTYPES: dict[Any, tuple[str, int]] = {}
+
+
+def cpu_dtype_table() -> dict[Any, tuple[str, int]]:
+    """``torch.dtype -> (format name, itemsize)`` of every dtype the format stores and this
+    torch has (quantized dtypes are absent, so a hit also means "not quantized")."""
+    if not _CPU_DTYPES and HAVE_TORCH:
+        for name in DTYPES:
+            dt = getattr(torch, name, None)
+            if isinstance(dt, torch.dtype):
+                _CPU_DTYPES[dt] = (name, DTYPES[name].itemsize)
+    return _CPU_DTYPES
+
+
+_BY_NAME: dict[str, Any] = {}
+
+
+def torch_dtypes() -> dict[str, Any]:
+    """Format dtype name -> ``torch.dtype`` (the inverse of ``cpu_dtype_table``)."""
+    if not _BY_NAME:
+        _BY_NAME.update((name, dt) for dt, (name, _) in cpu_dtype_table().items())
+    return _BY_NAME
 
 
 # Exactly these types (not subclasses such as DTensor) have the plain shape/size attributes.

@@ -34,6 +34,7 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(TESTS, "format"), TESTS]
 from helpers import flip_byte  # noqa: E402
 from v2_forge import seal_v2, split_v2  # noqa: E402
+from v3_forge import seal_v3, split_v3  # noqa: E402
 
 CASE_SECONDS = 20
 INDEX = "index.json"
@@ -74,15 +75,16 @@ def _forge_v1(raw: dict, rng: random.Random) -> bytes:
     return reseal_v1(raw)
 
 
-def _forge_v2(data: bytes, rng: random.Random) -> bytes:
-    js, cols = split_v2(data)
+def _forge_columns(data: bytes, rng: random.Random, split, seal) -> bytes:  # noqa: ANN001
+    """One value of one column (v2 or v3) set to an odd value; the checksum made right again."""
+    js, cols = split(data)
     name = rng.choice([n for n in cols if len(cols[n])])
     col = cols[name].copy()
     i = rng.randrange(len(col))
-    top = 2**32 - 1 if name == "crc32c" else 2**62
+    top = 2**32 - 1 if name.endswith("crc32c") else 2**62
     col[i] = min(rng.choice(HUGE + [int(col[i]) + 1, max(int(col[i]) - 1, 0)]), top)
     cols[name] = col
-    return seal_v2(js, cols)
+    return seal(js, cols)
 
 
 def _replace(path: str, how: str, outside: str) -> None:
@@ -109,7 +111,12 @@ def damage(ckpt: str, rng: random.Random, version: int, outside: str) -> str:
     with open(os.path.join(ckpt, INDEX), "rb") as f:
         index_bytes = f.read()
     if kind == "forge":
-        out = _forge_v1(json.loads(index_bytes), rng) if version == 1 else _forge_v2(index_bytes, rng)
+        if version == 1:
+            out = _forge_v1(json.loads(index_bytes), rng)
+        elif version == 2:
+            out = _forge_columns(index_bytes, rng, split_v2, seal_v2)
+        else:
+            out = _forge_columns(index_bytes, rng, split_v3, seal_v3)
         with open(os.path.join(ckpt, INDEX), "wb") as f:
             f.write(out)
         return "forged table"
@@ -198,7 +205,7 @@ def main() -> int:
     signal.signal(signal.SIGALRM, _alarm)
     base = os.path.join(root, "base")
     shardsafe.save(state(), base)
-    path = os.path.join(base, INDEX)  # the index in the version under test (saves write v2)
+    path = os.path.join(base, INDEX)  # the index in the version under test (saves write v3)
     with open(path, "rb") as f:
         index = decode_index(f.read())
     with open(path, "wb") as f:

@@ -45,7 +45,7 @@ def _reseal(ckpt: str, raw: dict) -> None:
 
 
 def _raw(ckpt: str) -> dict:
-    """The index as v1 JSON (saves write v2; these forgeries edit the v1 form, which readers
+    """The index as v1 JSON (saves write v3; these forgeries edit the v1 form, which readers
     still accept, so what rejects them is the validation)."""
     with open(os.path.join(ckpt, "index.json"), "rb") as f:
         return json.loads(encode_index(decode_index(f.read()), version=1))

@@ -51,7 +51,8 @@ def count_copies() -> list[int]:
     orig = staging.copy_unit
 
     def spy(units, k, sources, out, base=0):  # noqa: ANN001, ANN202
-        count[0] += sum(p.length for p in units.parts(k) if p.item != HEADER and sources[p.item] is not None)
+        parts = units.parts(k)
+        count[0] += sum(n for i, n in zip(parts.item, parts.length) if i != HEADER and sources.addr[i])
         return orig(units, k, sources, out, base)
 
     staging.copy_unit = writer.copy_unit = spy

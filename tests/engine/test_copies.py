@@ -47,7 +47,8 @@ def copied(monkeypatch) -> list[int]:
     unit, block = staging.copy_unit, block_writer._copy_of
 
     def spy_unit(units, k, sources, out, base=0):  # noqa: ANN001, ANN202
-        count[0] += sum(p.length for p in units.parts(k) if p.item != HEADER and sources[p.item] is not None)
+        parts = units.parts(k)
+        count[0] += sum(n for i, n in zip(parts.item, parts.length) if i != HEADER and sources.addr[i])
         return unit(units, k, sources, out, base)
 
     def spy_block(src):  # noqa: ANN001, ANN202

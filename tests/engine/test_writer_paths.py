@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from shardsafe.engine.checkpointer import Checkpointer
 from shardsafe.engine.staging import StageTask, copy_unit, host_sources, stage_files
 from shardsafe.engine.units import FileUnits
 from shardsafe.engine.writer import FileWrite
+from shardsafe.format.checksum import crc32c
 from shardsafe.plan.flatten import flatten
 from shardsafe.plan.layout import plan_file
 from shardsafe.storage.local import LocalStorage
@@ -160,3 +163,38 @@ def test_cuda_staging_imports_and_is_skipped_without_cuda(tmp_path):
     assert not cuda.available() and not cuda.pin(np.zeros(4096, dtype=np.uint8))
     assert HostBuffer(4096, pin=True).pinned is False
     pytest.skip("no CUDA device: the pinned/side-stream path was only imported")
+
+
+class _SlowFirstWrite(FileWrite):
+    """A FileWrite whose unit-0 write job is handed to the pool late (another thread's
+    ``unit_ready`` is still submitting it when the last unit becomes ready)."""
+
+    def _submit(self, job):
+        if job == ("write", 0):
+            time.sleep(0.5)
+        super()._submit(job)
+
+
+def test_finish_waits_for_jobs_other_threads_are_still_submitting(tmp_path):
+    state = {"a": torch.randn(300_000), "b": torch.randn(300_000)}  # blocks span 1 MiB units
+    plan, units = _plan_and_units(state, 1 << 20)
+    assert units.nunits > 2
+    storage = LocalStorage()
+    fw = _SlowFirstWrite(units, storage, str(tmp_path / "f"), sources=host_sources(plan),
+                   bounce=BouncePool(1 << 20, 2))
+    fw.start()
+    late = threading.Thread(target=fw.unit_ready, args=(0,))
+    late.start()
+    time.sleep(0.05)  # unit 0 is marked ready; its write job is not submitted yet
+    for k in range(1, units.nunits):
+        fw.unit_ready(k)
+    sums = fw.finish()
+    late.join()
+    data = (tmp_path / "f").read_bytes()
+    img = np.zeros(plan.layout.size, dtype=np.uint8)
+    for k in range(units.nunits):
+        copy_unit(units, k, host_sources(plan), img)
+    assert data == img.tobytes()  # unit 0 written before the file was closed
+    for i, (off, n) in enumerate(zip(units.offsets.tolist(), units.nbytes.tolist())):
+        want = [crc32c(data[off + j : min(off + j + (1 << 20), off + n)]) for j in range(0, n, 1 << 20)]
+        assert sums[i] == want

@@ -12,7 +12,7 @@ from shardsafe.format.index import decode_index, encode_index
 
 
 def v1_bytes(data: bytes) -> bytes:
-    """Index bytes in the v1 JSON form (saves write v2; these tests forge v1 JSON). A v1
+    """Index bytes in the v1 JSON form (saves write v3; these tests forge v1 JSON). A v1
     index (perhaps one a test forged already) is returned as it is."""
     return data if data[:1] == b"{" else encode_index(decode_index(data), version=1)
 

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 from shardsafe.format.checksum import crc32c  # noqa: E402
 from shardsafe.format.dtypes import DTYPES  # noqa: E402
 from shardsafe.format.index import decode_index, encode_index  # noqa: E402
-from shardsafe.format.index_v2 import is_v2  # noqa: E402
+from shardsafe.format.container import version_of  # noqa: E402
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "FORMAT.md")
 VOLATILE = ("created", "library", "index_checksum")
@@ -55,8 +55,8 @@ def written(tmp_path, monkeypatch) -> str:
 def test_example_index_is_what_the_code_writes(written: str) -> None:
     with open(os.path.join(written, "index.json"), "rb") as f:
         stored = f.read()
-    # saves write format 2 (section 11); the example shows the same index in the v1 JSON form
-    assert is_v2(stored)
+    # saves write format 3 (section 14); the example shows the same index in the v1 JSON form
+    assert version_of(stored) == 3
     raw = encode_index(decode_index(stored), version=1)
     actual = json.loads(raw)
     documented = json.loads(_block("example-index"))

@@ -35,7 +35,7 @@ TRAILER = b',"index_checksum":"crc32c:%08x"}\n'
 @functools.lru_cache(maxsize=None)
 def saved_index() -> bytes:
     """The index.json of a real checkpoint with many value kinds (saved once per session),
-    in the v1 JSON form that these tests mutate (saves write v2: test_index_v2_property)."""
+    in the v1 JSON form that these tests mutate (saves write v3: test_index_v2_property)."""
     state = {
         "w": np.arange(12, dtype=np.float32).reshape(3, 4),
         "empty": np.zeros((0, 5), dtype=np.int8),

@@ -13,6 +13,7 @@ import pytest
 from shardsafe.errors import CorruptCheckpointError
 from shardsafe.format import index_v2
 from shardsafe.format.checksum import crc32c
+from shardsafe.format.container import MAGIC
 from shardsafe.format.chunk_table import Split
 from shardsafe.format.index import ChunkEntry, FileEntry, Index, TensorEntry, decode_index, encode_index
 
@@ -220,7 +221,7 @@ def test_every_truncation_and_bit_flip_is_caught() -> None:
     good = _golden()
     for n in range(len(good)):
         with pytest.raises(CorruptCheckpointError):
-            index_v2.decode(good[:n] if good[:n].startswith(index_v2.MAGIC) else index_v2.MAGIC + good[8:n])
+            index_v2.decode(good[:n] if good[:n].startswith(MAGIC) else MAGIC + good[8:n])
     for i in range(0, len(good), 7):
         flipped = bytearray(good)
         flipped[i] ^= 0x40

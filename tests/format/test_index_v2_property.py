@@ -50,3 +50,13 @@ def test_v1_v2_v1_round_trip(index: Index) -> None:
     assert decode_index(encode_index(index)) == index  # a valid v1 index to start from
     v2 = encode_index(index, version=2)
     assert dataclasses.replace(decode_index(v2), format_version=1) == index
+
+
+@settings(max_examples=60, deadline=None)
+@given(indexes())
+def test_v3_holds_what_v2_holds(index: Index) -> None:
+    v2, v3 = encode_index(index, version=2), encode_index(index, version=3)
+    a, b = decode_index(v2), decode_index(v3)
+    assert dataclasses.replace(b, format_version=1) == index
+    assert a.table == b.table and tuple(a.infos) == tuple(b.infos)
+    assert encode_index(b, version=3) == v3 and encode_index(b, version=2) == v2

@@ -83,3 +83,26 @@ def test_residency_is_asked_of_the_kernel(data_file):
         assert cod.cached(fd, 777, N - 777) is True
     finally:
         os.close(fd)
+
+
+def test_cachestat_and_mincore_agree(data_file):
+    """The two ways of asking (``cachestat``, used where the kernel has it, and a mapping
+    plus ``mincore``) give the same answer, for ranges partly and wholly in the cache."""
+    path, _ = data_file
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _evict(path)
+        if cod._cachestat(fd, 0, 4096) is None:
+            pytest.skip("no cachestat (Linux before 6.5)")
+        os.pread(fd, 1 << 20, 1 << 20)  # bytes [1 MiB, 2 MiB) only
+        for offset, length in [(0, 4096), (1 << 20, 1 << 20), ((1 << 20) + 5, 100), ((1 << 20) - 1, 2),
+                               ((2 << 20) - 10, 20), (1 << 20, (1 << 20) + 1), (2 << 20, 12345)]:
+            by_stat = cod._cachestat(fd, offset, length)
+            cod._has_cachestat = False
+            try:
+                by_map = cod.cached(fd, offset, length)
+            finally:
+                cod._has_cachestat = True
+            assert by_stat == by_map, (offset, length)
+    finally:
+        os.close(fd)

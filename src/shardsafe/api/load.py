@@ -8,7 +8,10 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .. import dtensor, tensors
+from .._collector import paused
 from ..comm import distributed_active, get_comm
 from ..engine.buffers import allocating
 from ..engine.index_exchange import read_index_collective
@@ -20,7 +23,9 @@ from ..format.index import Index
 from ..per_rank import loading
 from ..plan.flatten import Stateful, is_stateful
 from ..storage import LocalStorage, storage_for
-from .match import TensorTarget, build_new, match
+from . import new_state
+from .match import TensorTarget, match
+from .new_state import Allocated, whole_raw
 
 log = logging.getLogger("shardsafe")
 
@@ -37,12 +42,28 @@ class LoadResult:
     """Key paths whose shape or dtype differs between checkpoint and ``state`` (not loaded)."""
 
 
-def read_targets(reader: ChunkReader, targets: list[TensorTarget]) -> None:
-    """Reads (and verifies) every target's region, then runs the copies into targets that
-    are not contiguous host memory."""
+def read_targets(reader: ChunkReader, targets: list[TensorTarget], new: Allocated | None = None) -> None:
+    """Reads (and verifies) every target's region (and the tensors of a new state), then
+    runs the copies into targets that are not contiguous host memory.
+
+    Whole tensors stored as one raw chunk, whose target is contiguous host memory, are
+    read by table row and address (``ChunkReader.whole_tasks``); the others through
+    ``ReadJob``s.
+    """
     jobs: list[ReadJob] = []
+    direct = new or Allocated()
+    table = reader.index.table
+    whole = whole_raw(table).tolist() if table is not None else None
+    starts = table.tensor_start.tolist() if table is not None else None
     for tt in targets:
-        e = tt.entry
+        if tt.dest is None and tt.offsets is None and whole is not None and tt.tid >= 0 and whole[tt.tid]:
+            addr = _address(tt.target)
+            if addr is not None:
+                direct.tensors.append(tt.tid)
+                direct.rows.append(starts[tt.tid])
+                direct.addrs.append(addr)
+                continue
+        e = tt.entry if tt.entry is not None else reader.index.tensors[tt.tid]
         if tt.dest is not None:  # a new tensor: its bytes are known, and it is the whole
             jobs.append(ReadJob(e, tt.dest, (0,) * len(e.shape), e.shape))
             continue
@@ -61,7 +82,26 @@ def read_targets(reader: ChunkReader, targets: list[TensorTarget]) -> None:
             tensors.copy_into(target, tmp)
 
         jobs.append(ReadJob(e, tmp_bytes, offsets, shape, done))
-    reader.run(jobs)
+    tasks = reader.tasks(jobs)
+    if direct.rows:
+        tasks += reader.whole_tasks(np.asarray(direct.rows, dtype=np.int64), direct.addrs,
+                                    np.asarray(direct.tensors, dtype=np.int64), fresh=new is not None)
+    reader.run_tasks(tasks)
+    for job in jobs:
+        if job.done is not None:
+            job.done()
+
+
+def _address(x: Any) -> int | None:
+    """The address of a plain host tensor's memory when a load may write it directly
+    (contiguous, on the CPU, no conj/neg bit, numpy: writeable); else None."""
+    if type(x) in tensors.PLAIN_TENSOR_TYPES:
+        if x.is_cpu and x.is_contiguous() and not x.is_conj() and not x.is_neg():
+            return x.data_ptr()
+        return None
+    if type(x) is np.ndarray and x.flags.c_contiguous and x.flags.writeable:
+        return x.ctypes.data
+    return None
 
 
 def load(path: str, state: MutableMapping[str, Any] | Stateful | None = None, *, strict: bool = True,
@@ -110,6 +150,13 @@ def load_checked(path: str, state: MutableMapping[str, Any] | Stateful | None,
     if state is not None and not isinstance(state, MutableMapping) and not is_stateful(state):
         raise TypeError(f"state must be a mutable mapping (dict) or a Stateful object (with "
                         f"state_dict() and load_state_dict()) to load into, got {type(state).__name__}")
+    with paused():  # building thousands of tensors and entries: no collection meanwhile
+        return _load(path, state, check, strict, storage_options, mmap, process_group, collective, timeout)
+
+
+def _load(path: str, state: MutableMapping[str, Any] | Stateful | None, check: Callable[[Index], None] | None,
+          strict: bool, storage_options: dict | None, mmap: bool, process_group: Any,
+          collective: bool | None, timeout: float | None) -> Any:
     storage, spath = storage_for(path, storage_options)
     if collective is not False and distributed_active(process_group):
         index = read_index_collective(storage, spath, get_comm(process_group), timeout)
@@ -161,8 +208,8 @@ def _load_from(storage: Any, spath: str, index: Index, path: str,
     reader = ChunkReader(storage, spath, index)
     if state is None:
         with allocating(lambda: _total(index, path)):
-            value, targets = build_new(index)
-        read_targets(reader, targets)
+            value, new = new_state.build(index)
+        read_targets(reader, new.others, new)
         return value
     with loading():  # PerRank values describe only this rank's entry
         m = match(index, state)

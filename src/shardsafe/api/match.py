@@ -28,8 +28,8 @@ from ..plan.flatten import Stateful, alias_key, is_stateful
 class TensorTarget:
     """A checkpoint tensor and the host/device tensor it is read into."""
 
-    entry: TensorEntry
-    """The tensor's index entry (its chunks)."""
+    entry: TensorEntry | None
+    """The tensor's index entry (its chunks); None when ``tid`` names it in the index's columns."""
     target: Any
     """The tensor (or DTensor) its bytes are read into."""
     dest: Any = None
@@ -37,6 +37,8 @@ class TensorTarget:
     offsets: tuple[int, ...] | None = None
     """Where ``target`` starts in the global tensor, when it holds only a box of it (a DCP
     read item); None: derived from ``target`` (all of it, or a DTensor's local shard)."""
+    tid: int = -1
+    """The tensor's position in the index's tensor table (-1: not known)."""
 
 
 @dataclass(slots=True)
@@ -96,6 +98,7 @@ class _Matcher:
         self.m = Matching()
         self.memo: dict[int, Any] = {}  # tensor id -> new tensor (tied tensors come back tied)
         self.read_into: dict[int, set[Any]] = {}  # tensor id -> alias keys of targets read into
+        self._cpu_dtypes = tensors.cpu_dtype_table()
 
     def fresh(self, node: Node, path: KeyPath) -> Any:
         """A new value built from the checkpoint; its tensors are allocated and read later."""
@@ -119,6 +122,8 @@ class _Matcher:
         before they change (inside Stateful objects, whose ``state_dict()`` may hand out
         live internals or one list under two keys, as SequentialLR does with ``_last_lr``).
         """
+        if type(target) in tensors.PLAIN_TENSOR_TYPES:  # the common case, decided first
+            return self.tensor(target, node, path, open_)
         t = _kind(node)
         if is_stateful(target):
             if t != "dict":
@@ -182,22 +187,42 @@ class _Matcher:
                 return self.fresh(node, path)
             self.mismatch(path, f"target is a tensor, checkpoint holds {_kind(node)}")
             return target
-        e = self.index.tensors[node["id"]]
-        try:
-            dtype = tensors.dtype_of(target).name
-        except (ValueError, TypeError):  # qint8, numpy strings...: nothing could be read into it
-            self.mismatch(path, f"target dtype {target.dtype} cannot hold checkpoint {e.dtype}{list(e.shape)}")
-            return target
-        shape = tensors.shape_of(target)
-        if shape != e.shape or dtype != e.dtype:
-            self.mismatch(path, f"target {dtype}{list(shape)}, checkpoint {e.dtype}{list(e.shape)}")
+        i = node["id"]
+        want_dtype, want_shape = self._header(i)
+        plain = type(target) in tensors.PLAIN_TENSOR_TYPES
+        hit = self._cpu_dtypes.get(target.dtype) if plain else None
+        if hit is not None:
+            dtype, shape = hit[0], tuple(target.shape)
+        else:
+            try:
+                dtype = tensors.dtype_of(target).name
+            except (ValueError, TypeError):  # qint8, numpy strings...: nothing could be read into it
+                self.mismatch(path, f"target dtype {target.dtype} cannot hold checkpoint "
+                                    f"{want_dtype}{list(want_shape)}")
+                return target
+            shape = tensors.shape_of(target)
+        if shape != want_shape or dtype != want_dtype:
+            self.mismatch(path, f"target {dtype}{list(shape)}, checkpoint {want_dtype}{list(want_shape)}")
             return target
         key = alias_key(target)
-        done = self.read_into.setdefault(node["id"], set())
-        if key is None or key not in done:  # a tied target already being read needs no second read
-            self.m.reads.append(TensorTarget(e, target))
+        done = self.read_into.get(i)
+        if done is None:
+            self.read_into[i] = {key}
+        elif key is not None and key in done:  # a tied target already being read needs no second read
+            return target
+        else:
             done.add(key)
+        entry = self.index.tensors[i] if self.index.infos is None else None
+        self.m.reads.append(TensorTarget(entry, target, tid=i))
         return target
+
+    def _header(self, i: int) -> tuple[str, tuple[int, ...]]:
+        """Dtype and global shape of tensor ``i`` (from the columns when the index has them)."""
+        infos = self.index.infos
+        if infos is not None:
+            return infos[i].dtype, infos[i].shape
+        e = self.index.tensors[i]
+        return e.dtype, e.shape
 
 
 def match(index: Index, target: MutableMapping[str, Any] | Stateful) -> Matching:

@@ -3,8 +3,10 @@
 Cases: (a) large fp32 tensors (default 2 GiB in 64 MiB tensors), (b) 20,000 small
 tensors of 1-64 KiB, (c) a small transformer trained on the CPU with an async save every
 10 steps vs none, (d) case (a)'s state saved async within host-memory budgets of 1/8,
-1/4 and 1/2 of it vs none; ``compression``: shardsafe's codecs against zstd on raw bytes
-and ZipNN on the same tensors (``bench.compression``). The machine's limits (memcpy,
+1/4 and 1/2 of it vs none, (e) 100,000 tiny tensors of 16 floats (the cost per tensor
+of a sync save and of loads, against torch and safetensors: DCP takes minutes there); ``compression``:
+shardsafe's codecs against zstd on raw bytes and ZipNN on the same tensors
+(``bench.compression``). The machine's limits (memcpy,
 direct-I/O write/read, buffered write)
 are measured in the same run, and results are reported as ratios, which stay meaningful
 on shared machines where absolute times drift. Medians of ``--repeat`` rounds, after an
@@ -46,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-size", type=parse_size, default=parse_size("64MiB"),
                    help="case (a) tensor size (default 64MiB)")
     p.add_argument("--small-count", type=int, default=20000, help="case (b) tensor count")
-    p.add_argument("--cases", default="a,b,c,d", help="comma-separated subset of a,b,c,d,compression")
+    p.add_argument("--tiny-count", type=int, default=100000, help="case (e) tensor count")
+    p.add_argument("--cases", default="a,b,c,d,e", help="comma-separated subset of a,b,c,d,e,compression")
     p.add_argument("--compression-size", type=parse_size, default=parse_size("128MiB"),
                    help="case compression: bytes of each tensor (default 128MiB; the end-to-end "
                         "state holds 1.5x this)")
@@ -70,18 +73,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _cases(args: argparse.Namespace) -> list[str]:
     """The cases to run (``--quick`` also shrinks every size to a smoke test)."""
     if args.quick:
-        args.size, args.tensor_size, args.small_count = 4 << 20, 1 << 20, 100
+        args.size, args.tensor_size, args.small_count, args.tiny_count = 4 << 20, 1 << 20, 100, 200
         args.repeat, args.steps, args.every = 1, 4, 2
         args.compression_size = 1 << 20
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    if not set(cases) <= {"a", "b", "c", "d", "compression"}:
-        raise ValueError(f"--cases takes a subset of a,b,c,d,compression, got {args.cases!r}")
+    if not set(cases) <= {"a", "b", "c", "d", "e", "compression"}:
+        raise ValueError(f"--cases takes a subset of a,b,c,d,e,compression, got {args.cases!r}")
     return cases
 
 
 def _io_cases(args: argparse.Namespace, cases: list[str], directory: str,
               log: Callable[[str], None] | None) -> tuple[dict[str, Any], dict[str, float]]:
-    """Cases (a) and (b), with the machine limits measured in the same run."""
+    """Cases (a), (b) and (e), with the machine limits measured in the same run."""
     from . import limits, runner, states
 
     results: dict[str, runner.CaseResult] = {}
@@ -99,6 +102,12 @@ def _io_cases(args: argparse.Namespace, cases: list[str], directory: str,
         st = states.small_tensors(args.small_count)
         results["b"] = runner.run_io_case("b", f"{args.small_count} small tensors (1-64 KiB)", st,
                                           directory, args.repeat, **opts)
+        del st
+    if "e" in cases:
+        st = states.tiny_tensors(args.tiny_count)
+        results["e"] = runner.run_io_case("e", f"{args.tiny_count} tiny tensors (16 fp32 each)", st,
+                                          directory, args.repeat, peers=("torch", "safetensors"),
+                                          skip=runner.PER_TENSOR_SKIP, **opts)
         del st
     return results, lim
 

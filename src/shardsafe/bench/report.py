@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .limits import LIMIT_LABELS
-from .runner import SAVE, CaseResult
+from .runner import LOAD, SAVE, CaseResult
 
 MiB = 1 << 20
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"  # the section write_doc fills by default
@@ -24,8 +24,8 @@ def case_table(c: CaseResult, limits: dict[str, float]) -> str:
             f"{c.ntensors} tensors, {c.nbytes / MiB:.0f} MiB. Medians; seconds.",
             "",
             "| operation | caller blocked (s) | durable / done (s) | GB/s | peak extra RSS (MiB) "
-            "| vs dcp (time ratio) | vs machine limit |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
+            "| vs dcp (time ratio) | vs torch (time ratio) | vs machine limit |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for o in c.ops:
         s = o.samples
         total = s.median("durable")
@@ -33,8 +33,8 @@ def case_table(c: CaseResult, limits: dict[str, float]) -> str:
         rss = s.median("rss")
         if rss is not None and s.median("retained"):
             rss += s.median("retained")  # buffers kept from one save to the next count too
-        peer = _peer(c, o)
-        vs = peer / total if peer and total else None
+        vs = _ratio(_peer(c, o, "dcp"), total)
+        vs_torch = _ratio(_peer(c, o, "torch"), total)
         if o.kind == SAVE:
             lim = gbs / limits["direct_write"] if gbs and limits.get("direct_write") else None
             blocked = s.median("stall")
@@ -44,22 +44,32 @@ def case_table(c: CaseResult, limits: dict[str, float]) -> str:
             blocked = None
         rows.append(f"| {o.label} | {_f(blocked)} | {_f(total)} | {_f(gbs, '{:.2f}')} | "
                     f"{_f(rss / MiB if rss is not None else None, '{:.0f}')} | "
-                    f"{_f(vs, '{:.2f}x')} | {_f(lim, '{:.0%}')} |")
+                    f"{_f(vs, '{:.2f}x')} | {_f(vs_torch, '{:.2f}x')} | {_f(lim, '{:.0%}')} |")
     rows += ["", "*peak extra RSS*: the peak resident memory during the operation above what "
              "the process held before it, plus (shardsafe saves) the buffers the Checkpointer "
              "keeps between saves (staging copy and sync-save bounce buffers). "
-             "*vs dcp*: the DCP operation's time divided by this one's (saves: dcp.save; "
-             "loads: dcp.load in place, same cache state); above 1 is faster than DCP. "
+             "*vs dcp* / *vs torch*: the peer's time divided by this one's (saves: dcp.save / "
+             "torch.save + fsync; loads: dcp.load in place / torch.load weights_only, same cache "
+             "state); above 1 is faster than the peer. "
              "*vs machine limit*: GB/s over the direct-I/O write (saves), the direct-I/O read "
              "(cold loads) or memcpy (warm loads) measured in this run."]
     return "\n".join(rows)
 
 
-def _peer(c: CaseResult, o: Any) -> float | None:
-    if o.kind == SAVE:
-        p = c.op("dcp.save")
-    else:
-        p = c.op("dcp.load in place (cold)" if "(cold)" in o.label else "dcp.load in place (warm)")
+_PEER_OPS = {("dcp", SAVE): "dcp.save", ("dcp", LOAD): "dcp.load in place",
+             ("torch", SAVE): "torch.save + fsync", ("torch", LOAD): "torch.load weights_only",
+             ("safetensors", SAVE): "safetensors save_file + fsync",
+             ("safetensors", LOAD): "safetensors load_file + copy"}
+
+
+def _peer_label(peer: str, kind: str, cold: bool) -> str:
+    label = _PEER_OPS[(peer, kind)]
+    return label if kind == SAVE else f"{label} ({'cold' if cold else 'warm'})"
+
+
+def _peer(c: CaseResult, o: Any, peer: str) -> float | None:
+    """The time of ``peer``'s operation comparable with ``o`` (same kind and cache state)."""
+    p = c.op(_peer_label(peer, o.kind, "(cold)" in o.label))
     return p.samples.median("durable") if p else None
 
 
@@ -90,16 +100,17 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def targets(cases: dict[str, CaseResult], limits: dict[str, float],
-            training: dict[str, float] | None) -> list[Target]:
-    """The performance targets (goal and whether it is met), computed from this run."""
-    a, b = cases.get("a"), cases.get("b")
-    out: list[Target] = []
+def _durable(c: CaseResult | None, label: str) -> float | None:
+    return _m(c, label, "durable")
 
-    def add(name: str, value: float | None, goal: str, ok: bool | None) -> None:
-        out.append(Target(name, value, goal, None if value is None else ok))
 
-    memcpy_s = a.nbytes / limits["memcpy_prefaulted"] / 1e9 if a and limits.get("memcpy_prefaulted") else None
+def _speedup(c: CaseResult | None, peer: str, mine: str) -> float | None:
+    """How many times faster shardsafe's ``mine`` is than ``peer``'s (time ratio)."""
+    return _ratio(_durable(c, peer), _durable(c, mine))
+
+
+def _targets_a(a: CaseResult, limits: dict[str, float], add: Any) -> None:
+    memcpy_s = a.nbytes / limits["memcpy_prefaulted"] / 1e9 if limits.get("memcpy_prefaulted") else None
     blk = _m(a, "shardsafe async_save (blocking)", "stall")
     bg = _m(a, "shardsafe async_save (background)", "stall")
     r = _ratio(blk, _m(a, "dcp.async_save", "stall"))
@@ -108,18 +119,72 @@ def targets(cases: dict[str, CaseResult], limits: dict[str, float],
     add("(a) stall, blocking staging / memcpy time", r, "<= 1.5", r is not None and r <= 1.5)
     r = _ratio(bg, memcpy_s)
     add("(a) stall, background staging / memcpy time", r, "<= 0.10", r is not None and r <= 0.1)
-    r = _ratio(_m(a, "dcp.save", "durable"), _m(a, "shardsafe save", "durable"))
-    add("(a) durable sync save speed-up vs dcp.save", r, ">= 2.5x", r is not None and r >= 2.5)
-    gbs = _ratio(a.nbytes / 1e9, _m(a, "shardsafe save", "durable")) if a else None
+    r = _speedup(a, "dcp.save", "shardsafe save")
+    add("(a) durable sync save speed-up vs dcp.save", r, ">= 2x", r is not None and r >= 2)
+    gbs = _ratio(a.nbytes / 1e9, _durable(a, "shardsafe save"))
     r = _ratio(gbs, limits.get("direct_write"))
-    add("(a) sync save GB/s / direct-I/O write GB/s", r, ">= 0.60", r is not None and r >= 0.6)
-    r = _ratio(_m(a, "dcp.load in place (warm)", "durable"), _m(a, "shardsafe load in place (warm)", "durable"))
+    add("(a) sync save GB/s / direct-I/O write GB/s", r, ">= 0.85", r is not None and r >= 0.85)
+    r = _speedup(a, "dcp.load in place (warm)", "shardsafe load in place (warm)")
     add("(a) in-place load (warm) speed-up vs dcp.load", r, ">= 2.5x", r is not None and r >= 2.5)
-    gbs = _ratio(a.nbytes / 1e9, _m(a, "shardsafe load in place (cold)", "durable")) if a else None
+    r = _speedup(a, "dcp.load in place (cold)", "shardsafe load in place (cold)")
+    add("(a) in-place load (cold) speed-up vs dcp.load", r, ">= 1.5x", r is not None and r >= 1.5)
+    gbs = _ratio(a.nbytes / 1e9, _durable(a, "shardsafe load in place (cold)"))
     r = _ratio(gbs, limits.get("direct_read_cold"))
     add("(a) in-place load (cold) GB/s / direct-I/O read GB/s", r, ">= 0.70", r is not None and r >= 0.7)
-    r = _ratio(_m(b, "dcp.save", "durable"), _m(b, "shardsafe save", "durable"))
-    add("(b) sync save speed-up vs dcp.save", r, ">= 4x", r is not None and r >= 4)
+
+
+def _targets_new_loads(c: CaseResult | None, goal: float, add: Any) -> None:
+    """Loads into new tensors against torch.load and safetensors, warm and cold."""
+    for cache in ("warm", "cold"):
+        mine = f"shardsafe load new ({cache})"
+        r = _speedup(c, f"torch.load weights_only ({cache})", mine)
+        add(f"({c.name}) load new ({cache}) speed-up vs torch.load", r, f">= {goal}x",
+            r is not None and r >= goal)
+        r = _speedup(c, f"safetensors load_file + copy ({cache})", mine)
+        add(f"({c.name}) load new ({cache}) speed-up vs safetensors load_file + copy", r, ">= 1.0x",
+            r is not None and r >= 1.0)
+
+
+def _per_tensor(c: CaseResult, label: str) -> float | None:
+    t = _durable(c, label)
+    return t / c.ntensors * 1e6 if t is not None and c.ntensors else None
+
+
+def _targets_e(e: CaseResult, add: Any) -> None:
+    """Case (e): microseconds per tensor, and the speed-ups they imply over torch."""
+    us = _per_tensor(e, "shardsafe save")
+    add("(e) sync save, microseconds per tensor", us, "<= 15", us is not None and us <= 15)
+    r = _speedup(e, "torch.save + fsync", "shardsafe save")
+    add("(e) sync save speed-up vs torch.save + fsync", r, ">= 2x", r is not None and r >= 2)
+    for cache in ("warm", "cold"):
+        us = _per_tensor(e, f"shardsafe load new ({cache})")
+        add(f"(e) load new ({cache}), microseconds per tensor", us, "<= 15", us is not None and us <= 15)
+        r = _speedup(e, f"torch.load weights_only ({cache})", f"shardsafe load new ({cache})")
+        add(f"(e) load new ({cache}) speed-up vs torch.load", r, ">= 4x", r is not None and r >= 4)
+    us = _per_tensor(e, "shardsafe load in place (warm)")
+    add("(e) load in place (warm), microseconds per tensor", us, "<= 15", us is not None and us <= 15)
+
+
+def targets(cases: dict[str, CaseResult], limits: dict[str, float],
+            training: dict[str, float] | None) -> list[Target]:
+    """The performance targets (goal and whether it is met), computed from this run."""
+    a, b, e = cases.get("a"), cases.get("b"), cases.get("e")
+    out: list[Target] = []
+
+    def add(name: str, value: float | None, goal: str, ok: bool | None) -> None:
+        out.append(Target(name, value, goal, None if value is None else ok))
+
+    if a is not None:  # the targets of the cases that ran
+        _targets_a(a, limits, add)
+        _targets_new_loads(a, 1.2, add)
+    if b is not None:
+        r = _speedup(b, "dcp.save", "shardsafe save")
+        add("(b) sync save speed-up vs dcp.save", r, ">= 4x", r is not None and r >= 4)
+        r = _speedup(b, "torch.save + fsync", "shardsafe save")
+        add("(b) sync save speed-up vs torch.save + fsync", r, ">= 1.5x", r is not None and r >= 1.5)
+        _targets_new_loads(b, 1.5, add)
+    if e is not None:
+        _targets_e(e, add)
     if training:
         for k, v in training.items():
             if k != "none":

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +17,15 @@ from .states import nbytes, zeros_like
 
 SAVE = "save"
 LOAD = "load"
+PEERS = ("torch", "dcp", "safetensors")  # the systems shardsafe is compared with
+# Case (e) measures the cost per tensor of the sync save and of the loads, nothing else
+PER_TENSOR_SKIP = ("shardsafe async_save (blocking)", "shardsafe async_save (background)",
+                   "shardsafe load mmap=True (cold)")
+
+
+def available_peers(peers: Collection[str] = PEERS) -> tuple[str, ...]:
+    """``peers`` without safetensors when it is not installed (it is an optional extra)."""
+    return tuple(p for p in peers if p != "safetensors" or importlib.util.find_spec("safetensors"))
 
 
 @dataclass
@@ -23,7 +34,7 @@ class OpResult:
 
     label: str
     kind: str  # SAVE or LOAD
-    system: str  # "shardsafe", "torch", "dcp"
+    system: str  # "shardsafe", "torch", "dcp", "safetensors"
     samples: Samples = field(default_factory=Samples)
 
 
@@ -41,8 +52,8 @@ class CaseResult:
         return next((o for o in self.ops if o.label == label), None)
 
 
-def _save_ops(ckpt: shardsafe.Checkpointer) -> list[tuple[OpResult, Any, str]]:
-    return [
+def _save_ops(ckpt: shardsafe.Checkpointer, peers: Collection[str]) -> list[tuple[OpResult, Any, str]]:
+    ops = [
         (OpResult("shardsafe save", SAVE, "shardsafe"), systems.shardsafe_save(ckpt), "ss"),
         (OpResult("shardsafe async_save (blocking)", SAVE, "shardsafe"),
          systems.shardsafe_async(ckpt, "blocking"), "ss"),
@@ -51,11 +62,15 @@ def _save_ops(ckpt: shardsafe.Checkpointer) -> list[tuple[OpResult, Any, str]]:
         (OpResult("torch.save + fsync", SAVE, "torch"), systems.torch_save, "torch"),
         (OpResult("dcp.save", SAVE, "dcp"), systems.dcp_save, "dcp"),
         (OpResult("dcp.async_save", SAVE, "dcp"), systems.dcp_async_save, "dcp"),
+        (OpResult("safetensors save_file + fsync", SAVE, "safetensors"), systems.safetensors_save, "st"),
     ]
+    return [op for op in ops if op[0].system == "shardsafe" or op[0].system in peers]
 
 
-def _load_ops(state: dict[str, Any], system_drop: bool) -> list[tuple[OpResult, Any, str, bool]]:
-    ss_target, dcp_target = zeros_like(state), zeros_like(state)
+def _load_ops(state: dict[str, Any], system_drop: bool,
+              peers: Collection[str]) -> list[tuple[OpResult, Any, str, bool]]:
+    ss_target = zeros_like(state)
+    dcp_target = zeros_like(state) if "dcp" in peers else None
     out = []
     for cold in (True, False):
         c = "cold" if cold else "warm"
@@ -66,20 +81,26 @@ def _load_ops(state: dict[str, Any], system_drop: bool) -> list[tuple[OpResult, 
              systems.shardsafe_load_new(cold, system_drop), "ss", cold),
             (OpResult(f"torch.load weights_only ({c})", LOAD, "torch"),
              systems.torch_load(cold, system_drop), "torch", cold),
-            (OpResult(f"dcp.load in place ({c})", LOAD, "dcp"),
-             systems.dcp_load_in_place(dcp_target, cold, system_drop), "dcp", cold),
+            (OpResult(f"safetensors load_file + copy ({c})", LOAD, "safetensors"),
+             systems.safetensors_load(cold, system_drop), "st", cold),
         ]
+        if dcp_target is not None:
+            out.append((OpResult(f"dcp.load in place ({c})", LOAD, "dcp"),
+                        systems.dcp_load_in_place(dcp_target, cold, system_drop), "dcp", cold))
     out.append((OpResult("shardsafe load mmap=True (cold)", LOAD, "shardsafe"),
                 systems.shardsafe_load_new(True, system_drop, mmap=True), "ss", True))
-    return out
+    return [op for op in out if op[0].system == "shardsafe" or op[0].system in peers]
 
 
 def run_io_case(name: str, title: str, state: dict[str, Any], directory: str, repeat: int, *,
-                system_drop: bool = False, warmup: bool = True, log: Any = None) -> CaseResult:
-    """Saves and loads ``state`` with every system ``repeat`` times (after a warm-up round)."""
+                system_drop: bool = False, warmup: bool = True, log: Any = None,
+                peers: Collection[str] = PEERS, skip: Collection[str] = ()) -> CaseResult:
+    """Saves and loads ``state`` with shardsafe and every system of ``peers`` ``repeat``
+    times (after a warm-up round), leaving out the operations labelled in ``skip``."""
+    peers = available_peers(peers)
     ckpt = shardsafe.Checkpointer()
-    saves = _save_ops(ckpt)
-    loads = _load_ops(state, system_drop)
+    saves = [op for op in _save_ops(ckpt, peers) if op[0].label not in skip]
+    loads = [op for op in _load_ops(state, system_drop, peers) if op[0].label not in skip]
     try:
         for r in range(-1 if warmup else 0, repeat):  # round -1 warms up (allocations, imports)
             latest: dict[str, str] = {}

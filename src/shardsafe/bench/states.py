@@ -1,4 +1,4 @@
-"""The benchmark states: (a) large fp32 tensors, (b) many small tensors."""
+"""The benchmark states: (a) large fp32 tensors, (b) many small tensors, (e) tiny tensors."""
 
 from __future__ import annotations
 
@@ -24,6 +24,12 @@ def small_tensors(count: int, lo: int = 1 << 10, hi: int = 64 << 10) -> dict[str
                                        generator=g)
     sizes = (2 ** logs).long() // 4
     return {f"p{i:05d}": torch.randn(int(s), generator=g) for i, s in enumerate(sizes)}
+
+
+def tiny_tensors(count: int, numel: int = 16) -> dict[str, Any]:
+    """Case (e): ``count`` fp32 tensors of ``numel`` elements (per-tensor cost, not bandwidth)."""
+    g = torch.Generator().manual_seed(2)
+    return {f"t{i:06d}": torch.randn(numel, generator=g) for i in range(count)}
 
 
 def nbytes(state: dict[str, Any]) -> int:

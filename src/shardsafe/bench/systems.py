@@ -63,6 +63,21 @@ def torch_save(state: dict[str, Any], path: str) -> dict[str, float]:
     return {"stall": d, "durable": d}
 
 
+def safetensors_save(state: dict[str, Any], path: str) -> dict[str, float]:
+    """``safetensors.torch.save_file`` of the (flat) state, then fsync."""
+    from safetensors.torch import save_file
+
+    t = time.perf_counter()
+    save_file(state, path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    d = time.perf_counter() - t
+    return {"stall": d, "durable": d}
+
+
 def dcp_save(state: dict[str, Any], path: str) -> dict[str, float]:
     dcp = _dcp()
     t = time.perf_counter()
@@ -108,6 +123,20 @@ def shardsafe_load_new(cold: bool, system_drop: bool = False, mmap: bool = False
 
 def torch_load(cold: bool, system_drop: bool = False) -> Op:
     return _load_op(lambda path: torch.load(path, weights_only=True), cold, system_drop)
+
+
+def _safetensors_copy(path: str) -> dict[str, Any]:
+    """``safetensors.torch.load_file`` (tensors backed by a memory map of the file), then a
+    copy of each into memory of its own: what holds the state once the file is closed."""
+    from safetensors.torch import load_file
+
+    return {k: v.clone() for k, v in load_file(path).items()}
+
+
+def safetensors_load(cold: bool, system_drop: bool = False) -> Op:
+    import safetensors.torch  # noqa: F401 - imported before any timing
+
+    return _load_op(_safetensors_copy, cold, system_drop)
 
 
 def dcp_load_in_place(target: dict[str, Any], cold: bool, system_drop: bool = False) -> Op:

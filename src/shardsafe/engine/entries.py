@@ -14,6 +14,7 @@ import json
 import math
 import struct
 from collections.abc import Sequence
+from itertools import chain
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +30,7 @@ from ..format.index_v2 import ColumnarIndex, TensorInfo
 from ..format.tree import render_path
 from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
+from .units import BlockSums
 
 I64 = np.dtype("<i8")
 _COLS = ("item", "file", "offset", "nsums", "pos", "extent", "sums", "codec", "stored", "stored_sums")
@@ -89,25 +91,39 @@ class Entries:
 
 def from_plans(plans: Sequence[FilePlan], checksums: Sequence[Sequence[Sequence[int]]], rank: int,
                refs: Sequence[tuple[TensorItem, ChunkRef]] = ()) -> Entries:
-    """The entries of the files this rank wrote, given each file's per-item block checksums,
-    plus the chunks it references in earlier steps' files (``refs``, incremental saves;
-    a referenced compressed chunk keeps its coding columns)."""
-    item, file, offset, nsums, pos, extent, sums = [], [], [], [], [], [], []
-    rows = [(f, it, off, s) for f, (plan, per_item) in enumerate(zip(plans, checksums))
-            for it, off, s in zip(plan.items, plan.layout.offsets, per_item)]
+    """The entries of the files this rank wrote, given each file's per-item block checksums
+    (a ``BlockSums`` is taken as columns), plus the chunks it references in earlier steps'
+    files (``refs``, incremental saves; a referenced compressed chunk keeps its coding columns)."""
+    cols: dict[str, list[np.ndarray]] = {c: [] for c in ("item", "file", "offset", "nsums", "sums")}
+    pos: list[int] = []
+    extent: list[int] = []
+    for f, (plan, per_item) in enumerate(zip(plans, checksums)):
+        items = plan.items
+        cols["item"].append(np.fromiter((it.id for it in items), dtype=I64, count=len(items)))
+        cols["file"].append(np.full(len(items), f, dtype=I64))
+        cols["offset"].append(np.asarray(plan.layout.offsets, dtype=I64).reshape(len(items)))
+        if isinstance(per_item, BlockSums):
+            cols["nsums"].append(np.diff(per_item.first))
+            cols["sums"].append(per_item.flat.astype(np.uint32, copy=False))
+        else:
+            cols["nsums"].append(np.array([len(s) for s in per_item], dtype=I64).reshape(len(items)))
+            cols["sums"].append(np.array([x for s in per_item for x in s], dtype=np.uint32))
+        pos.extend(chain.from_iterable(it.offsets for it in items))
+        extent.extend(chain.from_iterable(it.local_shape for it in items))
     ref_files = reference_files(refs)
     ref_id = {f.name: len(plans) + i for i, f in enumerate(ref_files)}
-    rows += [(ref_id[r.file.name], it, r.offset, r.checksums) for it, r in refs]
-    for f, it, off, s in rows:
-        item.append(it.id)
-        file.append(f)
-        offset.append(off)
-        nsums.append(len(s))
-        pos.extend(it.offsets)
-        extent.extend(it.local_shape)
-        sums.extend(s)
+    if refs:
+        cols["item"].append(np.array([it.id for it, _ in refs], dtype=I64))
+        cols["file"].append(np.array([ref_id[r.file.name] for _, r in refs], dtype=I64))
+        cols["offset"].append(np.array([r.offset for _, r in refs], dtype=I64))
+        cols["nsums"].append(np.array([len(r.checksums) for _, r in refs], dtype=I64))
+        cols["sums"].append(np.array([x for _, r in refs for x in r.checksums], dtype=np.uint32))
+        pos.extend(chain.from_iterable(it.offsets for it, _ in refs))
+        extent.extend(chain.from_iterable(it.local_shape for it, _ in refs))
     files = [FileEntry(p.name, p.layout.size, p.layout.data_start, rank) for p in plans] + ref_files
-    a = [np.array(x, dtype=I64) for x in (item, file, offset, nsums, pos, extent)]
+    a = {c: np.concatenate(v) if v else np.zeros(0, dtype=np.uint32 if c == "sums" else I64)
+         for c, v in cols.items()}
+    sums = a.pop("sums")
     codec, stored, stored_sums = (np.zeros(len(sums), dtype=I64) for _ in range(3))
     if any(r.codec for _, r in refs):  # referenced compressed chunks keep their coding
         at = len(sums) - sum(len(r.checksums) for _, r in refs)
@@ -117,8 +133,8 @@ def from_plans(plans: Sequence[FilePlan], checksums: Sequence[Sequence[Sequence[
                 codec[at : at + n], stored[at : at + n], stored_sums[at : at + n] = (
                     r.codec, r.stored, r.stored_checksums)
             at += n
-    return Entries(files, *a, np.array(sums, dtype=np.uint32), codec, stored,
-                   stored_sums.astype(np.uint32))
+    return Entries(files, a["item"], a["file"], a["offset"], a["nsums"], np.array(pos, dtype=I64),
+                   np.array(extent, dtype=I64), sums, codec, stored, stored_sums.astype(np.uint32))
 
 
 def reference_files(refs: Sequence[tuple[TensorItem, ChunkRef]]) -> list[FileEntry]:
@@ -247,6 +263,58 @@ def _gather_runs(values: np.ndarray, lengths: np.ndarray, order: np.ndarray) -> 
     return values[idx]
 
 
+def _table_slots(items: Sequence[TensorItem], item_ids: np.ndarray) -> np.ndarray:
+    """The tensor-table position of each chunk's item (``item_ids`` are item ids)."""
+    ids = np.fromiter((it.id for it in items), dtype=I64, count=len(items))
+    if len(ids) and (ids == np.arange(len(ids))).all():  # a single process numbers them so
+        t_of = item_ids.copy()
+        unknown = (t_of < 0) | (t_of >= len(ids))
+    else:
+        sort = np.argsort(ids, kind="stable")
+        at = np.minimum(np.searchsorted(ids[sort], item_ids), max(len(ids) - 1, 0))
+        unknown = ids[sort][at] != item_ids if len(ids) else np.ones(len(item_ids), dtype=bool)
+        t_of = sort[at] if len(ids) else np.zeros(len(item_ids), dtype=I64)
+    if unknown.any():
+        raise CheckpointError(f"a rank wrote chunks of unknown item {int(item_ids[np.argmax(unknown)])}")
+    return t_of
+
+
+def _splits(items: Sequence[TensorItem], counts: np.ndarray, starts: np.ndarray, pos: np.ndarray,
+            ext: np.ndarray, file: np.ndarray) -> list[Split | None]:
+    """Each tensor's split rule (see ``detect_split``), from the chunk rows sorted by tensor.
+
+    A tensor with one whole chunk (every tensor of a single-process save) is decided from
+    the columns at once, and its ``Split`` is shared with every tensor of the same first
+    dimension and file (splits are immutable).
+    """
+    nt = len(items)
+    shapes = [it.shape for it in items]
+    width = pos.shape[1]
+    gshape = np.ones((nt, width), dtype=I64)
+    ndim = np.fromiter(map(len, shapes), dtype=I64, count=nt)
+    if width and nt:
+        dims = np.fromiter(chain.from_iterable(shapes), dtype=I64, count=int(ndim.sum()))
+        gshape[np.arange(width) < ndim[:, None]] = dims
+    first = np.minimum(starts[:-1], max(len(file) - 1, 0))
+    whole = (counts == 1) & (ndim > 0) & (gshape.min(axis=1, initial=1) >= 1)
+    if len(file):
+        whole &= (pos[first] == 0).all(axis=1) & (ext[first] == gshape).all(axis=1)
+    shared: dict[tuple[int, int], Split] = {}
+    out: list[Split | None] = []
+    rows0, files0 = first.tolist(), file[first].tolist() if len(file) else [0] * nt
+    for t, (w, r, f) in enumerate(zip(whole.tolist(), rows0, files0)):
+        if w:
+            key = (shapes[t][0], f)
+            sp = shared.get(key)
+            if sp is None:
+                sp = shared[key] = Split(0, int(shapes[t][0]), int(f), 0)
+            out.append(sp)
+        else:
+            a, b, k = int(starts[t]), int(starts[t + 1]), len(shapes[t])
+            out.append(detect_split(shapes[t], pos[a:b, :k], ext[a:b, :k], file[a:b]))
+    return out
+
+
 def columnar_index(items: Sequence[TensorItem], parts: Sequence[Entries], block_size: int,
                    **header: object) -> ColumnarIndex:
     """The v2 index of a save from every rank's entries (``header``: tree, world_size, ...).
@@ -256,28 +324,25 @@ def columnar_index(items: Sequence[TensorItem], parts: Sequence[Entries], block_
         CorruptCheckpointError: the chunks overlap or do not fit their files (a bug).
     """
     files, c = _concat(parts)
-    slot = {it.id: t for t, it in enumerate(items)}
-    t_of = np.array([slot.get(i, -1) for i in c["item"].tolist()], dtype=np.int64)
-    if (t_of < 0).any():
-        raise CheckpointError(f"a rank wrote chunks of unknown item {int(c['item'][np.argmin(t_of)])}")
-    ndims = np.array([len(it.shape) for it in items], dtype=np.int64)
-    nd = ndims[t_of] if len(t_of) else np.zeros(0, dtype=np.int64)
+    t_of = _table_slots(items, c["item"])
+    ndims = np.fromiter((len(it.shape) for it in items), dtype=I64, count=len(items))
+    nd = ndims[t_of] if len(t_of) else np.zeros(0, dtype=I64)
     width = int(ndims.max()) if len(ndims) else 0
     pos, ext = _padded(c["pos"], nd, width, 0), _padded(c["extent"], nd, width, 1)
-    order = np.lexsort(tuple(pos[:, k] for k in reversed(range(width))) + (t_of,))
+    if len(t_of) and (np.diff(t_of) > 0).all():  # one chunk per tensor, in table order
+        order = np.arange(len(t_of), dtype=I64)
+    else:
+        order = np.lexsort(tuple(pos[:, k] for k in reversed(range(width))) + (t_of,))
     _check_coverage(items, t_of[order], ext[order])
     counts = np.bincount(t_of, minlength=len(items))
     t_sorted, pos, ext = t_of[order], pos[order], ext[order]
     file, starts = c["file"][order], np.concatenate([[0], np.cumsum(counts)])
-    splits: list[Split | None] = []
-    general = np.zeros(len(order), dtype=bool)
-    for t, it in enumerate(items):
-        a, b, k = int(starts[t]), int(starts[t + 1]), len(it.shape)
-        split = detect_split(it.shape, pos[a:b, :k], ext[a:b, :k], file[a:b])
-        splits.append(split)
-        general[a:b] = split is None
+    splits = _splits(items, counts, starts, pos, ext, file)
+    is_general = np.fromiter((s is None for s in splits), dtype=bool, count=len(splits))
+    general = is_general[t_sorted] if len(t_sorted) else np.zeros(0, dtype=bool)
     keep = general[:, None] & (np.arange(width) < ndims[t_sorted][:, None])
-    itemsizes = [lookup(it.dtype).itemsize for it in items]
+    sizes = {d: lookup(d).itemsize for d in {it.dtype for it in items}}
+    itemsizes = [sizes[it.dtype] for it in items]
     sums = _gather_runs(c["sums"], c["nsums"], order)
     table = ChunkTable.build(
         [it.shape for it in items], itemsizes, splits,
@@ -288,7 +353,8 @@ def columnar_index(items: Sequence[TensorItem], parts: Sequence[Entries], block_
         lambda t: render_path(items[t].path),
         _coding(c, order, sums, np.prod(ext, axis=1, dtype=np.int64) * np.asarray(itemsizes, dtype=np.int64)[t_sorted]
                 if len(order) else np.zeros(0, dtype=np.int64), block_size))
-    infos = tuple(TensorInfo(it.path, it.kind, it.dtype, tuple(it.shape)) for it in items)
+    infos = tuple(map(TensorInfo, [it.path for it in items], [it.kind for it in items],
+                      [it.dtype for it in items], [tuple(it.shape) for it in items]))
     return ColumnarIndex(tensors=infos, files=tuple(files), chunks=table, **header)  # type: ignore[arg-type]
 
 
@@ -313,7 +379,8 @@ def _check_coverage(items: Sequence[TensorItem], t_sorted: np.ndarray, ext: np.n
     vol = np.prod(ext, axis=1, dtype=np.int64) if ext.shape[1] else np.ones(len(ext), np.int64)
     held = np.zeros(len(items), dtype=np.int64)
     np.add.at(held, t_sorted, vol)
-    for t in np.flatnonzero(held != np.array([math.prod(it.shape) for it in items], dtype=np.int64)).tolist()[:1]:
+    want = np.fromiter((math.prod(it.shape) for it in items), dtype=np.int64, count=len(items))
+    for t in np.flatnonzero(held != want).tolist()[:1]:
         it = items[t]
         raise CheckpointError(f"the ranks' chunks of {render_path(it.path)!r} hold {int(held[t])} "
                               f"elements, its global shape {list(it.shape)} needs {math.prod(it.shape)}")

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import knobs
+from .._collector import paused
 from ..comm import Comm, ExternalRank, get_comm
 from ..plan.flatten import TensorItem, flatten
 from ..plan.layout import FilePlan, block_file_name, data_file_name, plan_file
@@ -60,7 +61,15 @@ def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
         CheckpointError: the path holds something that must not be overwritten, or
             (collective saves) another rank failed to prepare.
     """
-    comm = comm or get_comm()
+    with paused():
+        return _prepare(state, path, overwrite=overwrite, metadata=metadata,
+                        storage_options=storage_options, comm=comm or get_comm(), timeout=timeout,
+                        baseline=baseline, compression=compression)
+
+
+def _prepare(state: Mapping[str, Any], path: str, *, overwrite: bool, metadata: Mapping[str, Any] | None,
+             storage_options: dict | None, comm: Comm, timeout: float | None,
+             baseline: Baseline | None, compression: str | None) -> PreparedSave:
     storage, spath = storage_for(path, storage_options)
     md = dict(metadata or {})
     if comm.world_size > 1:
@@ -139,10 +148,11 @@ def commit_save(prep: PreparedSave, sums: Sequence[list[list[int]]],
         CheckpointError: the commit failed (collective saves: on every rank).
         CheckpointTimeoutError: another rank did not answer within the timeout.
     """
-    if prep.channel is None:
-        commit.finish(prep.txn, build_index(prep, [local_entries(prep, sums, coded)]))
-    else:
-        two_phase_commit.commit_save(prep, local_entries(prep, sums, coded))
+    with paused():
+        if prep.channel is None:
+            commit.finish(prep.txn, build_index(prep, [local_entries(prep, sums, coded)]))
+        else:
+            two_phase_commit.commit_save(prep, local_entries(prep, sums, coded))
     if prep.baseline is not None and prep.split is not None:  # committed: the next save compares with it
         prep.baseline.advance(prep.txn.final, prep.plans, sums, prep.split, prep.comm.rank, coded)
 

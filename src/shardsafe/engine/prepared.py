@@ -17,7 +17,7 @@ from typing import Any
 from .._version import __version__
 from ..comm import Channel, Comm
 from ..format import index as fmt
-from ..format import index_v2
+from ..format import index_v3
 from ..format.tree import Node
 from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
@@ -115,7 +115,7 @@ def split_coded(items: Sequence[TensorItem], compression: str | None) -> tuple[l
 
 
 def build_index(prep: PreparedSave, parts: Sequence[Entries]) -> bytes:
-    """The index bytes (format v2) from every rank's entries, built as columns throughout.
+    """The index bytes (format v3) from every rank's entries, built as columns throughout.
 
     Raises:
         CheckpointError: the ranks' chunks do not hold exactly each tensor's elements.
@@ -123,4 +123,4 @@ def build_index(prep: PreparedSave, parts: Sequence[Entries]) -> bytes:
     index = columnar_index(prep.items, parts, BLOCK_SIZE, tree=prep.tree,
                            world_size=prep.comm.world_size, created=time.time(),
                            metadata=prep.metadata, library=f"shardsafe {__version__}")
-    return index_v2.encode(index)
+    return index_v3.encode(index)

@@ -9,6 +9,7 @@ stream (``cuda.DeviceCopier``) while the host tensors are being copied.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import threading
@@ -49,19 +50,61 @@ def _reset_in_child() -> None:
 os.register_at_fork(after_in_child=_reset_in_child)
 
 
-def host_sources(plan: FilePlan, *, device: bool = True) -> list[np.ndarray | None]:
-    """Flat uint8 host views of each item's bytes.
+class Sources(Sequence[np.ndarray]):
+    """Where the bytes of each item of a plan are on the host, by address.
 
-    With ``device`` (staging), CUDA tensors get None: ``stage_files`` copies them on a
-    side stream. Without it they are copied to the host here, synchronously.
+    ``addr[i]`` is the address of item ``i``'s row-major bytes: the tensor's own memory
+    when it is a contiguous host tensor (no object is made for it), else a host copy
+    kept alive here; 0 for a CUDA item that staging copies on a side stream (``device``
+    lists those). Indexing gives item ``i``'s bytes as a flat uint8 array (made on demand:
+    the block writer and gathered writes use arrays; the copies use addresses).
     """
-    return [None if device and cuda.is_device_tensor(it.value) else _host_view(it.value)
-            for it in plan.items]
+
+    def __init__(self, plan: FilePlan, *, device: bool = True) -> None:
+        self._items = plan.items
+        self.addr: list[int] = []
+        self.device: list[int] = []
+        self._keep: dict[int, np.ndarray] = {}
+        plain, strided = tensors.PLAIN_TENSOR_TYPES, tensors.STRIDED
+        for i, it in enumerate(plan.items):
+            x = it.value
+            if (type(x) in plain and x.is_cpu and x.layout is strided and x.is_contiguous()
+                    and not x.is_conj() and not x.is_neg()):
+                self.addr.append(x.data_ptr())
+            elif type(x) is np.ndarray and x.flags.c_contiguous:
+                self.addr.append(x.ctypes.data)
+            elif device and cuda.is_device_tensor(x):
+                self.addr.append(0)
+                self.device.append(i)
+            else:
+                host = self._keep[i] = tensors.host_bytes(x)
+                self.addr.append(host.ctypes.data)
+
+    def __len__(self) -> int:
+        return len(self.addr)
+
+    def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
+        """Item ``i``'s bytes as a flat uint8 array (None for a CUDA item left to staging)."""
+        kept = self._keep.get(i)
+        if kept is not None:
+            return kept
+        if self.addr[i] == 0 and i in self.device:
+            return None  # type: ignore[return-value]
+        return _host_view(self._items[i].value)
+
+
+def host_sources(plan: FilePlan, *, device: bool = True) -> Sources:
+    """The host bytes of each item of ``plan`` (see ``Sources``).
+
+    With ``device`` (staging), CUDA tensors are left out (``Sources.device``):
+    ``stage_files`` copies them on a side stream. Without it they are copied to the host
+    here, synchronously.
+    """
+    return Sources(plan, device=device)
 
 
 def _host_view(x: object) -> np.ndarray:
-    """``tensors.host_bytes``, with a shortcut for contiguous CPU tensors numpy can view
-    (half the per-tensor cost, which is what 20,000 small tensors pay)."""
+    """``tensors.host_bytes``, with a shortcut for contiguous CPU tensors numpy can view."""
     if (type(x) in tensors.PLAIN_TENSOR_TYPES and x.device.type == "cpu" and x.is_contiguous()
             and not x.is_conj() and not x.is_neg()):
         try:
@@ -71,19 +114,22 @@ def _host_view(x: object) -> np.ndarray:
     return tensors.host_bytes(x)
 
 
-def copy_unit(units: FileUnits, k: int, sources: Sequence[np.ndarray | None],
-              out: np.ndarray, base: int = 0) -> None:
-    """Copies the host bytes of unit ``k`` into ``out[dst - base]`` (device parts are skipped)."""
+def copy_unit(units: FileUnits, k: int, sources: Sources, out: np.ndarray, base: int = 0) -> None:
+    """Copies the host bytes of unit ``k`` into ``out[dst - base]`` (device parts are skipped).
+
+    One ``memmove`` per part, by address: it releases the GIL (copy threads run in
+    parallel) and costs no Python object per tensor.
+    """
     header = units.plan.layout.header
-    for p in units.parts(k):
-        if p.item == HEADER:
-            src = np.frombuffer(header, dtype=np.uint8, count=p.length, offset=p.src)
-        else:
-            s = sources[p.item]
-            if s is None:
-                continue
-            src = s[p.src : p.src + p.length]
-        out[p.dst - base : p.dst - base + p.length] = src
+    parts = units.parts(k)
+    addr = sources.addr
+    dst0 = out.ctypes.data - base
+    move = ctypes.memmove
+    for item, src, dst, n in zip(*parts):
+        if item == HEADER:
+            out[dst - base : dst - base + n] = np.frombuffer(header, dtype=np.uint8, count=n, offset=src)
+        elif addr[item]:
+            move(dst0 + dst, addr[item] + src, n)
 
 
 @dataclass(slots=True)
@@ -97,8 +143,8 @@ class StageTask:
     on_unit: Callable[..., None] | None = None
     """Called with ``k`` once unit ``k`` holds its final bytes (any thread, any order);
     ``stage_through`` passes the unit's buffer too: ``on_unit(k, buf)``."""
-    sources: list[np.ndarray | None] | None = None
-    """Per-item flat host bytes (default: ``host_sources`` of the plan; None: a CUDA item)."""
+    sources: Sources | None = None
+    """Per-item host bytes (default: ``host_sources`` of the plan)."""
 
 
 def stage_files(tasks: Sequence[StageTask], *, threads: int | None = None) -> None:
@@ -112,11 +158,10 @@ def stage_files(tasks: Sequence[StageTask], *, threads: int | None = None) -> No
     for t in tasks:
         if t.sources is None:
             t.sources = host_sources(t.units.plan)
-        for i, src in enumerate(t.sources):
-            if src is None:
-                copier = copier or cuda.DeviceCopier()
-                off, n = t.units.plan.layout.offsets[i], t.units.nbytes[i]
-                copier.copy(t.units.plan.items[i].value, t.out[off : off + n])
+        for i in t.sources.device:
+            copier = copier or cuda.DeviceCopier()
+            off, n = int(t.units.offsets[i]), int(t.units.nbytes[i])
+            copier.copy(t.units.plan.items[i].value, t.out[off : off + n])
     work = [(t, k) for t in tasks for k in range(t.units.nunits)]
     report = copier is None  # with device copies, report only after they have landed
     cursor = itertools.count()  # next() on a count is atomic under the GIL
@@ -193,17 +238,18 @@ def stage_through(tasks: Sequence[StageTask], slots: BouncePool, *, threads: int
         raise err
 
 
-def _copy_device_parts(units: FileUnits, k: int, sources: Sequence[np.ndarray | None],
-                       out: np.ndarray, base: int) -> None:
+def _copy_device_parts(units: FileUnits, k: int, sources: Sources, out: np.ndarray, base: int) -> None:
     """Copies the CUDA parts of unit ``k`` into ``out[dst - base]`` and waits for them."""
+    if not sources.device:
+        return
     copier = None
-    for p in units.parts(k):
-        if p.item != HEADER and sources[p.item] is None:
+    addr = sources.addr
+    for item, src, dst, n in zip(*units.parts(k)):
+        if item != HEADER and addr[item] == 0:
             copier = copier or cuda.DeviceCopier()
-            copier.copy(units.plan.items[p.item].value, out[p.dst - base : p.dst - base + p.length],
-                        start=p.src)
+            copier.copy(units.plan.items[item].value, out[dst - base : dst - base + n], start=src)
     if copier is not None:
         copier.wait()
 
 
-__all__ = ["StageTask", "stage_files", "stage_through", "copy_unit", "host_sources"]
+__all__ = ["Sources", "StageTask", "stage_files", "stage_through", "copy_unit", "host_sources"]

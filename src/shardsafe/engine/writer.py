@@ -30,7 +30,6 @@ a mirror's failure is its own.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 from collections.abc import Sequence
@@ -45,8 +44,8 @@ from ..storage.base import RangeWriter, Storage
 from ..storage.files import with_path
 from .io_pool import io_pool, wait_all
 from .buffers import BouncePool, HostBuffer, HostSlice, round_up
-from .staging import copy_unit
-from .units import HEADER, Block, FileUnits
+from .staging import Sources, copy_unit
+from .units import HEADER, BlockSums, FileUnits
 
 log = logging.getLogger("shardsafe")
 
@@ -60,7 +59,7 @@ class UnitMirror(Protocol):
 
     def write_gather(self, offset: int, views: Sequence[memoryview]) -> None: ...
 
-    def finish(self, sums: list[list[int]] | None, error: BaseException | None = None) -> None: ...
+    def finish(self, sums: Sequence[list[int]] | None, error: BaseException | None = None) -> None: ...
 
 
 class FileWrite:
@@ -70,7 +69,7 @@ class FileWrite:
         units: The file's units and checksum blocks.
         storage: Backend; ``path`` is the file's path in it.
         staged: The file image (staged mode), or None for streamed mode.
-        sources: Per-item flat uint8 host views (streamed mode).
+        sources: The items' host bytes (streamed mode).
         bounce: Bounce buffers for streamed direct writes.
         writer: The file, already opened with ``storage.open_writer`` (default: opened by
             ``start``).
@@ -79,7 +78,7 @@ class FileWrite:
     """
 
     def __init__(self, units: FileUnits, storage: Storage, path: str, *,
-                 staged: HostBuffer | HostSlice | None = None, sources: Sequence[np.ndarray] | None = None,
+                 staged: HostBuffer | HostSlice | None = None, sources: Sources | None = None,
                  bounce: BouncePool | None = None, writer: RangeWriter | None = None,
                  slots: BouncePool | None = None, mirrors: Sequence[UnitMirror] = ()) -> None:
         if sum(x is not None for x in (staged, sources, slots)) != 1:
@@ -92,7 +91,7 @@ class FileWrite:
         self._unit_bufs: dict[int, HostBuffer] = {}  # slotted: staged units not yet written
         self._job_error: BaseException | None = None
         self._cancelled = False
-        self.sums: list[list[int]] = [[0] * n for n in units.nblocks]
+        self._sums = np.zeros(units.nblocks_total, dtype=np.uint32)
         self._lock = threading.Lock()
         self._ready = [False] * units.nunits
         self._prefix = 0  # units [0, prefix) are all ready
@@ -101,17 +100,12 @@ class FileWrite:
         self._writer = writer
         self._started = False
         self._all_ready = threading.Event()
+        self._submitting = 0  # unit_ready calls still submitting their jobs
         self._failed: BaseException | None = None
         # streamed with bounce buffers: block pieces checksummed from the bytes written
         self._from_copies = self._slotted or (sources is not None and bounce is not None)
-        self._pieces: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
-        self._item_blocks: list[list[Block]] = [[] for _ in units.nblocks]
-        for blocks in units.blocks_by_unit:
-            for b in blocks:
-                self._item_blocks[b.item].append(b)
-        for blocks in self._item_blocks:
-            blocks.sort(key=lambda b: b.index)
-        self._item_starts = [[b.start for b in blocks] for blocks in self._item_blocks]
+        # blocks that span units: their pieces' checksums, joined in finish()
+        self._pieces: dict[int, list[tuple[int, int, int]]] = {}
 
     # ------------------------------------------------------------------ dispatch
     def start(self) -> None:
@@ -149,10 +143,18 @@ class FileWrite:
             if not self._started:
                 self._pending.extend(jobs)
                 jobs = []
-            if self._prefix == len(self._ready):
-                self._all_ready.set()
-        for job in jobs:
-            self._submit(job)
+            self._submitting += 1
+        try:
+            for job in jobs:
+                self._submit(job)
+        finally:
+            # "all ready" only once every job of every unit is submitted: finish() then
+            # waits for all of them (a job still being submitted by another thread would be
+            # missed, its checksums lost and its write racing the close)
+            with self._lock:
+                self._submitting -= 1
+                if self._prefix == len(self._ready) and self._submitting == 0:
+                    self._all_ready.set()
 
     def error(self) -> BaseException | None:
         """The first failure so far (of staging or of a finished job), else None."""
@@ -177,7 +179,7 @@ class FileWrite:
         kind, k = job
         if kind == "write" and self._writer is None and not self.mirrors:
             return  # no ranged writes: the whole image is written in finish()
-        if kind == "sums" and (not self.units.blocks_by_unit[k] or self._from_copies):
+        if kind == "sums" and (self._from_copies or not len(self.units.blocks_ending_in(k))):
             return  # (streamed: checksummed in the write job, from the bounce copy)
         fn = self._write_unit if kind == "write" else self._checksum_unit
         fut = io_pool().submit(fn, k)
@@ -186,15 +188,20 @@ class FileWrite:
             self._futures.append(fut)
 
     # ------------------------------------------------------------------ jobs
-    def _block_view(self, b: Block) -> memoryview:
-        if self.staged is not None:
-            return self.staged.view(b.start, b.stop)
-        off = self.units.plan.layout.offsets[b.item]
-        return memoryview(self.sources[b.item])[b.start - off : b.stop - off]
-
     def _checksum_unit(self, k: int) -> None:
-        for b in self.units.blocks_by_unit[k]:
-            self.sums[b.item][b.index] = crc32c(self._block_view(b))
+        """Checksums the blocks that end in unit ``k``, from the staged image or the sources."""
+        u, sums = self.units, self._sums
+        ids = u.blocks_ending_in(k).tolist()
+        starts, stops = u.block_start[ids].tolist(), u.block_stop[ids].tolist()
+        if self.staged is not None:
+            view = self.staged.view()
+            for b, lo, hi in zip(ids, starts, stops):
+                sums[b] = crc32c(view[lo:hi])
+            return
+        items = u.block_item[ids].tolist()
+        for b, i, lo, hi in zip(ids, items, starts, stops):
+            off = int(u.offsets[i])
+            sums[b] = crc32c(memoryview(self.sources[i])[lo - off : hi - off])
 
     def _write_own(self, offset: int, data: memoryview) -> None:
         """Writes to this file; a failure is kept for ``finish`` (the mirrors go on)."""
@@ -237,58 +244,58 @@ class FileWrite:
             self._gather_write(k)
 
     def _sum_copy(self, k: int, start: int, data: memoryview) -> None:
-        """Checksums the pieces of blocks that unit ``k`` (copied into ``data``) holds."""
+        """Checksums the blocks (or pieces of blocks) that unit ``k`` (copied into ``data``) holds."""
+        u = self.units
+        stop = start + len(data)
+        ids = u.blocks_touching(start, stop)
+        b0, b1 = u.block_start[ids], u.block_stop[ids]
+        lo, hi = np.maximum(b0, start), np.minimum(b1, stop)
+        whole = (lo == b0) & (hi == b1)
+        sums = self._sums
         found = []
-        for p in self.units.parts(k):
-            if p.item == HEADER:
-                continue
-            lo, hi = p.dst, p.dst + p.length
-            blocks = self._item_blocks[p.item]
-            j = max(0, bisect.bisect_right(self._item_starts[p.item], lo) - 1)
-            for b in blocks[j:]:
-                if b.start >= hi:
-                    break
-                s, e = max(b.start, lo), min(b.stop, hi)
-                if e > s:
-                    found.append(((b.item, b.index), (s, crc32c(data[s - start : e - start]), e - s)))
-        with self._lock:
-            for key, piece in found:
-                self._pieces.setdefault(key, []).append(piece)
+        for b, s, e, w in zip(ids.tolist(), (lo - start).tolist(), (hi - start).tolist(), whole.tolist()):
+            if w:
+                sums[b] = crc32c(data[s:e])
+            else:
+                found.append((b, (s + start, crc32c(data[s:e]), e - s)))
+        if found:
+            with self._lock:
+                for b, piece in found:
+                    self._pieces.setdefault(b, []).append(piece)
 
     def _join_pieces(self) -> None:
-        """Per block, joins the checksums of its pieces (in file order) into the block's."""
-        for blocks in self._item_blocks:
-            for b in blocks:
-                pieces = sorted(self._pieces.get((b.item, b.index), []))
-                crc, pos = crc32c(b""), b.start
-                for s, c, n in pieces:
-                    if s != pos:
-                        raise RuntimeError(f"{self.path}: block {b.index} of item {b.item} was not "
-                                           f"fully written (gap at byte {pos})")
-                    crc = c if pos == b.start else crc32c_combine(crc, c, n)
-                    pos += n
-                if pos != b.stop:
-                    raise RuntimeError(f"{self.path}: block {b.index} of item {b.item} ends at {pos}")
-                self.sums[b.item][b.index] = crc
+        """Joins the checksums of the pieces of each block that spans units (in file order)."""
+        u = self.units
+        for b, pieces in self._pieces.items():
+            start, stop = int(u.block_start[b]), int(u.block_stop[b])
+            crc, pos = crc32c(b""), start
+            for s, c, n in sorted(pieces):
+                if s != pos:
+                    raise RuntimeError(f"{self.path}: block {b} was not fully written (gap at byte {pos})")
+                crc = c if pos == start else crc32c_combine(crc, c, n)
+                pos += n
+            if pos != stop:
+                raise RuntimeError(f"{self.path}: block {b} ends at {pos}, not {stop}")
+            self._sums[b] = crc
 
     def _gather_write(self, k: int) -> None:
         """Writes unit ``k`` straight from the source slices (buffered files: no bounce copy)."""
         header = memoryview(self.units.plan.layout.header)
         parts = self.units.parts(k)
-        views = [(header if p.item == HEADER else memoryview(self.sources[p.item]))[p.src : p.src + p.length]
-                 for p in parts]
+        views = [(header if i == HEADER else memoryview(self.sources[i]))[src : src + n]
+                 for i, src, n in zip(parts.item, parts.src, parts.length)]
         if not views:
             return
         for m in self.mirrors:
-            m.write_gather(parts[0].dst, views)
+            m.write_gather(parts.dst[0], views)
         if self._writer is not None and self._write_error is None:
             try:
-                self._writer.write_gather(parts[0].dst, views)
+                self._writer.write_gather(parts.dst[0], views)
             except Exception as e:  # noqa: BLE001 - raised by finish(), after the mirrors
                 self._write_error = e
 
     # ------------------------------------------------------------------ completion
-    def finish(self, timeout: float | None = None) -> list[list[int]]:
+    def finish(self, timeout: float | None = None) -> BlockSums:
         """Waits for every unit and job, makes the file durable, returns the block checksums.
 
         On error the file is closed unsynced and the error re-raised (after every job of
@@ -322,6 +329,11 @@ class FileWrite:
                 self._writer.abort()
             raise
         return self.sums
+
+    @property
+    def sums(self) -> BlockSums:
+        """The block checksums of the file's items (complete once ``finish`` returned)."""
+        return BlockSums(self._sums, self.units.block_first)
 
     def _finish_mirrors(self, error: BaseException | None) -> None:
         """Hands the mirrors the checksums (or the error that leaves them without); once."""

@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain, repeat
+from operator import attrgetter, getitem, is_not
 
 import numpy as np
 
@@ -188,15 +190,17 @@ class ChunkTable:
         Raises:
             CorruptCheckpointError: naming the first inconsistency found.
         """
-        shapes_t = tuple(tuple(int(d) for d in s) for s in shapes)
+        shapes_t = tuple(map(tuple, shapes))
+        if not set(map(type, chain.from_iterable(shapes_t))) <= {int}:
+            shapes_t = tuple(tuple(int(d) for d in s) for s in shapes)
         nt = len(shapes_t)
         if sum(int(c) for c in counts) != len(offset):  # Python ints: a forged count cannot wrap
             raise _bad(f"{len(offset)} byte offsets for {sum(int(c) for c in counts)} chunks")
         counts_a = np.asarray(counts, dtype=I64).reshape(nt)
         tensor_start = np.zeros(nt + 1, dtype=I64)
         np.cumsum(counts_a, out=tensor_start[1:])
-        is_split = np.array([s is not None for s in splits], dtype=bool).reshape(nt)
-        ndims = np.array([len(s) for s in shapes_t], dtype=I64).reshape(nt)
+        is_split = np.fromiter(map(is_not, splits, repeat(None)), dtype=bool, count=len(splits)).reshape(nt)
+        ndims = np.fromiter(map(len, shapes_t), dtype=I64, count=nt)
         general_start = np.zeros(nt + 1, dtype=I64)
         np.cumsum(np.where(is_split, 0, counts_a * ndims), out=general_start[1:])
         n = int(tensor_start[-1])
@@ -270,13 +274,13 @@ def _fill_split_columns(shapes: Sequence[tuple[int, ...]], itemsizes: Sequence[i
     counts = np.diff(tensor_start)[sel]
     rows = _rows_of(tensor_start, mask)
     sp: list[Split] = [splits[t] for t in ts]  # type: ignore[misc]
+    dim, step, file0, stride = (np.fromiter(v, dtype=I64, count=len(ts)) for v in
+                                zip(*map(attrgetter("dim", "step", "file0", "file_stride"), sp)))
+    sel_shapes = [shapes[t] for t in ts]
     # bytes of one slice of the cut dimension: product of the other dims times itemsize
-    inner = np.array([math.prod(shapes[t]) // max(shapes[t][s.dim], 1) * int(itemsizes[t])
-                      for t, s in zip(ts, sp)], dtype=I64)
-    step = np.array([s.step for s in sp], dtype=I64)
-    size = np.array([shapes[t][s.dim] for t, s in zip(ts, sp)], dtype=I64)
-    file0 = np.array([s.file0 for s in sp], dtype=I64)
-    stride = np.array([s.file_stride for s in sp], dtype=I64)
+    size = np.fromiter(map(getitem, sel_shapes, dim.tolist()), dtype=I64, count=len(ts))
+    numel = np.fromiter(map(math.prod, sel_shapes), dtype=I64, count=len(ts))
+    inner = numel // np.maximum(size, 1) * np.asarray(itemsizes, dtype=I64)[sel]
     local = np.arange(len(rows), dtype=I64)
     local -= np.repeat(np.cumsum(counts) - counts, counts)  # part number within its tensor
     if (stride == 1).all() and (file0 == 0).all():
@@ -297,8 +301,12 @@ def check_tensor_rows(shapes: Sequence[Sequence[int]], splits: Sequence[Split | 
     Raises:
         CorruptCheckpointError: naming the tensor whose rule is impossible.
     """
+    checked: set[tuple[int, tuple[int, ...], int]] = set()  # splits are shared between tensors
     for t, (shape, split, count) in enumerate(zip(shapes, splits, counts)):
         if split is None:
+            continue
+        key = (id(split), tuple(shape), count)
+        if key in checked:
             continue
         d, step, f0, fs = split.dim, split.step, split.file0, split.file_stride
         if not 0 <= d < len(shape) or not 1 <= step <= max(shape[d], 1) or shape[d] < 1:
@@ -308,6 +316,7 @@ def check_tensor_rows(shapes: Sequence[Sequence[int]], splits: Sequence[Split | 
                        f"{-(-shape[d] // step)} chunks, the index says {count}")
         if f0 < 0 or fs < 0 or f0 + (count - 1) * fs >= num_files:
             raise _bad(f"tensor {name(t)}: split names files beyond the {num_files} listed")
+        checked.add(key)
 
 
 def _general_shapes(table: ChunkTable, ts: Sequence[int]) -> np.ndarray:

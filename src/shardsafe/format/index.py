@@ -19,14 +19,15 @@ import numpy as np
 
 from .._numbers import ceil_div
 from ..errors import CorruptCheckpointError
-from . import INDEX_NAME, index_v2, tree
+from . import INDEX_NAME, index_v2, index_v3, tree
 from .checksum import ALGORITHM, crc32c
 from .index_common import (IndexHeader, MAX_DIM, MAX_INDEX_BYTES, MAX_NDIM, FileEntry, bad, check_int,
                            check_tree, decode_files, finite_float, header_fields, reject_constant,
                            tensor_header, tensor_key, unique_members)
 from .chunk_table import ChunkTable
+from .container import is_container, version_of
 from .index_common import ChunkEntry
-from .lazy_chunks import LazyChunks
+from .lazy_chunks import LazyChunks, LazyTensors
 
 V1 = 1  # the version of the JSON format this module encodes and decodes
 # Limits that keep decoding linear in the index size (docs/FORMAT.md section 9). JSON
@@ -86,6 +87,8 @@ class Index(IndexHeader):
     block_size: int
     format_version: int = V1
     table: ChunkTable | None = field(default=None, compare=False, repr=False)
+    infos: tuple[index_v2.TensorInfo, ...] | None = field(default=None, compare=False, repr=False)
+    """Decoded from v2: key path, kind, dtype and shape of each tensor, without an entry object."""
 
 
 def num_blocks(nbytes: int, block_size: int) -> int:
@@ -101,9 +104,12 @@ def _chunk_json(c: ChunkEntry) -> dict[str, Any]:
 def encode_index(index: Index, version: int | None = None) -> bytes:
     """Serialises ``index`` to the bytes of ``index.json`` (with its trailing checksum).
 
-    ``version`` 2 writes the columnar format (format.index_v2); the default is the
-    index's own ``format_version`` (1 for indexes the writers build).
+    ``version`` 2 and 3 write the columnar formats (``format.index_v2``, ``format.index_v3``:
+    what saves write); the default is the index's own ``format_version`` (1 for indexes
+    built as objects).
     """
+    if (version or index.format_version) == index_v3.VERSION:
+        return index_v3.encode(index_v2.from_index(index))
     if (version or index.format_version) == 2:
         return index_v2.encode(index_v2.from_index(index))
     if any(c.stored is not None for t in index.tensors for c in t.chunks):
@@ -239,7 +245,7 @@ def _parse(data: bytes) -> dict[str, Any]:
     version = raw.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool) or version != V1:
         raise CorruptCheckpointError(
-            f"unsupported format_version {version!r} (this shardsafe reads {V1} and 2)",
+            f"unsupported format_version {version!r} (this shardsafe reads {V1}, 2 and {index_v3.VERSION})",
             file=INDEX_NAME)
     if raw.get("checksum") != ALGORITHM:
         raise bad(f"unknown checksum algorithm {raw.get('checksum')!r}")
@@ -247,11 +253,13 @@ def _parse(data: bytes) -> dict[str, Any]:
 
 
 def decode_index(data: bytes) -> Index:
-    """Parses and validates index bytes (v1 or v2); raises CorruptCheckpointError naming the problem.
+    """Parses and validates index bytes (v1, v2 or v3); raises CorruptCheckpointError naming the problem.
 
-    Both versions end in the same ``ChunkTable``, validated by the same code (``ChunkTable.build``).
+    Every version ends in the same ``ChunkTable``, validated by the same code (``ChunkTable.build``).
     """
-    if index_v2.is_v2(data):
+    if version_of(data) == index_v3.VERSION:
+        return _from_columns(index_v3.decode(data), index_v3.VERSION)
+    if is_container(data):  # version 2, or a header this reader refuses
         return _from_columns(index_v2.decode(data), 2)
     return _from_columns(_decode_v1(_parse(data)), V1)
 
@@ -288,25 +296,26 @@ def _decode_v1(raw: dict[str, Any]) -> index_v2.ColumnarIndex:
 
 
 def _from_columns(ci: index_v2.ColumnarIndex, version: int) -> Index:
-    """The ``Index`` of a decoded index: per-tensor objects; chunks stay columns until asked for."""
-    tensors = tuple(TensorEntry(i.key, i.kind, i.dtype, i.shape, LazyChunks(ci, t))
-                    for t, i in enumerate(ci.tensors))
-    return Index(tree=ci.tree, tensors=tensors, files=ci.files, block_size=ci.block_size,
+    """The ``Index`` of a decoded index: tensor entries and their chunks are built from the
+    columns when asked for (``LazyTensors``)."""
+    return Index(tree=ci.tree, tensors=LazyTensors(ci, TensorEntry),  # type: ignore[arg-type]
+                 files=ci.files, block_size=ci.block_size,
                  world_size=ci.world_size, created=ci.created, metadata=ci.metadata,
-                 library=ci.library, format_version=version, table=ci.chunks)
+                 library=ci.library, format_version=version, table=ci.chunks, infos=ci.tensors)
 
 
 def encode_renamed(index: Index, names: Sequence[str]) -> bytes:
-    """The v2 bytes of ``index`` with data file row ``i`` renamed to ``names[i]`` (the chunk
+    """The index bytes (the version saves write) of ``index`` with data file row ``i`` renamed to ``names[i]`` (the chunk
     table names files by row, so nothing else changes). The result is decoded once to
     check it: names must be valid and unique (section 2)."""
     if index.table is None or len(names) != len(index.files):
         raise ValueError("encode_renamed needs a decoded index and one name per data file")
     ci = index_v2.ColumnarIndex(
-        tree=index.tree, tensors=tuple(index_v2.TensorInfo(t.key, t.kind, t.dtype, t.shape) for t in index.tensors),
+        tree=index.tree, tensors=index.infos if index.infos is not None else tuple(
+            index_v2.TensorInfo(t.key, t.kind, t.dtype, t.shape) for t in index.tensors),
         files=tuple(FileEntry(n, f.size, f.data_start, f.rank) for n, f in zip(names, index.files)),
         chunks=index.table, world_size=index.world_size, created=index.created,
         metadata=index.metadata, library=index.library)
-    data = index_v2.encode(ci)
+    data = index_v3.encode(ci)
     decode_index(data)
     return data

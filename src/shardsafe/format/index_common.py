@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from operator import eq
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -274,18 +275,102 @@ def _check_tree_size(root: dict[str, Any]) -> None:
 
 def check_tree(node: Any, keys: Sequence[tree.KeyPath]) -> None:
     """The tree is well formed and places tensor ``i`` (key path ``keys[i]``) exactly once, at its key."""
+    ids, paths = _tensor_leaves(node, len(keys))
+    if not all(map(eq, map(keys.__getitem__, ids), paths)):
+        i, path = next((i, p) for i, p in zip(ids, paths) if keys[i] != p)
+        raise bad(f"tensor {i} is keyed {keys[i]!r} but sits at {path!r}")
+
+
+def tree_keys(node: Any, count: int) -> list[tree.KeyPath]:
+    """The key path of each of ``count`` tensors: where the well-formed tree places tensor
+    ``i``, exactly once (index version 3 keys its tensors by the tree alone)."""
+    ids, paths = _tensor_leaves(node, count)
+    keys: list[Any] = [None] * count
+    for i, p in zip(ids, paths):
+        keys[i] = p
+    return keys
+
+
+def _tensor_leaves(node: Any, count: int) -> tuple[list[int], list[tree.KeyPath]]:
+    """The ids and key paths of the tree's tensor nodes, checked: the tree is well formed,
+    its tensor nodes name each of ``count`` tensors once, its alias nodes existing ones."""
     if not isinstance(node, dict) or node.get("t") != "dict":
         raise bad("tree root must be a dict node (a state is a mapping)")
-    _check_tree_size(node)
-    try:
-        leaves = list(tree.walk(node))
-    except (tree.TreeError, RecursionError) as e:
-        raise bad(f"tree: {e}") from None
-    ids = [n["id"] for _, n in leaves if n["t"] == "tensor"]
-    if sorted(ids) != list(range(len(keys))):
+    fast = _common_tree(node)
+    if fast is not None:
+        ids, paths, aliases = fast
+    else:  # anything unusual: the full walk checks it (and names what is wrong)
+        _check_tree_size(node)
+        try:
+            leaves = list(tree.walk(node))
+        except (tree.TreeError, RecursionError) as e:
+            raise bad(f"tree: {e}") from None
+        tensor_leaves = [(n["id"], path) for path, n in leaves if n["t"] == "tensor"]
+        ids, paths = [i for i, _ in tensor_leaves], [p for _, p in tensor_leaves]
+        aliases = [n["id"] for _, n in leaves if n["t"] == "alias"]
+    if sorted(ids) != list(range(count)):
         raise bad("tree must reference every tensor entry exactly once")
-    if any(not 0 <= n["id"] < len(keys) for _, n in leaves if n["t"] == "alias"):
+    if aliases and not 0 <= min(aliases) <= max(aliases) < count:
         raise bad("an alias node references no tensor entry")
-    for path, n in leaves:
-        if n["t"] == "tensor" and keys[n["id"]] != path:
-            raise bad(f"tensor {n['id']} is keyed {keys[n['id']]!r} but sits at {path!r}")
+    return ids, paths
+
+
+_CONTAINERS = ("dict", "namespace", "list", "tuple")
+
+
+def _common_tree(root: dict[str, Any]) -> tuple[list[int], list[tree.KeyPath], list[int]] | None:
+    """``check_tree``'s walk for the trees writers produce, a container at a time: the
+    tensor leaves' ids and key paths and the alias ids, checked as ``tree.walk`` and
+    ``_check_tree_size`` would. None when anything is unusual (keys other than strings and
+    integers, non-ASCII keys, plain values holding nodes, more than ``MAX_MEAN_DEPTH``
+    levels, malformed nodes): the caller then runs the full walk, which names the problem.
+    """
+    ids: list[int] = []
+    paths: list[tree.KeyPath] = []
+    aliases: list[int] = []
+    nodes = 1
+    stack: list[tuple[dict[str, Any], tree.KeyPath]] = [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        t = node.get("t")
+        vals = node.get("v")
+        if type(vals) is not list or len(path) >= MAX_MEAN_DEPTH:
+            return None
+        if t in ("dict", "namespace"):
+            keys = node.get("k")
+            if type(keys) is not list or len(keys) != len(vals) or node.get("ordered", True) is not True:
+                return None
+            kt = set(map(type, keys))
+            if not (kt <= {str} if t == "namespace" else kt <= {str, int}) or len(set(keys)) != len(keys):
+                return None
+            if str in kt and not "".join(k for k in keys if type(k) is str).isascii():
+                return None  # (non-ASCII text: the full walk checks it is valid unicode)
+            subpaths = [path + (k,) for k in keys]
+        elif t in ("list", "tuple"):
+            subpaths = [path + (i,) for i in range(len(vals))]
+        else:
+            return None
+        nodes += len(vals)
+        for child, sub in zip(vals, subpaths):
+            if type(child) is not dict:
+                return None
+            ct = child.get("t")
+            if ct == "tensor" or ct == "alias":
+                i = child.get("id")
+                if type(i) is not int:
+                    return None
+                if ct == "tensor":
+                    ids.append(i)
+                    paths.append(sub)
+                else:
+                    aliases.append(i)
+            elif ct in _CONTAINERS:
+                stack.append((child, sub))
+            elif isinstance(child.get("v"), list):
+                return None  # a set or other value holding nodes: counted by the full walk
+            else:
+                try:
+                    tree.decode_plain(child, validate_only=True)
+                except (tree.TreeError, RecursionError):
+                    return None
+    return (ids, paths, aliases) if nodes <= MAX_TREE_NODES else None

@@ -1,54 +1,44 @@
-"""Index format version 2: a binary container of a JSON part and little-endian columns.
-
-Layout (docs/FORMAT.md section 11 is the byte-by-byte spec)::
-
-    0   8  magic  b"SSAFEIDX"
-    8   4  u32    format_version (2)
-    12  4  u32    header size (32)
-    16  8  u64    J: length of the JSON part
-    24  8  u64    C: length of the column section
-    32  J         JSON part (UTF-8), zero-padded to a multiple of 8
-    A   C         columns, in the order of COLUMNS, each zero-padded to a multiple of 8
-    A+C 4  u32    CRC32C of every byte before it
+"""Index format version 2: the binary container (``format.container``) with the chunk
+table as little-endian columns (docs/FORMAT.md section 11 is the byte-by-byte spec).
 
 The JSON part holds what v1 holds except the chunks: metadata, files, tensors (each with
 its chunk count and, for an even split, the split rule), the tree, and each column's
 element type and length. Decoding checks everything ``chunk_table`` and the rules of
 FORMAT.md section 9 ask, with numpy, in time and memory linear in the index size.
+``TensorInfo`` and ``ColumnarIndex`` are what every index version decodes into.
 """
 
 from __future__ import annotations
 
 import json
-import struct
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from itertools import chain, repeat
+from operator import itemgetter, mul
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from ..errors import CorruptCheckpointError
-from . import INDEX_NAME, tree
-from .checksum import ALGORITHM, crc32c
+from . import tree
+from .checksum import ALGORITHM
 from .blockfile import RAW, BlockCoding
 from .codec import CODECS
 from .chunk_table import ChunkTable, Split, check_tensor_rows, detect_split
+from .container import dumps, narrowest, open_container, read_columns, seal, version_of
 from .dtypes import lookup
-from .index_common import (IndexHeader, MAX_DIM, MAX_INDEX_BYTES, FileEntry, StoredBlocks, bad, check_int, check_tree,
-                           decode_files, finite_float, header_fields, reject_constant,
-                           tensor_header, tensor_key, unique_members)
+from .index_common import (IndexHeader, MAX_DIM, MAX_EXTENT_BYTES, MAX_NDIM, TENSOR_KINDS, FileEntry,
+                           StoredBlocks, bad, check_int, check_tree, decode_files, header_fields,
+                           tensor_header, tensor_key)
 
-MAGIC = b"SSAFEIDX"
 VERSION = 2
-HEADER = struct.Struct("<8sIIQQ")
 COLUMNS = ("offset", "file", "pos", "extent", "crc32c")
 # Present only in an index with compressed chunks, after COLUMNS (FORMAT.md 12.2): per block,
 # its codec (index into the JSON member "codecs"), stored size and stored CRC32C.
 CODED_COLUMNS = ("codec", "stored", "stored_crc32c")
-WIDTHS = ("<u1", "<u2", "<u4", "<u8")
 
 
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
     """A tensor of a v2 index (its chunks are rows of the ``ChunkTable``)."""
 
     key: tree.KeyPath
@@ -81,20 +71,11 @@ class ColumnarIndex(IndexHeader):
 
 
 def is_v2(data: bytes | memoryview) -> bool:
-    """Whether ``data`` starts like a v2 index (v1 starts with ``{``)."""
-    return bytes(data[: len(MAGIC)]) == MAGIC
+    """Whether ``data`` is a v2 index (by its header)."""
+    return version_of(data) == VERSION
 
 
 # ----------------------------------------------------------------------------- encoding
-
-
-def _narrowest(values: np.ndarray) -> str:
-    top = int(values.max()) if len(values) else 0
-    return next(w for w in WIDTHS if top < 1 << (8 * np.dtype(w).itemsize))
-
-
-def _pad8(n: int) -> int:
-    return -n % 8
 
 
 def stored_columns(ct: ChunkTable) -> dict[str, np.ndarray]:
@@ -114,35 +95,49 @@ def encode(index: ColumnarIndex) -> bytes:
     """The bytes of a v2 index."""
     ct = index.chunks
     cols = stored_columns(ct)
-    kinds = {n: ("<u4" if n.endswith("crc32c") else _narrowest(a)) for n, a in cols.items()}
+    kinds = {n: ("<u4" if n.endswith("crc32c") else narrowest(a)) for n, a in cols.items()}
     names = COLUMNS + (CODED_COLUMNS if ct.coding is not None else ())
-    tensors = []
-    for t, info in enumerate(index.tensors):
-        row: dict[str, Any] = {"key": tree.encode_key_path(info.key), "kind": info.kind, "dtype": info.dtype,
-                               "shape": list(info.shape),
-                               "chunks": int(ct.tensor_start[t + 1] - ct.tensor_start[t])}
-        s = ct.splits[t]
-        if s is not None:
-            row["split"] = [s.dim, s.step, s.file0, s.file_stride]
-        tensors.append(row)
-    body = {"library": index.library, "created": index.created, "world_size": index.world_size,
-            "checksum": ALGORITHM, "block_size": ct.block_size, "metadata": index.metadata,
-            "files": [{"name": f.name, "size": f.size, "data_start": f.data_start, "rank": f.rank}
-                      for f in index.files],
-            "tensors": tensors, "columns": {n: [kinds[n], len(cols[n])] for n in names}}
+    body: dict[str, Any] = {
+        "library": index.library, "created": index.created, "world_size": index.world_size,
+        "checksum": ALGORITHM, "block_size": ct.block_size, "metadata": index.metadata,
+        "files": [{"name": f.name, "size": f.size, "data_start": f.data_start, "rank": f.rank}
+                  for f in index.files]}
+    rest: dict[str, Any] = {"columns": {n: [kinds[n], len(cols[n])] for n in names}}
     if ct.coding is not None:
-        body["codecs"] = list(ct.coding.codecs)
-    body["tree"] = index.tree
-    js = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
-    parts = [b"", js, b"\0" * _pad8(len(js))]
-    clen = 0
-    for n in names:
-        raw = np.ascontiguousarray(cols[n], dtype=kinds[n]).tobytes()
-        parts += [raw, b"\0" * _pad8(len(raw))]
-        clen += len(raw) + _pad8(len(raw))
-    parts[0] = HEADER.pack(MAGIC, VERSION, HEADER.size, len(js), clen)
-    out = b"".join(parts)
-    return out + struct.pack("<I", crc32c(out))
+        rest["codecs"] = list(ct.coding.codecs)
+    rest["tree"] = index.tree
+    head, tail = dumps(body), dumps(rest)
+    # the JSON of {**body, "tensors": [...], **rest}, with the rows written as text
+    js = "".join([head[:-1], ',"tensors":[', _tensor_rows(index.tensors, ct), "],", tail[1:]]).encode("utf-8")
+    return seal(js, [cols[n] for n in names], [kinds[n] for n in names], VERSION)
+
+
+def _tensor_rows(tensors: Sequence[TensorInfo], ct: ChunkTable) -> str:
+    """The ``tensors`` rows as JSON text, as ``json.dumps`` writes them (one format per row:
+    everything after the key is the same text for tensors of one kind, dtype, shape,
+    chunk count and split, and is made once)."""
+    esc = json.encoder.encode_basestring  # what json.dumps uses with ensure_ascii=False
+    counts = np.diff(ct.tensor_start).tolist()
+    tails: dict[tuple[Any, ...], str] = {}
+    rows = []
+    for info, count, split in zip(tensors, counts, ct.splits):
+        key = info.key
+        if len(key) == 1 and type(key[0]) is str:
+            kt = "[" + esc(key[0]) + "]"
+        elif all(type(k) is str or type(k) is int for k in key):
+            kt = "[" + ",".join(esc(k) if type(k) is str else str(k) for k in key) + "]"
+        else:
+            kt = dumps(tree.encode_key_path(key))
+        tk = (info.kind, info.dtype, info.shape, count, split)
+        tail = tails.get(tk)
+        if tail is None:
+            row: dict[str, Any] = {"kind": info.kind, "dtype": info.dtype, "shape": list(info.shape),
+                                   "chunks": int(count)}
+            if split is not None:
+                row["split"] = [split.dim, split.step, split.file0, split.file_stride]
+            tail = tails[tk] = "," + dumps(row)[1:]
+        rows.append('{"key":' + kt + tail)
+    return ",".join(rows)
 
 
 # ----------------------------------------------------------------------------- v1 objects
@@ -270,38 +265,6 @@ def stored_blocks(ct: ChunkTable, row: int) -> StoredBlocks | None:
 # ----------------------------------------------------------------------------- decoding
 
 
-def _split_container(data: bytes) -> tuple[dict[str, Any], memoryview]:
-    """Checks header, sizes and CRC; returns the parsed JSON part and the column section."""
-    if len(data) > MAX_INDEX_BYTES:
-        raise bad(f"index is {len(data)} bytes, more than the {MAX_INDEX_BYTES} allowed")
-    if len(data) < HEADER.size + 4:
-        raise bad("shorter than a v2 header (truncated?)")
-    magic, version, hsize, jlen, clen = HEADER.unpack_from(data)
-    if magic != MAGIC or version != VERSION or hsize != HEADER.size:
-        raise CorruptCheckpointError(f"unsupported index header (format_version {version})",
-                                     file=INDEX_NAME)
-    a = HEADER.size + jlen + _pad8(jlen)
-    if clen % 8 or a + clen + 4 != len(data):
-        raise bad(f"sections of {jlen} + {clen} bytes do not add up to {len(data)} (truncated?)")
-    (want,) = struct.unpack_from("<I", data, len(data) - 4)
-    view = memoryview(data)
-    if crc32c(view[:-4]) != want:
-        raise CorruptCheckpointError("index checksum mismatch", file=INDEX_NAME)
-    if any(data[HEADER.size + jlen : a]):
-        raise bad("JSON padding must be zero bytes")
-    try:
-        raw = json.loads(bytes(view[HEADER.size : HEADER.size + jlen]).decode("utf-8"),
-                         parse_constant=reject_constant, parse_float=finite_float,
-                         object_pairs_hook=unique_members)
-    except (ValueError, RecursionError) as e:
-        raise bad(f"not valid JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise bad("JSON part must be an object")
-    if raw.get("checksum") != ALGORITHM:
-        raise bad(f"unknown checksum algorithm {raw.get('checksum')!r}")
-    return raw, view[a : a + clen]
-
-
 def _tensor(t: Any) -> tuple[TensorInfo, int, int, Split | None]:
     """One tensor row: (info, itemsize, chunk count, split)."""
     key = tensor_key(t)
@@ -317,54 +280,90 @@ def _tensor(t: Any) -> tuple[TensorInfo, int, int, Split | None]:
     return TensorInfo(key, kind, dt.name, shape_t), dt.itemsize, count, split
 
 
-def _columns(raw: Any, section: memoryview, expected: dict[str, int | None]) -> dict[str, np.ndarray]:
-    """Views of the stored columns; their lengths must be the ones the tensor rows imply."""
-    names = COLUMNS + (CODED_COLUMNS if isinstance(raw, dict) and "codec" in raw else ())
-    if not isinstance(raw, dict) or sorted(raw) != sorted(names):
-        raise bad(f"columns must describe exactly {list(COLUMNS)}, optionally followed by "
-                  f"{list(CODED_COLUMNS)} (compressed chunks)")
-    out, at = {}, 0
-    for n in names:
-        desc = raw[n]
-        if (not isinstance(desc, list) or len(desc) != 2 or desc[0] not in WIDTHS
-                or (n.endswith("crc32c") and desc[0] != "<u4")):
-            raise bad(f"column {n}: bad descriptor {desc!r}")
-        count = check_int(desc[1], f"length of column {n}", 0, len(section))
-        if expected.get(n) is not None and count != expected[n]:
-            raise bad(f"column {n} holds {count} values, the tensor rows need {expected[n]}")
-        size = count * np.dtype(desc[0]).itemsize
-        if at + size + _pad8(size) > len(section):
-            raise bad(f"column {n} runs past the end of the column section")
-        arr = np.frombuffer(section, dtype=desc[0], count=count, offset=at)
-        if any(section[at + size : at + size + _pad8(size)]):
-            raise bad(f"column {n}: padding must be zero bytes")
-        if desc[0] == "<u8" and count and int(arr.max()) > MAX_DIM:
-            raise bad(f"column {n} holds a value above 2^62")
-        out[n] = arr.astype(np.int64) if not n.endswith("crc32c") else arr
-        at += size + _pad8(size)
-    if at != len(section):
-        raise bad("bytes after the last column")
+_ROW = itemgetter("key", "kind", "dtype", "shape", "chunks")
+
+
+def _tensor_columns(rows: list[Any]) -> tuple[tuple[TensorInfo, ...], list[int], list[int],
+                                              list[Split | None]] | None:
+    """``_tensor`` of every row at once, checked column by column (set and min/max tests
+    over all rows instead of a Python function per row). None when any row is unusual in
+    any way, even a valid one: the caller then checks row by row, which names the problem.
+    """
+    if not rows:
+        return (), [], [], []
+    if set(map(type, rows)) != {dict}:
+        return None
+    try:
+        keys, kinds, dtypes, shapes, counts = zip(*map(_ROW, rows))
+        dts = {d: lookup(d) for d in set(dtypes)}
+    except (KeyError, TypeError, ValueError):  # a member missing, an unhashable or unknown dtype
+        return None
+    if set(map(type, keys)) != {list} or not set(kinds) <= set(TENSOR_KINDS):
+        return None
+    if not set(map(type, chain.from_iterable(keys))) <= {str, int}:  # bool is not int here
+        return None
+    if any(k == "numpy" and dts[d].numpy is None for k, d in set(zip(kinds, dtypes))):
+        return None
+    if set(map(type, shapes)) != {list} or max(map(len, shapes)) > MAX_NDIM:
+        return None
+    dims = list(chain.from_iterable(shapes))
+    if not set(map(type, dims)) <= {int} or (dims and (min(dims) < 1 or max(dims) > MAX_DIM)):
+        return None  # (zero-size tensors: the extent bound needs max(dim, 1), row by row)
+    if set(map(type, counts)) != {int} or min(counts) < 0 or max(counts) > 1 << 40:
+        return None
+    shape_t = list(map(tuple, shapes))
+    itemsizes = [dts[d].itemsize for d in dtypes]
+    if max(map(mul, map(math.prod, shape_t), itemsizes)) > MAX_EXTENT_BYTES:
+        return None
+    splits = _split_rules(list(map(dict.get, rows, repeat("split"))))
+    if splits is None:
+        return None
+    infos = tuple(map(TensorInfo, map(tuple, keys), kinds, dtypes, shape_t))
+    return infos, itemsizes, list(counts), splits
+
+
+def _split_rules(raw: list[Any]) -> list[Split | None] | None:
+    """The ``split`` members as ``Split`` objects (one shared object per distinct rule), or
+    None when one is not a list of 4 integers."""
+    rules: dict[tuple[int, ...], Split] = {}
+    out: list[Split | None] = []
+    for s in raw:
+        if s is None:
+            out.append(None)
+            continue
+        if type(s) is not list or len(s) != 4:
+            return None
+        key = tuple(s)
+        sp = rules.get(key)
+        if sp is None:
+            if not all(type(v) is int and 0 <= v <= MAX_DIM for v in key):
+                return None
+            sp = rules[key] = Split(*key)
+        out.append(sp)
     return out
 
 
 def decode(data: bytes) -> ColumnarIndex:
     """Parses and validates v2 index bytes; raises CorruptCheckpointError naming the problem."""
-    raw, section = _split_container(data)
+    raw, section = open_container(data, VERSION)
     block_size = check_int(raw.get("block_size"), "block_size", 4096, 1 << 40)
     files = decode_files(raw.get("files"))
     if not isinstance(raw.get("tensors"), list):
         raise bad("tensors must be a list")
-    rows = [_tensor(t) for t in raw["tensors"]]
-    infos = tuple(r[0] for r in rows)
-    counts = [r[2] for r in rows]
-    splits = [r[3] for r in rows]
+    fast = _tensor_columns(raw["tensors"])
+    if fast is not None:
+        infos, itemsizes, counts, splits = fast
+    else:  # something is unusual: the row-by-row check names it
+        rows = [_tensor(t) for t in raw["tensors"]]
+        infos = tuple(r[0] for r in rows)
+        itemsizes, counts, splits = [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]
 
     def name(t: int) -> str:
         return tree.render_path(infos[t].key)
 
     check_tensor_rows([i.shape for i in infos], splits, counts, len(files), name)
     general = [(c, len(i.shape)) for i, c, s in zip(infos, counts, splits) if s is None]
-    cols = _columns(raw.get("columns"), section, {
+    cols = read_columns(raw.get("columns"), section, COLUMNS, CODED_COLUMNS, {
         "offset": sum(counts), "file": sum(c for c, _ in general),
         "pos": sum(c * d for c, d in general), "extent": sum(c * d for c, d in general),
         "crc32c": None, "codec": None, "stored": None, "stored_crc32c": None})
@@ -377,7 +376,7 @@ def decode(data: bytes) -> ColumnarIndex:
     elif "codecs" in raw:
         raise bad("codecs listed without the coding columns")
     table = ChunkTable.build(
-        [i.shape for i in infos], [r[1] for r in rows], splits, counts, cols["offset"], cols["file"],
+        [i.shape for i in infos], itemsizes, splits, counts, cols["offset"], cols["file"],
         cols["pos"], cols["extent"], cols["crc32c"], block_size,
         np.array([f.size for f in files], dtype=np.int64),
         np.array([f.data_start for f in files], dtype=np.int64), name, coding)

@@ -104,3 +104,54 @@ class LazyChunks(Sequence[ChunkEntry]):
         return ChunkEntry(self._index.files[int(ct.file[row])].name, int(ct.offset[row]),
                           int(ct.nbytes[row]), tuple(pos.tolist()), tuple(extent.tolist()),
                           tuple(ct.chunk_checksums(row).tolist()), stored_blocks(ct, row))
+
+
+class LazyTensors(Sequence[Any]):
+    """The tensor table of a decoded v2 index as ``TensorEntry`` objects, each built (with
+    its ``LazyChunks``) the first time it is asked for: a load that works on the columns
+    builds none of them, one that looks at a few tensors builds those.
+
+    ``make(key, kind, dtype, shape, chunks)`` builds an entry (``format.index.TensorEntry``).
+    """
+
+    __slots__ = ("_index", "_make", "_built")
+
+    def __init__(self, index: ColumnarIndex, make: Any) -> None:
+        self._index = index
+        self._make = make
+        self._built: list[Any] = [None] * len(index.tensors)
+
+    def __len__(self) -> int:
+        return len(self._built)
+
+    def _entry(self, t: int) -> Any:
+        e = self._built[t]
+        if e is None:
+            i = self._index.tensors[t]
+            e = self._built[t] = self._make(i.key, i.kind, i.dtype, i.shape, LazyChunks(self._index, t))
+        return e
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Any, ...]: ...
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return tuple(self._entry(t) for t in range(len(self))[i])
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        return self._entry(i % len(self))
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self._entry(t) for t in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (LazyTensors, tuple, list)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"LazyTensors({len(self)} tensors)"

@@ -298,7 +298,19 @@ def build(node: Node, leaf: Callable[[KeyPath, Node], Any], path: KeyPath = (),
     memo = {} if memo is None else memo
     t = node["t"]
     if t in ("dict", "namespace"):
-        items = {k: build(v, leaf, path + (k,), memo) for k, v in dict_items(node)}
+        items = {}
+        for k, v in zip(node["k"], node["v"]):
+            if not isinstance(k, (str, int)):
+                k = decode_key(k)
+            vt = v["t"]
+            if vt == "tensor" or vt == "alias":  # inline: most leaves of a state are tensors
+                i = v["id"]
+                x = memo.get(i, memo)
+                if x is memo:
+                    x = memo[i] = leaf(path + (k,), v)
+                items[k] = x
+            else:
+                items[k] = build(v, leaf, path + (k,), memo)
         if t == "namespace":
             return argparse.Namespace(**items)
         return OrderedDict(items) if node.get("ordered") else items

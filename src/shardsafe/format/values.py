@@ -33,7 +33,7 @@ def check(cond: bool, msg: str) -> None:
 
 def render_path(path: KeyPath) -> str:
     """Human-readable dotted form of a key path (``model.layers.0.weight``)."""
-    return ".".join(str(p) for p in path) if path else "<root>"
+    return ".".join(map(str, path)) if path else "<root>"
 
 
 # ----------------------------------------------------------------------------- torch names

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -35,7 +34,6 @@ def is_stateful(x: Any) -> bool:
             and callable(getattr(x, "load_state_dict", None)))
 
 
-@dataclass(slots=True)
 class TensorItem:
     """A tensor of the state as this process holds it.
 
@@ -48,24 +46,53 @@ class TensorItem:
         shape: Global shape.
         offsets: Position of ``value`` in the global tensor (zeros when not sharded).
         replicated: True when every rank holds the same value (written once overall).
+
+    ``local_shape`` and ``nbytes`` describe ``value``; they are computed once (the
+    planner, the writers and the index builder each ask, per tensor) and recomputed
+    when ``value`` is replaced (a DTensor by its local shard).
     """
 
-    id: int
-    path: KeyPath
-    value: Any
-    kind: str
-    dtype: str
-    shape: tuple[int, ...]
-    offsets: tuple[int, ...]
-    replicated: bool = True
+    __slots__ = ("id", "path", "_value", "kind", "dtype", "shape", "offsets", "replicated",
+                 "_local_shape", "_nbytes")
+
+    def __init__(self, id: int, path: KeyPath, value: Any, kind: str, dtype: str,  # noqa: A002
+                 shape: tuple[int, ...], offsets: tuple[int, ...], replicated: bool = True,
+                 local_shape: tuple[int, ...] | None = None, nbytes: int | None = None) -> None:
+        self.id = id
+        self.path = path
+        self._value = value
+        self.kind = kind
+        self.dtype = dtype
+        self.shape = shape
+        self.offsets = offsets
+        self.replicated = replicated
+        self._local_shape = local_shape
+        self._nbytes = nbytes
+
+    @property
+    def value(self) -> Any:
+        return self._value
+
+    @value.setter
+    def value(self, v: Any) -> None:
+        self._value = v
+        self._local_shape = self._nbytes = None
 
     @property
     def local_shape(self) -> tuple[int, ...]:
-        return tensors.shape_of(self.value)
+        if self._local_shape is None:
+            self._local_shape = tensors.shape_of(self._value)
+        return self._local_shape
 
     @property
     def nbytes(self) -> int:
-        return tensors.nbytes_of(self.value)
+        if self._nbytes is None:
+            self._nbytes = tensors.nbytes_of(self._value)
+        return self._nbytes
+
+    def __repr__(self) -> str:
+        return (f"TensorItem(id={self.id}, path={self.path!r}, kind={self.kind!r}, dtype={self.dtype!r}, "
+                f"shape={self.shape!r}, offsets={self.offsets!r}, replicated={self.replicated})")
 
 
 def alias_key(x: Any) -> Hashable | None:
@@ -80,14 +107,22 @@ def alias_key(x: Any) -> Hashable | None:
         if x.size == 0 or type(x) is not np.ndarray:
             return None
         return ("numpy", x.__array_interface__["data"][0], x.shape, x.strides, x.dtype.str)
-    if type(x) not in tensors.PLAIN_TENSOR_TYPES or x.numel() == 0 or x.device.type == "meta":
+    if type(x) not in tensors.PLAIN_TENSOR_TYPES or x.numel() == 0 or x.is_meta:
         return None
-    ptr = x.untyped_storage().data_ptr()
+    ptr = x.data_ptr()  # the first element's address: storage and offset in one number
     if ptr == 0:
         return None
     # a conj/neg view shares memory and geometry with its base but not its values
-    return ("torch", str(x.device), ptr, x.storage_offset(), tuple(x.shape), x.stride(), x.dtype,
-            x.is_conj(), x.is_neg())
+    device = "cpu" if x.is_cpu else str(x.device)
+    return (device, ptr, x.shape, x.stride(), x.dtype, x.is_conj(), x.is_neg())
+
+
+def _zeros(ndim: int, _cache: dict[int, tuple[int, ...]] = {}) -> tuple[int, ...]:  # noqa: B006
+    """``(0,) * ndim``, one shared tuple per rank (every unsharded item's offsets)."""
+    z = _cache.get(ndim)
+    if z is None:
+        z = _cache[ndim] = (0,) * ndim
+    return z
 
 
 class _Flattener:
@@ -95,8 +130,12 @@ class _Flattener:
         self.items: list[TensorItem] = []
         self._active: set[int] = set()  # containers on the current path (cycle detection)
         self._aliases: dict[Hashable, tuple[int, Any]] = {}  # alias_key -> (item id, tensor kept alive)
+        self._plain = tensors.PLAIN_TENSOR_TYPES
+        self._cpu_dtypes = tensors.cpu_dtype_table()
 
     def node(self, x: Any, path: KeyPath) -> Node:
+        if type(x) in self._plain:
+            return self._torch(x, path)
         if tensors.is_tensor(x):
             return self._tensor(x, path)
         plain = encode_plain(x, path)
@@ -116,9 +155,10 @@ class _Flattener:
     def _container(self, x: Any, path: KeyPath) -> Node:
         if isinstance(x, Mapping):
             keys, vals = [], []
+            node_of = self.node
             for k, v in x.items():
-                keys.append(encode_key(k, path))
-                vals.append(self.node(v, path + (k,)))
+                keys.append(k if type(k) is str and k.isascii() else encode_key(k, path))
+                vals.append(node_of(v, path + (k,)))
             node: Node = {"t": "dict", "k": keys, "v": vals}
             if isinstance(x, OrderedDict):
                 node["ordered"] = True
@@ -142,6 +182,30 @@ class _Flattener:
                         f"key path {render_path(path)!r}: only tensors, arrays, containers, plain "
                         f"values and Stateful objects are saved (never pickled)")
 
+    def _torch(self, x: Any, path: KeyPath) -> Node:
+        """A plain torch tensor: the common case, decided with a handful of attribute reads.
+
+        Dense CPU tensors of a supported dtype take this path; anything else (devices,
+        nested, sparse, unsupported dtypes, meta) goes through ``_tensor``, which checks
+        it fully and names the problem.
+        """
+        dt = self._cpu_dtypes.get(x.dtype)
+        if dt is None or not x.is_cpu or x.is_nested or x.layout is not tensors.STRIDED:
+            return self._tensor(x, path)
+        shape = tuple(x.shape)
+        n = x.numel()
+        ptr = x.data_ptr() if n else 0
+        key = ("cpu", ptr, x.shape, x.stride(), x.dtype, x.is_conj(), x.is_neg()) if ptr else None
+        if key is not None:
+            seen = self._aliases.get(key)
+            if seen is not None:
+                return {"t": "alias", "id": seen[0]}
+            self._aliases[key] = (len(self.items), x)
+        i = len(self.items)
+        self.items.append(TensorItem(i, path, x, "torch", dt[0], shape, _zeros(len(shape)), True,
+                                     shape, n * dt[1]))
+        return {"t": "tensor", "id": i}
+
     def _tensor(self, x: Any, path: KeyPath) -> Node:
         try:
             tensors.check_supported(x)
@@ -154,7 +218,7 @@ class _Flattener:
         if key is not None:
             self._aliases[key] = (len(self.items), x)
         item = TensorItem(id=len(self.items), path=path, value=x, kind=tensors.kind_of(x),
-                          dtype=tensors.dtype_of(x).name, shape=shape, offsets=(0,) * len(shape))
+                          dtype=tensors.dtype_of(x).name, shape=shape, offsets=_zeros(len(shape)))
         self.items.append(item)
         return {"t": "tensor", "id": item.id}
 

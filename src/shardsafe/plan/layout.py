@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..format.datafile import METADATA_KEY, Layout, Slot, layout
+from ..format.datafile import METADATA_KEY, Layout, layout_columns
 from ..format.tree import render_path
 from .flatten import TensorItem
 
@@ -57,22 +57,32 @@ def plan_file(name: str, items: Sequence[TensorItem]) -> FilePlan:
     offsets and global shape, so a tool reading the file without the index cannot take a
     shard for a whole tensor.
     """
-    names: set[str] = {METADATA_KEY}  # a state key "__metadata__" gets a suffix like any clash
-    slots = []
+    names = [render_path(it.path) for it in items]
+    locals_ = [it.local_shape for it in items]
     parts: dict[str, dict[str, object]] = {}
-    for it in items:
-        path = render_path(it.path)
-        local = it.local_shape
+    if len(set(names)) != len(names) or METADATA_KEY in names or any(
+            local != it.shape for local, it in zip(locals_, items)):
+        names = _unique_names(items, names, locals_, parts)
+    meta = {PARTS_KEY: json.dumps(parts, separators=(",", ":"))} if parts else None
+    return FilePlan(name, tuple(items), layout_columns(names, [it.dtype for it in items], locals_, meta,
+                                                       [it.nbytes for it in items]))
+
+
+def _unique_names(items: Sequence[TensorItem], paths: Sequence[str], locals_: Sequence[tuple[int, ...]],
+                  parts: dict[str, dict[str, object]]) -> list[str]:
+    """Slot names when some item is a shard or two dotted paths collide (fills ``parts``)."""
+    names: set[str] = {METADATA_KEY}  # a state key "__metadata__" gets a suffix like any clash
+    out = []
+    for it, path, local in zip(items, paths, locals_):
         partial = local != it.shape
         base = part_name(path, it.offsets, local) if partial else path
         n, k = base, 1
         while n in names:  # dotted paths can collide ("a.b" vs a -> b)
             n, k = f"{base}#{k}", k + 1
         names.add(n)
-        slots.append(Slot(n, it.dtype, local))
+        out.append(n)
         if partial:
             parts[n] = {"tensor": path, "offsets": list(it.offsets), "shape": list(local),
                         "global_shape": list(it.shape)}
-    meta = {PARTS_KEY: json.dumps(parts, separators=(",", ":"))} if parts else None
-    return FilePlan(name, tuple(items), layout(slots, meta))
+    return out
 

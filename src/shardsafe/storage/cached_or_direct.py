@@ -52,10 +52,43 @@ def _address(buf: memoryview) -> int:
     return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) if len(buf) else 0
 
 
+class _CachestatRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _Cachestat(ctypes.Structure):
+    _fields_ = [("nr_cache", ctypes.c_uint64), ("nr_dirty", ctypes.c_uint64),
+                ("nr_writeback", ctypes.c_uint64), ("nr_evicted", ctypes.c_uint64),
+                ("nr_recently_evicted", ctypes.c_uint64)]
+
+
+_SYS_CACHESTAT = 451  # Linux 6.5+, the same number on every architecture
+_has_cachestat = _mincore is not None and os.uname().sysname == "Linux"
+
+
+def _cachestat(fd: int, offset: int, length: int) -> bool | None:
+    """``cached`` through the ``cachestat`` system call: no mapping of the file, so no
+    write lock on the address space (``mmap``/``munmap`` stall every page fault of the
+    other I/O threads, which a load into new memory is full of); None where unavailable."""
+    global _has_cachestat
+    if not _has_cachestat:
+        return None
+    rng, st = _CachestatRange(offset, length), _Cachestat()
+    if _libc.syscall(_SYS_CACHESTAT, fd, ctypes.byref(rng), ctypes.byref(st), 0) != 0:
+        if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):  # older kernel, or a seccomp filter
+            _has_cachestat = False
+        return None
+    first = offset // mmap.PAGESIZE
+    return st.nr_cache >= ceil_div(offset + length, mmap.PAGESIZE) - first
+
+
 def cached(fd: int, offset: int, length: int) -> bool | None:
     """True if every page of the range is in the page cache; None if it cannot be told."""
     if _mincore is None or length <= 0:
         return None
+    fast = _cachestat(fd, offset, length)
+    if fast is not None:
+        return fast
     start = offset - offset % mmap.ALLOCATIONGRANULARITY
     span = offset + length - start
     try:

@@ -10,7 +10,9 @@ advisory and silently ignored where transparent huge pages are off.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
+from typing import Any
 
 import numpy as np
 
@@ -35,3 +37,28 @@ def anonymous(nbytes: int, *, huge: bool = True) -> tuple[mmap.mmap, np.ndarray]
         except OSError:  # kernel without transparent huge pages
             pass
     return m, full[start : start + nbytes]
+
+
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault a range in, writable, in one call
+_madvise: Any = None
+
+
+def populate(view: np.ndarray) -> bool:
+    """Faults every page of ``view`` (part of an anonymous mapping) in, writable, in one
+    system call (``MADV_POPULATE_WRITE``), as a write would one page at a time. False
+    where the kernel or libc cannot (the pages are then faulted in by their first write).
+    """
+    global _madvise
+    if _madvise is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).madvise
+            fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+            fn.restype = ctypes.c_int
+            _madvise = fn
+        except (OSError, AttributeError):
+            _madvise = False
+    if not _madvise or not view.size:
+        return False
+    addr = int(view.ctypes.data)
+    start = addr - addr % mmap.PAGESIZE
+    return _madvise(start, addr + view.size - start, _MADV_POPULATE_WRITE) == 0

@@ -1,0 +1,91 @@
+"""The result of ``load(path)``: a new nested structure whose tensors are allocated, not yet read.
+
+Works on the columns of a v2 index: a tensor stored as one raw chunk (every tensor of a
+single-process save) is allocated and described to the reader by its table row and the
+address of its memory, with no per-tensor index object; anything else (sharded or
+compressed tensors, version 1 indexes) is described by its ``TensorEntry`` for the
+reader's general path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import tensors
+from ..engine.buffers import new_tensor
+from ..format import tree
+from ..format.blockfile import RAW
+from ..format.chunk_table import ChunkTable
+from ..format.index import Index
+from ..storage.memory import HUGE
+from .match import TensorTarget, build_new
+
+
+@dataclass(slots=True)
+class Allocated:
+    """What a new state's tensors need read.
+
+    Attributes:
+        tensors, rows, addrs: Tensors read whole from one raw chunk: tensor id, chunk row
+            of the table, and the address of the tensor's (contiguous) memory.
+        others: Tensors read through ``engine.reader``'s general path.
+    """
+
+    tensors: list[int] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    addrs: list[int] = field(default_factory=list)
+    others: list[TensorTarget] = field(default_factory=list)
+
+
+def whole_raw(table: ChunkTable) -> np.ndarray:
+    """Per tensor: stored as one chunk with every block raw (validation made that chunk
+    cover the whole tensor). Such a tensor is one contiguous byte range of its file."""
+    one = np.diff(table.tensor_start) == 1
+    cd = table.coding
+    if cd is None or not one.any():
+        return one
+    coded_ids = [i for i, name in enumerate(cd.codecs) if name != RAW]
+    coded_block = np.isin(cd.codec, coded_ids)
+    per_chunk = np.add.reduceat(coded_block.astype(np.int64), table.block_start[:-1]) \
+        if len(coded_block) else np.zeros(table.num_chunks, dtype=np.int64)
+    first = np.minimum(table.tensor_start[:-1], max(table.num_chunks - 1, 0))
+    return one & (per_chunk[first] == 0) if table.num_chunks else one
+
+
+def build(index: Index) -> tuple[Any, Allocated]:
+    """The new structure of ``index`` and what its tensors need read."""
+    infos, table = index.infos, index.table
+    out = Allocated()
+    if infos is None or table is None:  # version 1: every tensor by its entry
+        value, out.others = build_new(index)
+        return value, out
+    whole_a = whole_raw(table)
+    first = np.minimum(table.tensor_start[:-1], max(table.num_chunks - 1, 0))
+    nbytes = np.where(whole_a, table.nbytes[first] if table.num_chunks else 0, 0).tolist()
+    whole = whole_a.tolist()
+    starts = table.tensor_start.tolist()
+    torch_types = tensors.torch_dtypes() if tensors.HAVE_TORCH else {}
+
+    def leaf(_: tree.KeyPath, node: tree.Node) -> Any:
+        t = node["id"]
+        _key, kind, dtype, shape = infos[t]
+        if whole[t]:
+            td = torch_types.get(dtype) if kind == "torch" else None
+            if td is not None and nbytes[t] < HUGE:  # small: an allocation of torch's own
+                x = tensors.torch.empty(shape, dtype=td)
+                addr = x.data_ptr()
+            else:
+                x, dest = new_tensor(kind, dtype, shape)
+                addr = dest.ctypes.data
+            out.tensors.append(t)
+            out.rows.append(starts[t])
+            out.addrs.append(addr)
+            return x
+        x, dest = new_tensor(kind, dtype, shape)
+        out.others.append(TensorTarget(index.tensors[t], x, dest))
+        return x
+
+    return tree.build(index.tree, leaf), out

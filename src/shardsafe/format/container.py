@@ -1,0 +1,140 @@
+"""The binary container of index versions 2 and 3: a header, a JSON part and typed columns.
+
+Layout (docs/FORMAT.md sections 11.1 and 14)::
+
+    0   8  magic  b"SSAFEIDX"
+    8   4  u32    format_version
+    12  4  u32    header size (32)
+    16  8  u64    J: length of the JSON part
+    24  8  u64    C: length of the column section
+    32  J         JSON part (UTF-8), zero-padded to a multiple of 8
+    A   C         columns, in the version's order, each zero-padded to a multiple of 8
+    A+C 4  u32    CRC32C of every byte before it
+
+The JSON part's ``columns`` member gives each column's element type (unsigned, the
+narrowest that holds its largest value; CRC32C columns always ``<u4``) and length.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import CorruptCheckpointError
+from . import INDEX_NAME
+from .checksum import ALGORITHM, crc32c
+from .index_common import MAX_DIM, MAX_INDEX_BYTES, bad, check_int, finite_float, reject_constant, unique_members
+
+MAGIC = b"SSAFEIDX"
+HEADER = struct.Struct("<8sIIQQ")
+WIDTHS = ("<u1", "<u2", "<u4", "<u8")
+
+
+def is_container(data: bytes | memoryview) -> bool:
+    """Whether ``data`` starts like a binary index (v1 starts with ``{``)."""
+    return bytes(data[: len(MAGIC)]) == MAGIC
+
+
+def version_of(data: bytes | memoryview) -> int | None:
+    """The ``format_version`` of a binary index's header (None if there is no header)."""
+    if len(data) < HEADER.size or not is_container(data):
+        return None
+    return HEADER.unpack_from(data)[1]
+
+
+def narrowest(values: np.ndarray) -> str:
+    """The narrowest column type that holds every value (all >= 0)."""
+    top = int(values.max()) if len(values) else 0
+    return next(w for w in WIDTHS if top < 1 << (8 * np.dtype(w).itemsize))
+
+
+def pad8(n: int) -> int:
+    return -n % 8
+
+
+def dumps(value: Any) -> str:
+    """JSON text as every index writes it (compact, UTF-8 as is, no NaN)."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def seal(js: bytes, columns: Sequence[np.ndarray], kinds: Sequence[str], version: int) -> bytes:
+    """The container bytes of a JSON part and its columns (in order, stored as ``kinds``)."""
+    parts = [b"", js, b"\0" * pad8(len(js))]
+    clen = 0
+    for arr, kind in zip(columns, kinds):
+        raw = np.ascontiguousarray(arr, dtype=kind).tobytes()
+        parts += [raw, b"\0" * pad8(len(raw))]
+        clen += len(raw) + pad8(len(raw))
+    parts[0] = HEADER.pack(MAGIC, version, HEADER.size, len(js), clen)
+    out = b"".join(parts)
+    return out + struct.pack("<I", crc32c(out))
+
+
+def open_container(data: bytes, version: int) -> tuple[dict[str, Any], memoryview]:
+    """Checks header, sizes and CRC; returns the parsed JSON part and the column section."""
+    if len(data) > MAX_INDEX_BYTES:
+        raise bad(f"index is {len(data)} bytes, more than the {MAX_INDEX_BYTES} allowed")
+    if len(data) < HEADER.size + 4:
+        raise bad(f"shorter than a v{version} header (truncated?)")
+    magic, got, hsize, jlen, clen = HEADER.unpack_from(data)
+    if magic != MAGIC or got != version or hsize != HEADER.size:
+        raise CorruptCheckpointError(f"unsupported index header (format_version {got})",
+                                     file=INDEX_NAME)
+    a = HEADER.size + jlen + pad8(jlen)
+    if clen % 8 or a + clen + 4 != len(data):
+        raise bad(f"sections of {jlen} + {clen} bytes do not add up to {len(data)} (truncated?)")
+    (want,) = struct.unpack_from("<I", data, len(data) - 4)
+    view = memoryview(data)
+    if crc32c(view[:-4]) != want:
+        raise CorruptCheckpointError("index checksum mismatch", file=INDEX_NAME)
+    if any(data[HEADER.size + jlen : a]):
+        raise bad("JSON padding must be zero bytes")
+    try:
+        raw = json.loads(bytes(view[HEADER.size : HEADER.size + jlen]).decode("utf-8"),
+                         parse_constant=reject_constant, parse_float=finite_float,
+                         object_pairs_hook=unique_members)
+    except (ValueError, RecursionError) as e:
+        raise bad(f"not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise bad("JSON part must be an object")
+    if raw.get("checksum") != ALGORITHM:
+        raise bad(f"unknown checksum algorithm {raw.get('checksum')!r}")
+    return raw, view[a : a + clen]
+
+
+def read_columns(raw: Any, section: memoryview, names: Sequence[str], optional: Sequence[str],
+                 expected: Mapping[str, int | None]) -> dict[str, np.ndarray]:
+    """The stored columns: exactly ``names``, then ``optional`` when the first of them is
+    described, in that order; lengths must be the ``expected`` ones (None: any). Values are
+    int64 (CRC32C columns: uint32), none above 2^62."""
+    names = tuple(names) + (tuple(optional) if isinstance(raw, dict) and optional and optional[0] in raw
+                            else ())
+    if not isinstance(raw, dict) or sorted(raw) != sorted(names):
+        raise bad(f"columns must describe exactly {list(names)}"
+                  + (f", optionally followed by {list(optional)} (compressed chunks)" if optional else ""))
+    out, at = {}, 0
+    for n in names:
+        desc = raw[n]
+        if (not isinstance(desc, list) or len(desc) != 2 or desc[0] not in WIDTHS
+                or (n.endswith("crc32c") and desc[0] != "<u4")):
+            raise bad(f"column {n}: bad descriptor {desc!r}")
+        count = check_int(desc[1], f"length of column {n}", 0, len(section))
+        if expected.get(n) is not None and count != expected[n]:
+            raise bad(f"column {n} holds {count} values, the tensor rows need {expected[n]}")
+        size = count * np.dtype(desc[0]).itemsize
+        if at + size + pad8(size) > len(section):
+            raise bad(f"column {n} runs past the end of the column section")
+        arr = np.frombuffer(section, dtype=desc[0], count=count, offset=at)
+        if any(section[at + size : at + size + pad8(size)]):
+            raise bad(f"column {n}: padding must be zero bytes")
+        if desc[0] == "<u8" and count and int(arr.max()) > MAX_DIM:
+            raise bad(f"column {n} holds a value above 2^62")
+        out[n] = arr.astype(np.int64) if not n.endswith("crc32c") else arr
+        at += size + pad8(size)
+    if at != len(section):
+        raise bad("bytes after the last column")
+    return out
