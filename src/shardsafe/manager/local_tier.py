@@ -109,10 +109,7 @@ class LocalTier:
     def valid(self, steps: StepDirectory) -> dict[int, str]:
         """Committed steps of this run whose index records the step their name says."""
         out = {}
-        for step, name in steps.committed().items():
-            if os.path.islink(steps.storage.join(steps.path, name)):
-                log.warning("ignoring local step entry %s in %s: it is a symbolic link", name, steps.path)
-                continue
+        for step, name in steps.committed().items():  # (a symlinked entry is never listed)
             recorded, run = self._identity(steps, name)
             if run != self.run or self.run is None:
                 continue
@@ -127,7 +124,7 @@ class LocalTier:
         """Deletes committed steps of another run (they are never restored)."""
         mine = self.valid(steps)
         for step, name in steps.committed().items():
-            if step not in mine and not os.path.islink(steps.storage.join(steps.path, name)):
+            if step not in mine:
                 if self._identity(steps, name)[1] != self.run:
                     log.warning("deleting local step %s in %s: it belongs to another run (another "
                                 "persistent directory)", name, steps.path)
