@@ -19,7 +19,7 @@ from ._common import add_storage_options, human_bytes, progress, scan, storage_o
 from ..engine.commit import read_index
 from ..engine.copier import CopyResult, copy_checkpoint
 from ..engine.recode import recode_checkpoint
-from ..errors import CheckpointNotFoundError
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError
 from ..manager.steps import is_rolled_back
 from ..storage import Storage, storage_for
 
@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("src", metavar="SRC", help="checkpoint (or, with --all, directory) path or URL")
     p.add_argument("dst", metavar="DST", help="destination path or URL")
     p.add_argument("--all", action="store_true",
-                   help="copy every committed checkpoint under SRC to DST/<name>")
+                   help="copy every committed checkpoint under SRC to DST/<name>; a damaged one "
+                        "is listed as NOT COPIED (exit code 1) and the others are copied")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a committed checkpoint at the destination (else refused, unless "
                         "it is this very checkpoint already, which is left as it is)")
@@ -95,7 +96,13 @@ def run(args: argparse.Namespace) -> int:
     copied, skipped, nbytes = [], [], 0
     try:
         for j in jobs:
-            r = _copy_one(args, src, dst, j, bar.update)
+            try:
+                r = _copy_one(args, src, dst, j, bar.update)
+            except CorruptCheckpointError as e:
+                if not args.all:
+                    raise
+                damaged.append(f"{j.name}: {e}")  # nothing of it was committed; go on
+                continue
             (skipped if r.skipped else copied).append(j.name)
             nbytes += r.nbytes
             if not args.json:
