@@ -183,3 +183,12 @@ def test_all_copies_the_sound_steps_and_lists_a_damaged_one(tmp_path, capsys) ->
     assert got["copied"] == ["step_00000002"], got
     assert [d.split(":")[0] for d in got["damaged"]] == ["step_00000001"] and "checksum" in got["damaged"][0]
     assert os.listdir(out) == ["step_00000002"]  # nothing of the damaged step, not even a leftover
+
+
+def test_a_directory_without_all_and_a_checkpoint_with_it_say_what_to_do(tmp_path, capsys) -> None:  # noqa: ANN001
+    step = save_step(str(tmp_path / "run"), 1)
+    assert main(["cp", str(tmp_path / "run"), str(tmp_path / "a")]) == 3
+    assert "add --all" in capsys.readouterr().err
+    assert main(["cp", step, str(tmp_path / "b"), "--all"]) == 3
+    assert "without --all" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")

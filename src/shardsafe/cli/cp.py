@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from . import EXIT_FAILED, EXIT_OK
 from ._common import add_storage_options, human_bytes, progress, scan, storage_options
-from ..engine.commit import read_index
+from ..engine.commit import is_committed, read_index
 from ..engine.copier import CopyResult, copy_checkpoint
 from ..engine.recode import recode_checkpoint
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError
@@ -66,7 +66,13 @@ def _jobs(args: argparse.Namespace, src: Storage, spath: str, dst: Storage,
           dpath: str) -> tuple[list[_Job], list[str]]:
     """What to copy, and (``--all``) the damaged checkpoints that cannot be."""
     if not args.all:
-        index = read_index(src, spath)
+        try:
+            index = read_index(src, spath)
+        except CheckpointNotFoundError as e:
+            if any(en.state == "committed" for en in _scan_or_none(src, spath)):
+                raise CheckpointNotFoundError(f"{e}; it is a directory of checkpoints: "
+                                              f"add --all to copy every one") from None
+            raise
         name = spath.rstrip("/").rsplit("/", 1)[-1]
         return [_Job(name, spath, dpath, sum(f.size for f in index.files))], []
     entries = [e for e in scan(src, spath) if not is_rolled_back(e.name)]
@@ -74,8 +80,17 @@ def _jobs(args: argparse.Namespace, src: Storage, spath: str, dst: Storage,
             for e in entries if e.state == "committed" and e.index is not None]
     damaged = [f"{e.name}: {e.error}" for e in entries if e.state == "corrupt"]
     if not jobs and not damaged:
-        raise CheckpointNotFoundError(f"no committed checkpoint under {args.src!r}")
+        hint = "; it is a checkpoint itself: copy it without --all" if is_committed(src, spath) else ""
+        raise CheckpointNotFoundError(f"no committed checkpoint under {args.src!r}{hint}")
     return jobs, damaged
+
+
+def _scan_or_none(storage: Storage, path: str) -> list:
+    """The entries under ``path``, or none where it is no directory."""
+    try:
+        return scan(storage, path)
+    except CheckpointNotFoundError:
+        return []
 
 
 def _copy_one(args: argparse.Namespace, src: Storage, dst: Storage, j: _Job, on_bytes) -> CopyResult:  # noqa: ANN001
