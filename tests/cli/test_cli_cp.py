@@ -171,3 +171,24 @@ def test_a_recoded_copy_is_up_to_date_when_run_again(tmp_path, capsys) -> None: 
     # coded another way it is another copy: refused without --overwrite
     assert main(["cp", str(run), out, "--all", "--compression", "none"]) == 1
     assert "--overwrite" in capsys.readouterr().err
+
+
+def test_all_copies_the_sound_steps_and_lists_a_damaged_one(tmp_path, capsys) -> None:  # noqa: ANN001
+    run, out = tmp_path / "run", str(tmp_path / "out")
+    for step in (1, 2):
+        save_step(str(run), step)
+    flip_byte(os.path.join(run, "step_00000001", "data-r00000-000.safetensors"), -3)
+    assert main(["cp", str(run), out, "--all", "--json"]) == 1
+    got = json.loads(capsys.readouterr().out)
+    assert got["copied"] == ["step_00000002"], got
+    assert [d.split(":")[0] for d in got["damaged"]] == ["step_00000001"] and "checksum" in got["damaged"][0]
+    assert os.listdir(out) == ["step_00000002"]  # nothing of the damaged step, not even a leftover
+
+
+def test_a_directory_without_all_and_a_checkpoint_with_it_say_what_to_do(tmp_path, capsys) -> None:  # noqa: ANN001
+    step = save_step(str(tmp_path / "run"), 1)
+    assert main(["cp", str(tmp_path / "run"), str(tmp_path / "a")]) == 3
+    assert "add --all" in capsys.readouterr().err
+    assert main(["cp", step, str(tmp_path / "b"), "--all"]) == 3
+    assert "without --all" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")

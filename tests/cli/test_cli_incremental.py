@@ -119,3 +119,30 @@ def test_compressed_references(cli, tmp_path) -> None:  # noqa: ANN001
     assert block_file_name(0) in os.listdir(os.path.join(root, "step_00000000"))
     assert cli("verify", last).returncode == 0
     assert torch.equal(shardsafe.load(last)["base"], base)
+
+
+def test_rolled_back_steps_verify_and_gc_leaves_them(tmp_path, capsys) -> None:  # noqa: ANN001
+    from shardsafe.cli import main
+
+    root = str(tmp_path / "run")
+    _run(root, steps=4, max_to_keep=None)
+    with shardsafe.CheckpointManager(root, incremental=True) as mgr:
+        state = {"base": torch.zeros_like(BASE), "adapter": torch.zeros(16), "step": 0}
+        assert mgr.restore(state, step=1, rollback=True) == 1  # steps 2 and 3 moved aside
+        for step in (2, 3):
+            mgr.save(step, {"base": BASE, "adapter": torch.full((16,), 10.0 * step), "step": step})
+    rolled = sorted(n for n in os.listdir(root) if ".rolled-back-" in n)
+    assert [n[:13] for n in rolled] == ["step_00000002", "step_00000003"]
+    # their files are links of the files they referenced, which hold other chunks too
+    assert main(["verify", root]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    # the manager never expires moved-aside steps, nor does gc; the new steps 2 and 3 are steps
+    assert main(["gc", root, "--max-to-keep", "1", "--min-age", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "deleted step_00000002 (step 2)" in out and "rolled-back" not in out, out
+    assert sorted(n for n in os.listdir(root) if ".rolled-back-" in n) == rolled
+    for n, step in zip(rolled, (2, 3)):
+        assert torch.equal(shardsafe.load(os.path.join(root, n))["adapter"], torch.full((16,), float(step)))
+    assert torch.equal(shardsafe.load(os.path.join(root, "step_00000003"))["adapter"], torch.full((16,), 30.0))
+    with pytest.raises(shardsafe.CheckpointNotFoundError):
+        shardsafe.load(os.path.join(root, "step_00000002"))

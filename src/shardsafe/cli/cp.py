@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 from . import EXIT_FAILED, EXIT_OK
 from ._common import add_storage_options, human_bytes, progress, scan, storage_options
-from ..engine.commit import read_index
+from ..engine.commit import is_committed, read_index
 from ..engine.copier import CopyResult, copy_checkpoint
 from ..engine.recode import recode_checkpoint
-from ..errors import CheckpointNotFoundError
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError
 from ..manager.steps import is_rolled_back
 from ..storage import Storage, storage_for
 
@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("src", metavar="SRC", help="checkpoint (or, with --all, directory) path or URL")
     p.add_argument("dst", metavar="DST", help="destination path or URL")
     p.add_argument("--all", action="store_true",
-                   help="copy every committed checkpoint under SRC to DST/<name>")
+                   help="copy every committed checkpoint under SRC to DST/<name>; a damaged one "
+                        "is listed as NOT COPIED (exit code 1) and the others are copied")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a committed checkpoint at the destination (else refused, unless "
                         "it is this very checkpoint already, which is left as it is)")
@@ -65,7 +66,13 @@ def _jobs(args: argparse.Namespace, src: Storage, spath: str, dst: Storage,
           dpath: str) -> tuple[list[_Job], list[str]]:
     """What to copy, and (``--all``) the damaged checkpoints that cannot be."""
     if not args.all:
-        index = read_index(src, spath)
+        try:
+            index = read_index(src, spath)
+        except CheckpointNotFoundError as e:
+            if any(en.state == "committed" for en in _scan_or_none(src, spath)):
+                raise CheckpointNotFoundError(f"{e}; it is a directory of checkpoints: "
+                                              f"add --all to copy every one") from None
+            raise
         name = spath.rstrip("/").rsplit("/", 1)[-1]
         return [_Job(name, spath, dpath, sum(f.size for f in index.files))], []
     entries = [e for e in scan(src, spath) if not is_rolled_back(e.name)]
@@ -73,8 +80,17 @@ def _jobs(args: argparse.Namespace, src: Storage, spath: str, dst: Storage,
             for e in entries if e.state == "committed" and e.index is not None]
     damaged = [f"{e.name}: {e.error}" for e in entries if e.state == "corrupt"]
     if not jobs and not damaged:
-        raise CheckpointNotFoundError(f"no committed checkpoint under {args.src!r}")
+        hint = "; it is a checkpoint itself: copy it without --all" if is_committed(src, spath) else ""
+        raise CheckpointNotFoundError(f"no committed checkpoint under {args.src!r}{hint}")
     return jobs, damaged
+
+
+def _scan_or_none(storage: Storage, path: str) -> list:
+    """The entries under ``path``, or none where it is no directory."""
+    try:
+        return scan(storage, path)
+    except CheckpointNotFoundError:
+        return []
 
 
 def _copy_one(args: argparse.Namespace, src: Storage, dst: Storage, j: _Job, on_bytes) -> CopyResult:  # noqa: ANN001
@@ -95,7 +111,13 @@ def run(args: argparse.Namespace) -> int:
     copied, skipped, nbytes = [], [], 0
     try:
         for j in jobs:
-            r = _copy_one(args, src, dst, j, bar.update)
+            try:
+                r = _copy_one(args, src, dst, j, bar.update)
+            except CorruptCheckpointError as e:
+                if not args.all:
+                    raise
+                damaged.append(f"{j.name}: {e}")  # nothing of it was committed; go on
+                continue
             (skipped if r.skipped else copied).append(j.name)
             nbytes += r.nbytes
             if not args.json:

@@ -27,7 +27,7 @@ from ..engine.commit import is_temporary, uncommit
 from ..engine.sweep import plan_sweep, sweep
 from ..manager.retention import (AnyPreservationPolicy, EveryNSteps, LatestN, PreservationPolicy,
                               StepRecord, steps_to_delete)
-from ..manager.steps import MANAGER_KEY
+from ..manager.steps import MANAGER_KEY, is_rolled_back
 from ..storage import Storage, storage_for
 
 DEFAULT_MIN_AGE = 3600.0
@@ -52,25 +52,30 @@ def expired(entries: list[Entry], max_to_keep: int | None, keep_period: int | No
     """Committed checkpoints that retention deletes, oldest first (pure).
 
     In a manager directory the steps are the records; checkpoints there without a step
-    are not the manager's and are left alone. Elsewhere the checkpoints are numbered by
-    creation time, so ``keep_period`` needs steps.
+    are not the manager's and are left alone, and so are steps a rollback moved aside
+    (``step_N.rolled-back-<time>``, which the manager never lists or expires either).
+    Elsewhere the checkpoints are numbered by creation time, so ``keep_period`` needs
+    steps. Two checkpoints of one step (a copy under another name) expire together.
     """
     if max_to_keep is None:
         return []
-    committed = [e for e in entries if e.state == "committed"]
-    stepped = {e.step: e for e in committed if e.step is not None}
+    committed = [e for e in entries if e.state == "committed" and not is_rolled_back(e.name)]
+    by_step: dict[int, list[Entry]] = {}
+    for e in committed:
+        if e.step is not None:
+            by_step.setdefault(e.step, []).append(e)
     policy: PreservationPolicy = LatestN(max_to_keep)
-    if stepped:
-        by_step = stepped
+    if by_step:
         if keep_period is not None:
             policy = AnyPreservationPolicy((policy, EveryNSteps(keep_period)))
     else:
         if keep_period is not None:
             raise ValueError("--keep-period needs a directory of step_<N> checkpoints")
         ordered = sorted(committed, key=lambda e: (e.index.created, e.name))
-        by_step = dict(enumerate(ordered))
-    records = [StepRecord(step, _time(e), e.metrics or None) for step, e in by_step.items()]
-    return [by_step[s] for s in steps_to_delete(records, policy)]
+        by_step = {i: [e] for i, e in enumerate(ordered)}
+    records = [StepRecord(step, max(_time(e) for e in es), es[0].metrics or None)
+               for step, es in by_step.items()]
+    return [e for s in steps_to_delete(records, policy) for e in by_step[s]]
 
 
 def _old(t: float | None, now: float, min_age: float) -> bool:

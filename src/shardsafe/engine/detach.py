@@ -21,14 +21,11 @@ import shutil
 from ..errors import CheckpointError, CorruptCheckpointError
 from ..format import INDEX_NAME
 from ..format.index import encode_renamed
-from ..format.index_common import FILE_NAME
+from ..format.index_common import FILE_NAME, LINK_PREFIX
 from ..storage.base import Storage
 from ..storage.files import check_regular
 from ..storage.local import LocalStorage
 from .commit import read_index
-
-REF_PREFIX = "ref"
-
 
 def detach(storage: Storage, path: str) -> list[str]:
     """Hard-links every file the checkpoint at ``path`` references into it and republishes
@@ -66,13 +63,13 @@ def detach(storage: Storage, path: str) -> list[str]:
 
 def _own_name(i: int, base: str, taken: set[str]) -> str:
     """A plain file name for reference row ``i`` (keeping the file's extension)."""
-    for name in (f"{REF_PREFIX}{i:05d}-{base}", f"{REF_PREFIX}{i:05d}{os.path.splitext(base)[1]}"):
+    for name in (f"{LINK_PREFIX}{i:05d}-{base}", f"{LINK_PREFIX}{i:05d}{os.path.splitext(base)[1]}"):
         if FILE_NAME.fullmatch(name) and name not in taken:
             return name
     n = 0
-    while f"{REF_PREFIX}{i:05d}.{n}" in taken:
+    while f"{LINK_PREFIX}{i:05d}.{n}" in taken:
         n += 1
-    return f"{REF_PREFIX}{i:05d}.{n}"
+    return f"{LINK_PREFIX}{i:05d}.{n}"
 
 
 def _link(src: str, dst: str) -> None:

@@ -33,6 +33,11 @@ FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # A reference (incremental saves, docs/FORMAT.md section 13): "<sibling directory>/<file>",
 # both parts plain names as above, so neither can be "." or ".." nor hold a separator.
 REFERENCE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,127})/([A-Za-z0-9][A-Za-z0-9._-]{0,127})")
+# A step made self-contained after a rollback (section 13, engine/detach.py) names a hard
+# link of each file it referenced "ref<row>-<file>" (or "ref<row>.<ext>", "ref<row>.<n>"):
+# like a reference, such a file also holds chunks of the step that wrote it.
+LINK_PREFIX = "ref"
+LINKED_FILE = re.compile(LINK_PREFIX + r"[0-9]{5}[-.].*")
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from typing import Any
 from ..format.datafile import METADATA_KEY
 from ..format.dtypes import DTYPES, lookup
 from ..format.index import ChunkEntry, FileEntry, Index, TensorEntry
+from ..format.index_common import LINKED_FILE
 from ..format.tree import render_path
 from .layout import PARTS_KEY, part_name
 
@@ -102,9 +103,10 @@ def header_problems(index: Index, f: FileEntry, entries: dict[str, Any]) -> list
     Also checks what the safetensors library requires: known dtype codes, offsets that
     span ``prod(shape) * itemsize`` and tile the data section without holes to its end.
     A reference (``f.reference``: a data file of an earlier step, incremental saves) also
-    holds chunks this index does not use: there only the referenced chunks are checked.
+    holds chunks this index does not use: there only the referenced chunks are checked;
+    so too in a link that a rolled-back step made of a file it referenced (``LINKED_FILE``).
     """
-    subset = f.reference is not None
+    subset = f.reference is not None or LINKED_FILE.fullmatch(f.name) is not None
     pending: dict[tuple[int, int], list] = {}
     for t in index.tensors:
         for c in t.chunks:
