@@ -136,7 +136,7 @@ def damage(ckpt: str, rng: random.Random, version: int, outside: str) -> str:
 
 def _verify(path: str) -> None:
     args = build_parser().parse_args(["verify", path])
-    with contextlib.redirect_stdout(io.StringIO()) as out:
+    with contextlib.redirect_stdout(io.StringIO()):
         code = args.func(args)
     if code == 0 and os.environ.get("FUZZ_SHOW_OK"):
         print("verify OK:", path, file=sys.stderr)

@@ -107,7 +107,7 @@ def test_an_index_of_another_version_is_refused() -> None:
 
 def test_many_tensors_of_one_shape_and_of_many_ranks() -> None:
     shapes = [(16,)] * 50 + [(2, 3), (), (1, 1, 1, 1)] * 10
-    chunks, at = [], 4096
+    at = 4096
     tensors = []
     for t, shape in enumerate(shapes):
         n = int(np.prod(shape)) * 4

@@ -29,7 +29,7 @@ from . import pipeline
 from .block_stream import SlottedBlockWrite, slotted_layout
 from .block_writer import BlockFileWrite
 from .buffers import BouncePool, HostBuffer, HostSlice
-from .copies import OWN_PART, MirrorBlocks, MirrorFile, PreparedCopy
+from .copies import MirrorBlocks, MirrorFile, PreparedCopy
 from .handle import SaveHandle
 from .prepared import BLOCK_SIZE, PreparedSave
 from .staging import StageTask, host_sources, stage_files, stage_through

@@ -24,6 +24,7 @@ from ..comm import Channel
 from ..comm.channel import announce, gather, get, missing_ranks, receive, timeout_error
 from ..errors import CheckpointError
 from . import commit
+from .entries import Entries
 from .entries import decode as decode_entries
 from .entries import encode as encode_entries
 from .prepared import PreparedSave, build_index

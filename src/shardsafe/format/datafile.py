@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from .._numbers import ceil_div
-from .dtypes import DType, lookup
+from .dtypes import lookup
 
 ALIGN = 4096  # direct-I/O alignment of data sections and buffers; the one definition
 METADATA_KEY = "__metadata__"

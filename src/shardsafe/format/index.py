@@ -21,7 +21,7 @@ from .._numbers import ceil_div
 from ..errors import CorruptCheckpointError
 from . import INDEX_NAME, index_v2, index_v3, tree
 from .checksum import ALGORITHM, crc32c
-from .index_common import (IndexHeader, MAX_DIM, MAX_INDEX_BYTES, MAX_NDIM, FileEntry, bad, check_int,
+from .index_common import (IndexHeader, MAX_INDEX_BYTES, MAX_NDIM, FileEntry, bad, check_int,
                            check_tree, decode_files, finite_float, header_fields, reject_constant,
                            tensor_header, tensor_key, unique_members)
 from .chunk_table import ChunkTable

@@ -25,7 +25,7 @@ from .checksum import ALGORITHM
 from .blockfile import RAW, BlockCoding
 from .codec import CODECS
 from .chunk_table import ChunkTable, Split, check_tensor_rows, detect_split
-from .container import dumps, narrowest, open_container, read_columns, seal, version_of
+from .container import dumps, narrowest, open_container, read_columns, seal
 from .dtypes import lookup
 from .index_common import (IndexHeader, MAX_DIM, MAX_EXTENT_BYTES, MAX_NDIM, TENSOR_KINDS, FileEntry,
                            StoredBlocks, bad, check_int, check_tree, decode_files, header_fields,
@@ -68,11 +68,6 @@ class ColumnarIndex(IndexHeader):
             return NotImplemented
         return all(getattr(self, f) == getattr(other, f) for f in
                    ("tree", "tensors", "files", "chunks", "world_size", "created", "metadata", "library"))
-
-
-def is_v2(data: bytes | memoryview) -> bool:
-    """Whether ``data`` is a v2 index (by its header)."""
-    return version_of(data) == VERSION
 
 
 # ----------------------------------------------------------------------------- encoding

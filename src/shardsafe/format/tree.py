@@ -188,11 +188,6 @@ def _float(v: Any) -> float:
     raise TreeError(f"bad float value {v!r}")
 
 
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise TreeError(msg)
-
-
 def decode_plain(node: Node, validate_only: bool = False) -> Any:
     """Decodes a plain-value node; raises TreeError if malformed.
 
