@@ -4,10 +4,19 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+# the planes codecs' transform in C (compression="auto"); format/planes_kernel.py loads it
+# and, where it is missing (no C compiler), codec.py runs the same transform in numpy
+KERNEL := src/shardsafe/format/_planes.so
 
-.PHONY: demo demo-distributed test test-stress bench docs setup clean
+.PHONY: demo demo-distributed test test-stress bench docs setup kernel clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(KERNEL)
+
+kernel: $(KERNEL)
+
+$(KERNEL): src/shardsafe/format/_planes.c
+	@$(CC) -O3 -std=c99 -fPIC -shared -o $@.tmp $< && mv $@.tmp $@ \
+	  || { rm -f $@ $@.tmp; echo "note: could not compile $<; compression='auto' uses numpy (slower)"; }
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -15,21 +24,21 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[torch,s3,dev,lightning,accelerate,zstd,bench,docs]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) $(KERNEL)
 	$(BIN)/shardsafe demo
 
 # the same crash-and-resume demo as an FSDP2 job on NPROC processes (gloo on the CPU)
 NPROC ?= 2
-demo-distributed: $(STAMP)
+demo-distributed: $(STAMP) $(KERNEL)
 	$(BIN)/shardsafe demo --nproc $(NPROC)
 
-test: $(STAMP)
+test: $(STAMP) $(KERNEL)
 	$(BIN)/python -m pytest -q
 
-test-stress: $(STAMP)
+test-stress: $(STAMP) $(KERNEL)
 	$(BIN)/python -m pytest -q -m stress
 
-bench: $(STAMP)
+bench: $(STAMP) $(KERNEL)
 	$(BIN)/shardsafe bench
 
 # the documentation site (docs/ and mkdocs.yml) into site/; any warning fails the build
@@ -37,4 +46,4 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) build dist site src/*.egg-info
+	rm -rf $(VENV) build dist site src/*.egg-info $(KERNEL)

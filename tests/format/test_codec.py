@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardsafe.errors import CheckpointError
-from shardsafe.format import codec
+from shardsafe.format import codec, planes_kernel
 from shardsafe.format.codec import CODECS, CodecError, decode, encode
 from shardsafe.format.dtypes import DTYPES
 
@@ -29,6 +29,19 @@ SPECIALS = {  # bit patterns: +-0, +-inf, NaN with payloads, subnormals, max, mi
         0x7FEFFFFFFFFFFFFF],
 }
 UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+@pytest.fixture(scope="module", autouse=True, params=["C kernel", "numpy"])
+def planes_transform(request):
+    """Runs every test of this module with the compiled planes kernel and with numpy."""
+    if request.param == "numpy":
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(planes_kernel, "loaded", lambda: None)
+            yield request.param
+        return
+    if planes_kernel.loaded() is None:
+        pytest.skip("the C planes kernel is not built here (make builds it)")
+    yield request.param
 
 
 def weights(dtype: str, n: int, seed: int = 0) -> bytes:

@@ -48,6 +48,11 @@ into a buffer bounded by a size we choose. One compressor and one decompressor p
 thread (``threading.local``): zstd contexts are not thread-safe, and reusing them avoids
 re-allocating their tables per block.
 
+The planes transform (rotation, exponent offset, nibble packing, plane split and merge)
+runs as one fused pass of C over the block where ``make`` built ``_planes.c``
+(``planes_kernel``; it runs without the GIL), and as numpy passes over cache-sized pieces
+otherwise; both write the same bytes.
+
 Decoding is bounded: the caller passes ``out``, the block's raw size from the index;
 nothing is written beyond ``out`` and at most a small multiple of ``len(out)`` is
 allocated, whatever the stream says (a frame's declared content size and window, which the decoder allocates, are checked
@@ -63,6 +68,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from ..errors import CheckpointError
+from . import planes_kernel
 from .dtypes import lookup
 
 Compression = Literal["zstd", "auto"]
@@ -253,7 +259,8 @@ def _plane_size(key: Any, n: int) -> int:
 
 
 class _Planes:
-    """The planes transform of k-byte elements, with scratch for one piece."""
+    """The planes transform of k-byte elements: the C kernel where it is built, else numpy
+    passes over pieces with scratch for one piece."""
 
     def __init__(self, k: int) -> None:
         self.k, self.bits, self.U = k, 8 * k, _UINT[k]
@@ -277,6 +284,10 @@ class _Planes:
 
     def split(self, x: np.ndarray, c: int, targets: dict[Any, np.ndarray]) -> None:
         """Writes the planes named in ``targets`` (key -> array of its size) from ``x``."""
+        lib = planes_kernel.loaded()
+        if lib is not None:
+            planes_kernel.split(lib, self.k, x, c, targets)
+            return
         nib = [i for i in ("lo", "hi") if i in targets]
         mant = [i for i in targets if isinstance(i, int)]
         for s in range(0, len(x), self.piece):
@@ -331,6 +342,10 @@ class _Planes:
         nibbles = "lo" in planes
         if nibbles and n & 1 and (planes["lo"][-1] | planes["hi"][-1]) & 0xF0:
             raise CodecError("the padding nibble of an odd-length block is not zero")
+        lib = planes_kernel.loaded()
+        if lib is not None:
+            planes_kernel.join(lib, self.k, c, planes, out)
+            return
         for s in range(0, n, self.piece):
             o = out[s:s + self.piece]
             m = len(o)

@@ -1,0 +1,80 @@
+"""format.planes_kernel: the compiled planes transform writes exactly what numpy writes, and
+a missing or foreign library falls back to numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardsafe.format import codec, planes_kernel
+
+UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+@pytest.fixture
+def kernel():
+    lib = planes_kernel.loaded()
+    if lib is None:
+        pytest.skip("the C planes kernel is not built here (make builds it)")
+    return lib
+
+
+def elements(k: int, n: int, seed: int) -> np.ndarray:
+    """Float-like elements (a few common exponents) mixed with arbitrary bit patterns."""
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0, 0.02, n)
+    x = (w.astype(np.float64).view(np.uint64) >> np.uint64(64 - 8 * k)).astype(UINT[k])
+    wild = rng.random(n) < 0.05
+    x[wild] = rng.integers(0, 1 << (8 * k - 1), int(wild.sum()), dtype=np.uint64).astype(UINT[k])
+    return x
+
+
+def planes_of(k: int, n: int) -> dict:
+    keys = ["lo", "hi", "exp", *range(k - 1)]
+    return {i: np.full(codec._plane_size(i, n), 0xAB, np.uint8) for i in keys}
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("n", [1, 2, 7, 2047, 2048, 2049, 6145])
+@pytest.mark.parametrize("c", [0, 0x71, 0xFF])
+def test_split_and_join_match_numpy(kernel, monkeypatch, k, n, c):
+    x = elements(k, n, seed=n * k + c)
+    tr = codec._Planes(k)
+    fast, slow = planes_of(k, n), planes_of(k, n)
+    planes_kernel.split(kernel, k, x, c, fast)
+    with monkeypatch.context() as m:
+        m.setattr(planes_kernel, "loaded", lambda: None)
+        tr.split(x, c, slow)
+    for key in fast:
+        assert np.array_equal(fast[key], slow[key]), key
+    for layout in (codec.NIBBLES, codec.BYTE):
+        planes = {i: fast[i] for i in codec._plane_keys(layout, k)}
+        out = np.zeros(n, UINT[k])
+        planes_kernel.join(kernel, k, c, planes, out)
+        assert np.array_equal(out, x)
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_split_writes_only_the_planes_asked_for(kernel, k):
+    n = 3001
+    x = elements(k, n, seed=k)
+    full = planes_of(k, n)
+    planes_kernel.split(kernel, k, x, 9, full)
+    for key in full:
+        one = {key: np.full(codec._plane_size(key, n), 0xAB, np.uint8)}
+        planes_kernel.split(kernel, k, x, 9, one)
+        assert np.array_equal(one[key], full[key]), key
+
+
+def test_missing_or_foreign_library_falls_back_to_numpy(monkeypatch, tmp_path):
+    for path in (tmp_path / "absent.so", tmp_path / "garbage.so"):
+        if path.name == "garbage.so":
+            path.write_bytes(b"\x7fELF not a library")
+        monkeypatch.setattr(planes_kernel, "LIBRARY", path)
+        monkeypatch.setattr(planes_kernel, "_lib", planes_kernel._UNSET)
+        assert planes_kernel.loaded() is None
+        data = elements(4, 5000, seed=1).tobytes()
+        name, stored = codec.encode(memoryview(data), "float32", "auto")
+        out = bytearray(len(data))
+        codec.decode(name, memoryview(bytes(stored)), memoryview(out))
+        assert name == "planes32" and bytes(out) == data
