@@ -180,7 +180,7 @@ _WRITER = textwrap.dedent("""
 _N = 48  # 12 MB in 48 tensors: a load's data phase is long enough to meet a swap
 
 
-def _race(tmp_path, mode: str, rounds: int = 12) -> dict[str, int]:
+def _race(tmp_path, mode: str, rounds: int) -> dict[str, int]:
     path = str(tmp_path / "race")
     shardsafe.save({f"t{i}": torch.zeros(1 << 16) for i in range(_N)} | {"k": 0}, path)
     writer = subprocess.Popen([sys.executable, "-c", _WRITER, path, mode, str(rounds), str(_N)],
@@ -202,13 +202,18 @@ def _race(tmp_path, mode: str, rounds: int = 12) -> dict[str, int]:
     return seen
 
 
-def test_load_racing_deletion_says_not_found(tmp_path) -> None:
-    seen = _race(tmp_path, "delete")
+_ROUNDS = [5, pytest.param(40, marks=pytest.mark.stress)]
+
+
+@pytest.mark.parametrize("rounds", _ROUNDS)
+def test_load_racing_deletion_says_not_found(tmp_path, rounds: int) -> None:
+    seen = _race(tmp_path, "delete", rounds)
     assert seen["not_found"] > 0 and seen["ok"] > 0, seen
 
 
-def test_readers_during_overwrite_see_old_or_new(tmp_path) -> None:
-    seen = _race(tmp_path, "overwrite")
+@pytest.mark.parametrize("rounds", _ROUNDS)
+def test_readers_during_overwrite_see_old_or_new(tmp_path, rounds: int) -> None:
+    seen = _race(tmp_path, "overwrite", rounds)
     assert seen["ok"] > 0 and seen["not_found"] == 0, seen
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -21,12 +22,18 @@ def _names(js: dict[str, Any]) -> tuple[str, ...]:
 
 def split_v2(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The JSON part and the columns (as int64/uint32 arrays) of v2 index bytes."""
+    return split_columns(data, 2, _names)
+
+
+def split_columns(data: bytes, want: int, names: Callable[[dict[str, Any]], tuple[str, ...]]
+                  ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The JSON part and the columns ``names(json part)`` of version ``want`` index bytes."""
     magic, version, hsize, jlen, clen = struct.unpack_from("<8sIIQQ", data)
-    assert magic == b"SSAFEIDX" and version == 2 and hsize == 32
+    assert magic == b"SSAFEIDX" and version == want and hsize == 32
     js = json.loads(data[32 : 32 + jlen])
     at = 32 + jlen + (-jlen % 8)
     cols = {}
-    for n in _names(js):
+    for n in names(js):
         dtype, count = js["columns"][n]
         arr = np.frombuffer(data, dtype=dtype, count=count, offset=at)
         cols[n] = arr.astype(np.uint32 if n.endswith("crc32c") else np.int64)

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from v2_forge import split_columns
+
 from shardsafe.format.checksum import crc32c
 
 TENSOR = ("kind", "dtype", "ndim", "shape", "chunks", "split", "split_step", "split_file0", "split_stride")
@@ -22,18 +24,7 @@ def _names(js: dict[str, Any]) -> tuple[str, ...]:
 
 def split_v3(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The JSON part and the columns (as int64/uint32 arrays) of v3 index bytes."""
-    magic, version, hsize, jlen, clen = struct.unpack_from("<8sIIQQ", data)
-    assert magic == b"SSAFEIDX" and version == 3 and hsize == 32
-    js = json.loads(data[32 : 32 + jlen])
-    at = 32 + jlen + (-jlen % 8)
-    cols = {}
-    for n in _names(js):
-        dtype, count = js["columns"][n]
-        arr = np.frombuffer(data, dtype=dtype, count=count, offset=at)
-        cols[n] = arr.astype(np.uint32 if n.endswith("crc32c") else np.int64)
-        size = count * np.dtype(dtype).itemsize
-        at += size + (-size % 8)
-    return js, cols
+    return split_columns(data, 3, _names)
 
 
 def seal_v3(js: dict[str, Any], cols: dict[str, np.ndarray], fix_counts: bool = True) -> bytes:

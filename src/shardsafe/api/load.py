@@ -180,7 +180,8 @@ def _load(path: str, state: MutableMapping[str, Any] | Stateful | None, check: C
     raise AssertionError("unreachable")
 
 
-_ATTEMPTS = 3  # an overwrite swaps the directory mid-load: read the new checkpoint instead
+_ATTEMPTS = 10  # an overwrite swaps the directory mid-load: read the new checkpoint instead (a
+# writer that overwrites as fast as the loads run can overtake a few in a row on a busy machine)
 
 
 def _identity(storage: Any, spath: str) -> tuple[int, int] | None:

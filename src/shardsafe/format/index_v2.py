@@ -338,6 +338,18 @@ def _split_rules(raw: list[Any]) -> list[Split | None] | None:
     return out
 
 
+def block_coding(raw: dict[str, Any], cols: dict[str, np.ndarray]) -> BlockCoding | None:
+    """The compressed chunks' coding columns (section 12.3), or None in an index without them."""
+    if "codec" not in cols:
+        if "codecs" in raw:
+            raise bad("codecs listed without the coding columns")
+        return None
+    codecs = raw.get("codecs")
+    if not isinstance(codecs, list) or not all(isinstance(c, str) for c in codecs) or len(codecs) > 255:
+        raise bad("codecs must be a list of at most 255 codec names")
+    return BlockCoding(tuple(codecs), cols["codec"], cols["stored"], cols["stored_crc32c"])
+
+
 def decode(data: bytes) -> ColumnarIndex:
     """Parses and validates v2 index bytes; raises CorruptCheckpointError naming the problem."""
     raw, section = open_container(data, VERSION)
@@ -362,14 +374,7 @@ def decode(data: bytes) -> ColumnarIndex:
         "offset": sum(counts), "file": sum(c for c, _ in general),
         "pos": sum(c * d for c, d in general), "extent": sum(c * d for c, d in general),
         "crc32c": None, "codec": None, "stored": None, "stored_crc32c": None})
-    coding = None
-    if "codec" in cols:
-        codecs = raw.get("codecs")
-        if not isinstance(codecs, list) or not all(isinstance(c, str) for c in codecs) or len(codecs) > 255:
-            raise bad("codecs must be a list of at most 255 codec names")
-        coding = BlockCoding(tuple(codecs), cols["codec"], cols["stored"], cols["stored_crc32c"])
-    elif "codecs" in raw:
-        raise bad("codecs listed without the coding columns")
+    coding = block_coding(raw, cols)
     table = ChunkTable.build(
         [i.shape for i in infos], itemsizes, splits, counts, cols["offset"], cols["file"],
         cols["pos"], cols["extent"], cols["crc32c"], block_size,

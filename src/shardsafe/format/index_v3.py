@@ -28,14 +28,13 @@ from typing import Any
 import numpy as np
 
 from . import tree
-from .blockfile import BlockCoding
 from .checksum import ALGORITHM
 from .chunk_table import ChunkTable, Split, check_tensor_rows
 from .container import dumps, narrowest, open_container, read_columns, seal
 from .dtypes import DTYPES, lookup
 from .index_common import (MAX_EXTENT_BYTES, MAX_NDIM, TENSOR_KINDS, bad, check_int, decode_files,
                            header_fields, tree_keys)
-from .index_v2 import CODED_COLUMNS, COLUMNS, ColumnarIndex, TensorInfo, stored_columns
+from .index_v2 import CODED_COLUMNS, COLUMNS, ColumnarIndex, TensorInfo, block_coding, stored_columns
 
 VERSION = 3
 TENSOR_COLUMNS = ("kind", "dtype", "ndim", "shape", "chunks", "split", "split_step", "split_file0",
@@ -190,14 +189,7 @@ def decode(data: bytes) -> ColumnarIndex:
     for c, n in want.items():
         if len(cols[c]) != n:
             raise bad(f"column {c} holds {len(cols[c])} values, the tensor columns need {n}")
-    coding = None
-    if "codec" in cols:
-        codecs = raw.get("codecs")
-        if not isinstance(codecs, list) or not all(isinstance(c, str) for c in codecs) or len(codecs) > 255:
-            raise bad("codecs must be a list of at most 255 codec names")
-        coding = BlockCoding(tuple(codecs), cols["codec"], cols["stored"], cols["stored_crc32c"])
-    elif "codecs" in raw:
-        raise bad("codecs listed without the coding columns")
+    coding = block_coding(raw, cols)
     table = ChunkTable.build(
         shapes, itemsizes, splits, counts, cols["offset"], cols["file"], cols["pos"], cols["extent"],
         cols["crc32c"], block_size, np.array([f.size for f in files], dtype=I64),
