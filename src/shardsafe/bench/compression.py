@@ -254,6 +254,14 @@ def with_adamw_total(results: dict[str, dict[str, Measured]]) -> dict[str, dict[
     return out
 
 
+def _transform() -> str:
+    from ..format import planes_kernel
+
+    if planes_kernel.loaded() is None:
+        return "numpy (the C kernel `format/_planes.so` is not built or not loadable)"
+    return "the C kernel (`format/_planes.so`, built by `make`)"
+
+
 def table(results: dict[str, dict[str, Measured]], nbytes: int, repeat: int) -> str:
     """The case's markdown: one row per tensor and system."""
     from .report import _f
@@ -263,7 +271,8 @@ def table(results: dict[str, dict[str, Measured]], nbytes: int, repeat: int) -> 
             f"medians of {repeat} round(s). shardsafe and zstd-3 code 16 MiB blocks on "
             f"{THREADS} threads; ZipNN runs with threads={THREADS} on the whole tensor. "
             "*per CPU-s*: raw bytes per second of this process's CPU time (all its threads), "
-            "what one free core sustains, which a busy machine's waits do not change.", "",
+            "what one free core sustains, which a busy machine's waits do not change. "
+            f"Planes transform of `auto`: {_transform()}.", "",
             "| tensor | system | ratio | compress GB/s | decompress GB/s | compress GB per CPU-s "
             "| decompress GB per CPU-s |",
             "|---|---|---:|---:|---:|---:|---:|"]

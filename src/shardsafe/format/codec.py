@@ -409,6 +409,18 @@ def _plan(tr: _Planes, x: np.ndarray) -> tuple[int, int, list[Any]]:
     return layout, (c if layout == NIBBLES else 0), coded
 
 
+def _scratch(size: int) -> np.ndarray:
+    """This thread's reusable buffer of ``size`` bytes for the planes of one block to code.
+
+    Reused rather than allocated per block: a fresh allocation of megabytes costs its page
+    faults on first touch (more than the transform itself on some machines).
+    """
+    buf = getattr(_local, "scratch", None)
+    if buf is None or len(buf) < size:
+        buf = _local.scratch = np.empty(size, np.uint8)
+    return buf[:size]
+
+
 def _encode_planes(raw: memoryview, k: int) -> np.ndarray | None:
     tr = _transform(k)
     x = np.frombuffer(raw, dtype=tr.U)
@@ -416,7 +428,9 @@ def _encode_planes(raw: memoryview, k: int) -> np.ndarray | None:
     layout, c, coded = _plan(tr, x)
     keys = _plane_keys(layout, k)
     sizes = {i: _plane_size(i, n) for i in keys}
-    planes = {i: np.empty(sizes[i], np.uint8) for i in coded}
+    planes, at, scratch = {}, 0, _scratch(sum(sizes[i] for i in coded))
+    for i in coded:
+        planes[i], at = scratch[at:at + sizes[i]], at + sizes[i]
     tr.split(x, c, planes)  # pass 1: the planes to code, coded
     frames = {i: _compress(p) for i, p in planes.items()}
     del planes
