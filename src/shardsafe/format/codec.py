@@ -413,7 +413,8 @@ def _scratch(size: int) -> np.ndarray:
     """This thread's reusable buffer of ``size`` bytes for the planes of one block to code.
 
     Reused rather than allocated per block: a fresh allocation of megabytes costs its page
-    faults on first touch (more than the transform itself on some machines).
+    faults on first touch (more than the transform itself on some machines). It holds at
+    most one block's raw size per thread that encodes (16 MiB with the engine's blocks).
     """
     buf = getattr(_local, "scratch", None)
     if buf is None or len(buf) < size:
