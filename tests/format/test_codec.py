@@ -270,6 +270,62 @@ def test_planes_block_layout_is_as_documented():
     assert 2 + 5 * 5 + sum(n for _, n in heads) == len(stored)
 
 
+def mixed(n: int) -> np.ndarray:
+    """n pseudo-random 32-bit values from splitmix64 (no RNG stream that versions may change)."""
+    z = np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return ((z ^ (z >> np.uint64(31))) >> np.uint64(32)).astype(np.uint32)
+
+
+def stored_planes(stored: bytes) -> list[tuple[int, bytes]]:
+    """(mode, stored bytes) of each plane of a float32 planes block."""
+    heads = plane_headers(stored)
+    pos, out = 2 + 5 * len(heads), []
+    for mode, n in heads:
+        out.append((mode, stored[pos:pos + n]))
+        pos += n
+    assert pos == len(stored)
+    return out
+
+
+def mantissa_plane(x: np.ndarray, j: int) -> bytes:
+    """Byte j of float32 bit patterns rotated left by one bit, computed here, not by the codec."""
+    r = (x << np.uint32(1)) | (x >> np.uint32(31))
+    return ((r >> np.uint32(8 * j)) & np.uint32(0xFF)).astype(np.uint8).tobytes()
+
+
+def float32_bits(n: int, constant_mantissa: int) -> np.ndarray:
+    """Four exponents, a random sign and low 7 bits, ``constant_mantissa`` in bits 7-22."""
+    h = mixed(n)
+    return ((np.uint32(120) + h % np.uint32(4)) << np.uint32(23) | (h >> np.uint32(31) << np.uint32(31))
+            | np.uint32(constant_mantissa) | (h >> np.uint32(8)) & np.uint32(0x7F))
+
+
+def test_a_raw_plane_between_coded_planes_is_stored_in_place():
+    x = float32_bits(1 << 16, 0x2A5A80)  # plane 0 random, planes 1 and 2 constant
+    name, stored = encode(memoryview(x.tobytes()), "float32", "auto")
+    planes = stored_planes(bytes(stored))
+    assert name == "planes32" and [m for m, _ in planes] == [1, 1, 0, 1, 1]
+    assert planes[2][1] == mantissa_plane(x, 0)
+    assert roundtrip(x.tobytes(), "float32", "auto")[0] == "planes32"
+
+
+def test_a_plane_coded_in_the_sample_but_not_in_the_block_is_stored_raw():
+    n, w = 1 << 21, codec._SAMPLE_WINDOW  # the sample windows are 1.6% of the block
+    x = float32_bits(n, 0)
+    x |= mixed(n)[::-1] & np.uint32(0x7FFF80)  # planes 1 and 2 random ...
+    step = (n - w) // (codec._SAMPLE_WINDOWS - 1) & ~1
+    for i in range(codec._SAMPLE_WINDOWS):  # ... but constant where the sample looks
+        x[i * step:i * step + w] = x[i * step:i * step + w] & np.uint32(0xFF80007F) | np.uint32(0x2A5A80)
+    assert {1, 2} <= set(codec._plan(codec._Planes(4), x)[2])
+    name, stored = encode(memoryview(x.tobytes()), "float32", "auto")
+    planes = stored_planes(bytes(stored))
+    assert name == "planes32" and [m for m, _ in planes][2:] == [0, 0, 0]
+    assert [p for _, p in planes[2:]] == [mantissa_plane(x, j) for j in range(3)]
+    assert roundtrip(x.tobytes(), "float32", "auto")[0] == "planes32"
+
+
 def test_planes_golden_streams_decode_as_documented():
     # bf16 1.0, -2.0, 0.5 = 0x3F80, 0xC000, 0x3F00; rotated left by one bit: 0x7F00, 0x8001,
     # 0x7E00: exponent bytes 7F 80 7E, mantissa plane 0 (sign in bit 0) 00 01 00

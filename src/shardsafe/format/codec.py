@@ -48,10 +48,8 @@ into a buffer bounded by a size we choose. One compressor and one decompressor p
 thread (``threading.local``): zstd contexts are not thread-safe, and reusing them avoids
 re-allocating their tables per block.
 
-The planes transform (rotation, exponent offset, nibble packing, plane split and merge)
-runs as one fused pass of C over the block where ``make`` built ``_planes.c``
-(``planes_kernel``; it runs without the GIL), and as numpy passes over cache-sized pieces
-otherwise; both write the same bytes.
+The planes transform runs as one pass of C without the GIL where ``make`` built it
+(``planes_kernel``), else as numpy passes over cache-sized pieces; both write the same bytes.
 
 Decoding is bounded: the caller passes ``out``, the block's raw size from the index;
 nothing is written beyond ``out`` and at most a small multiple of ``len(out)`` is
@@ -410,12 +408,8 @@ def _plan(tr: _Planes, x: np.ndarray) -> tuple[int, int, list[Any]]:
 
 
 def _scratch(size: int) -> np.ndarray:
-    """This thread's reusable buffer of ``size`` bytes for the planes of one block to code.
-
-    Reused rather than allocated per block: a fresh allocation of megabytes costs its page
-    faults on first touch (more than the transform itself on some machines). It holds at
-    most one block's raw size per thread that encodes (16 MiB with the engine's blocks).
-    """
+    """This thread's buffer of ``size`` bytes for a block's planes to code (at most a block,
+    16 MiB in the engine): reused, as fresh megabytes cost page faults on first touch."""
     buf = getattr(_local, "scratch", None)
     if buf is None or len(buf) < size:
         buf = _local.scratch = np.empty(size, np.uint8)
@@ -423,37 +417,50 @@ def _scratch(size: int) -> np.ndarray:
 
 
 def _encode_planes(raw: memoryview, k: int) -> np.ndarray | None:
+    """The stored block, or None. One pass of the transform: the raw planes after the last
+    plane to code go straight to the end of a buffer with room for the block uncoded; the
+    stored block is the tail of it that the header and coded planes complete."""
     tr = _transform(k)
     x = np.frombuffer(raw, dtype=tr.U)
-    n = len(x)
     layout, c, coded = _plan(tr, x)
+    if not coded:  # the header alone makes the block larger than 97% of its raw size
+        return None
     keys = _plane_keys(layout, k)
-    sizes = {i: _plane_size(i, n) for i in keys}
+    sizes = {i: _plane_size(i, len(x)) for i in keys}
+    t = len(keys)
+    while t and keys[t - 1] not in coded:
+        t -= 1
+    head, rest = 2 + _PLANE_HEAD * len(keys), sum(sizes[i] for i in keys[t:])
+    buf = np.empty(head + sum(sizes.values()), np.uint8)
     planes, at, scratch = {}, 0, _scratch(sum(sizes[i] for i in coded))
     for i in coded:
         planes[i], at = scratch[at:at + sizes[i]], at + sizes[i]
-    tr.split(x, c, planes)  # pass 1: the planes to code, coded
-    frames = {i: _compress(p) for i, p in planes.items()}
-    del planes
+    at = len(buf) - rest
+    for i in keys[t:]:
+        planes[i], at = buf[at:at + sizes[i]], at + sizes[i]
+    tr.split(x, c, planes)
+    frames = {i: _compress(planes[i]) for i in coded}
     frames = {i: f for i, f in frames.items() if len(f) <= _PAYS * sizes[i]}
     lengths = [len(frames[i]) if i in frames else sizes[i] for i in keys]
-    head = 2 + _PLANE_HEAD * len(keys)
     total = head + sum(lengths)
     if total > _PAYS * len(raw):
         return None
-    out = np.empty(total, np.uint8)  # pass 2: the stored block; raw planes written in place
+    out = buf[len(buf) - total:]
     out[0], out[1] = layout, c
-    pos, raw_planes = head, {}
     for at, i, length in zip(range(2, head, _PLANE_HEAD), keys, lengths):
         out[at] = _MODE_ZSTD if i in frames else _MODE_RAW
         out[at + 1:at + _PLANE_HEAD] = np.frombuffer(length.to_bytes(4, "little"), np.uint8)
+    pos, middle = head, {}
+    for i, length in zip(keys[:t], lengths):
         if i in frames:
             out[pos:pos + length] = np.frombuffer(frames[i], np.uint8)
-        else:
-            raw_planes[i] = out[pos:pos + length]
+        elif i in planes:  # coded, but its frame did not pay
+            out[pos:pos + length] = planes[i]
+        else:  # raw, before a plane to code: a second pass
+            middle[i] = out[pos:pos + length]
         pos += length
-    if raw_planes:
-        tr.split(x, c, raw_planes)
+    if middle:
+        tr.split(x, c, middle)
     return out
 
 
