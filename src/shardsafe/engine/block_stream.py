@@ -25,8 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..format.blockfile import MAGIC, RAW, CodedBlock
-from ..format.codec import CODECS
+from ..format.blockfile import MAGIC, CodedBlock
 from ..format.datafile import Layout
 from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
@@ -100,7 +99,7 @@ class SlottedBlockWrite:
                 seq += 1
         self._total = seq
         self.bound = len(MAGIC) + sum(it.nbytes for it in plan.items)
-        self.out = CodedFile(name, len(MAGIC), [], [], [], [], [], [])
+        self.out = CodedFile.empty(name)
         self._cond = threading.Condition()
         self._order = threading.Lock()  # held while writing blocks in file order
         self._next = 0  # the next block to write
@@ -167,22 +166,15 @@ class SlottedBlockWrite:
                 self._append(*got)
 
     def _append(self, b: _Block, c: CodedBlock) -> None:
-        o, it = self.out, self.plan.items[b.item]
+        o = self.out
         try:
             if self._failed is None:
                 self._write(o.size, memoryview(c.data).cast("B") if len(c.data) else memoryview(b""))
         except BaseException as e:  # noqa: BLE001 - the save fails with it
             self.fail(with_path(e, self.path) if isinstance(e, OSError) else e)
         if b.index == 0:
-            o.items.append(it)
-            o.offsets.append(o.size)
-            for col in (o.sums, o.codec, o.stored, o.stored_sums):
-                col.append([])
-        o.sums[-1].append(c.raw_crc)
-        o.codec[-1].append(CODECS.index(c.codec))
-        o.stored[-1].append(0 if c.codec == RAW else len(c.data))
-        o.stored_sums[-1].append(0 if c.codec == RAW else c.stored_crc)
-        o.size += len(c.data)
+            o.begin_item(self.plan.items[b.item])
+        o.add_block(c)
         k = self._unit_of_seq[b.seq]
         with self._cond:
             held = self._held.get(k)
