@@ -162,10 +162,7 @@ def abandon(txn: commit.Transaction, siblings: list[str] | None = None) -> None:
             txn.storage.delete(path)
         except OSError as e:
             log.warning("could not remove %s of the unfinished copy: %s", path, e)
-    try:
-        commit.abort(txn)
-    except OSError as e:
-        log.warning("could not remove the unfinished copy %s: %s", txn.workdir, e)
+    commit.abort_quietly(txn, "copy")
 
 
 def _write_sibling(dst: Storage, dst_path: str, f: FileEntry, pieces: Iterator[memoryview]) -> str:

@@ -28,7 +28,6 @@ save copies out of training memory anyway, so nothing leaves training memory twi
 
 from __future__ import annotations
 
-import logging
 import threading
 import uuid
 from collections.abc import Hashable, Mapping, Sequence
@@ -46,8 +45,6 @@ from . import commit
 from .entries import CodedFile
 from .handle import SaveHandle
 from .prepared import PreparedSave, build_index, check_metadata, local_entries, split_coded
-
-log = logging.getLogger("shardsafe")
 
 OWN_PART = 500  # part number of a copy's own files (a save's files are numbered from 0)
 
@@ -357,7 +354,7 @@ def commit_copy(copy: PreparedCopy, own: Sequence[Any]) -> None:
         coded += [f for part in own[n_plain:] for f in part]
         commit.finish(copy.prep.txn, build_index(copy.prep, [local_entries(copy.prep, sums, coded)]))
     except BaseException as e:  # noqa: BLE001 - the copy's own outcome, delivered by its handle
-        _abort(copy)
+        commit.abort_quietly(copy.prep.txn, "copy")
         copy.handle.settle(e)
         return
     copy.handle.settle(None)
@@ -367,15 +364,8 @@ def fail_copy(copy: PreparedCopy, error: BaseException) -> None:
     """The copy cannot be written (the save failed before writing): remove what it wrote."""
     for t in copy.targets:
         t.finish(None, error)
-    _abort(copy)
+    commit.abort_quietly(copy.prep.txn, "copy")
     copy.handle.settle(error)
-
-
-def _abort(copy: PreparedCopy) -> None:
-    try:
-        commit.abort(copy.prep.txn)
-    except OSError as e:
-        log.warning("could not remove the unfinished copy %s: %s", copy.prep.txn.workdir, e)
 
 
 __all__ = ["Copy", "MirrorBlocks", "MirrorFile", "OWN_PART", "PreparedCopy", "begin_copy", "commit_copy",
