@@ -3,7 +3,7 @@
 The container (``format.container``) and the chunk columns are version 2's; what changes
 is the tensor table. Version 2 writes a JSON object per tensor (key path, kind, dtype,
 shape, chunk count, split rule): with 100,000 small tensors, encoding and decoding those
-objects was most of the cost of a save's index and of a load. Version 3 stores them as
+objects is most of the cost of a save's index and of a load. Version 3 stores them as
 columns (docs/FORMAT.md section 14 is the byte-by-byte spec):
 
     kind    per tensor: 0 torch, 1 numpy

@@ -33,8 +33,7 @@ from typing import Any
 import numpy as np
 
 from .report import HELLO_BYTES, OWN, PLAIN, Boxes, decode_report, digest
-from .union import Join, Joined, ShapeInfo, merge_all, parse_shape, remap, with_values
-from .union import parse_values
+from .union import Join, Joined, ShapeInfo, merge_all, parse_shape, parse_values, remap, with_values
 from .writers import PlanError
 
 Decision = dict[str, Any]
