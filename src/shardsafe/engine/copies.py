@@ -137,8 +137,9 @@ def _same_data(a: FilePlan, b: FilePlan) -> bool:
 
 
 def prepare_copy(save: PreparedSave, copy: Copy) -> PreparedCopy:
-    """Plans ``copy`` next to ``save`` (flatten, match, lay out; writes nothing); sets
-    ``copy.handle`` if it has none (its ``nbytes``: what is staged for the copy alone).
+    """Plans ``copy`` next to ``save`` (flatten, match, lay out; writes nothing). The
+    caller has given ``copy`` its ``handle``, whose ``nbytes`` become what is staged for
+    the copy alone.
 
     Raises:
         TypeError: a value of the copy's state cannot be saved (naming its key path).
@@ -178,10 +179,9 @@ def prepare_copy(save: PreparedSave, copy: Copy) -> PreparedCopy:
     if own_coded:
         coded.append(plan_file(block_file_name(rank, OWN_PART), own_coded))
     prep = PreparedSave(storage, txn, tree, items, plans, md, comm, compression=save.compression, coded=coded)
-    handle = copy.handle if copy.handle is not None else SaveHandle(copy.path)
-    copy.handle = handle
-    out = PreparedCopy(prep, mirrors, coded_mirrors, handle, rank)
-    handle.nbytes = sum(p.layout.size for p in out.own_plans() + out.own_coded())  # staged for it alone
+    assert copy.handle is not None
+    out = PreparedCopy(prep, mirrors, coded_mirrors, copy.handle, rank)
+    out.handle.nbytes = sum(p.layout.size for p in out.own_plans() + out.own_coded())  # staged for it alone
     return out
 
 
