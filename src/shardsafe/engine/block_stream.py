@@ -62,6 +62,18 @@ class _Block:
     length: int
 
 
+def _unit_blocks(units: FileUnits) -> list[list[_Block]]:
+    """Per unit, the blocks it holds in file order (no block spans two units)."""
+    item, first = units.block_item.tolist(), units.block_first.tolist()
+    start, stop = units.block_start.tolist(), units.block_stop.tolist()
+    out = []
+    for k in range(units.nunits):
+        base = units.span(k)[0]
+        out.append([_Block(b, item[b], b - first[item[b]], start[b] - base, stop[b] - start[b])
+                    for b in units.blocks_ending_in(k).tolist()])
+    return out
+
+
 class SlottedBlockWrite:
     """Codes and writes the block file of ``plan`` from units staged into ``slots``.
 
@@ -89,15 +101,8 @@ class SlottedBlockWrite:
         self.compression, self.slots, self.window = compression, slots, max(1, window)
         self.mirrors = list(mirrors)
         self.units = FileUnits(plan, unit_size, block_size)
-        self._blocks: list[list[_Block]] = [[] for _ in range(self.units.nunits)]
-        seq = 0
-        for i, (it, off) in enumerate(zip(plan.items, plan.layout.offsets)):
-            for j, rel in enumerate(range(0, max(it.nbytes, 1), block_size)):
-                k = self.units.unit_of(off + rel)
-                start = off + rel - self.units.span(k)[0]
-                self._blocks[k].append(_Block(seq, i, j, start, min(block_size, it.nbytes - rel)))
-                seq += 1
-        self._total = seq
+        self._blocks = _unit_blocks(self.units)
+        self._total = self.units.nblocks_total
         self.bound = len(MAGIC) + sum(it.nbytes for it in plan.items)
         self.out = CodedFile.empty(name)
         self._cond = threading.Condition()
