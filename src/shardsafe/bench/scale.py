@@ -2,9 +2,9 @@
 
 ``python -m shardsafe.bench.scale --ranks 1024 --tensors 1000`` builds the checkpoint an
 FSDP job of R ranks would write (each of T tensors split evenly along dimension 0 over
-the ranks, one data file per rank), builds and encodes the v2 index with the real
-encoder, decodes and validates it with the real decoder, and plans one rank's load the
-way ``shardsafe.load`` does (``format.index.decode_index``, then the reader's planner
+the ranks, one data file per rank), builds and encodes the index (in the version saves
+write) with the real encoder, decodes and validates it with the real decoder, and plans
+one rank's load the way ``shardsafe.load`` does (``format.index.decode_index``, then the reader's planner
 ``engine.reader.ChunkReader.tasks``, which builds objects only for the chunks that overlap
 the rank's shard). ``plan.table_reads`` (fully vectorised) is timed too. It prints a
 table and, last, one JSON line.
@@ -39,7 +39,8 @@ import numpy as np
 from ..engine.reader import ChunkReader, ReadJob
 from ..format.dtypes import lookup
 from ..format.index import decode_index
-from ..format.index_v2 import ColumnarIndex, decode, encode
+from ..format.index_v2 import ColumnarIndex
+from ..format.index_v3 import decode, encode
 from ..plan.table_reads import even_shard_reads, row_split_tensors
 from ..storage.local import LocalStorage
 from ..harness.synthetic_job import build_index, job_tensors
