@@ -176,7 +176,7 @@ class SlottedBlockWrite:
             if self._failed is None:
                 self._write(o.size, memoryview(c.data).cast("B") if len(c.data) else memoryview(b""))
         except BaseException as e:  # noqa: BLE001 - the save fails with it
-            self.fail(with_path(e, self.path) if isinstance(e, OSError) else e)
+            self.fail(with_path(e, self.path))
         if b.index == 0:
             o.begin_item(self.plan.items[b.item])
         o.add_block(c)

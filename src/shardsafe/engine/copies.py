@@ -209,7 +209,7 @@ class MirrorFile:
 
     def _record(self, e: BaseException) -> None:
         if self.error is None:
-            self.error = with_path(e, self.path) if isinstance(e, OSError) else e
+            self.error = with_path(e, self.path)
 
     def start(self) -> None:
         """Creates the file and writes its header."""
@@ -280,7 +280,7 @@ class MirrorBlocks:
 
     def _record(self, e: BaseException, path: str) -> None:
         if self.error is None:
-            self.error = with_path(e, path) if isinstance(e, OSError) else e
+            self.error = with_path(e, path)
 
     def write_file(self, name: str, buffers: Sequence[memoryview]) -> None:
         """A whole part file, as the save writes it."""
