@@ -187,6 +187,29 @@ def test_a_full_local_directory_makes_room_instead_of_failing_forever(tmp_path, 
     assert any("is full" in r.getMessage() for r in caplog.records)
 
 
+def test_a_full_local_directory_that_keeps_one_step_says_it_cannot_make_room(tmp_path, caplog) -> None:
+    mnt = tmp_path / "shm"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    state = {"w": torch.ones(150_000)}  # 600 KB: one step fits in 1 MiB, two do not
+    try:
+        with caplog.at_level(logging.WARNING, logger="shardsafe"), \
+                CheckpointManager(tmp_path / "p", save_interval_steps=100, local_directory=str(mnt),
+                                  local_max_to_keep=1) as mgr:
+            mgr.save(1, state)
+            mgr.wait_until_finished()
+            mgr.save(2, state)
+            with pytest.raises(CheckpointError, match="No space left"):
+                mgr.wait_until_finished()
+            assert mgr.local_steps() == [1]
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+    full = [r.getMessage() for r in caplog.records if "is full" in r.getMessage()]
+    assert full and all("cannot hold a new step beside the one it keeps" in m for m in full), full
+
+
 def test_local_steps_of_another_run_are_never_restored(tmp_path, caplog) -> None:
     local = str(tmp_path / "local")
     with CheckpointManager(tmp_path / "run1", save_interval_steps=100, local_directory=local) as mgr:

@@ -165,9 +165,13 @@ class LocalTier:
         then the peer exchange (always, to stay paired with the peers)."""
         problem: BaseException | None = None
         if error is not None and not self.tight and _out_of_space(error):
-            self.tight = self.max_to_keep > 1
-            log.warning("the local directory %s is full: from now on it keeps %d step(s) between "
-                        "saves to make room for the next one", self.directory, max(1, self.max_to_keep - 1))
+            if self.max_to_keep > 1:
+                self.tight = True
+                log.warning("the local directory %s is full: from now on it keeps %d step(s) between "
+                            "saves to make room for the next one", self.directory, self.max_to_keep - 1)
+            else:
+                log.warning("the local directory %s is full: it cannot hold a new step beside the one "
+                            "it keeps (local_max_to_keep=1); give it more space", self.directory)
         try:
             self._retain(self.own)
         except (OSError, CheckpointError) as e:
