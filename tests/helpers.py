@@ -40,6 +40,22 @@ def flip_byte(path: str | os.PathLike, offset: int, mask: int = 0xFF) -> None:
         f.write(bytes([b[0] ^ mask]))
 
 
+# ----------------------------------------------------------------------------- incremental steps
+def incremental_steps(root: Any, state: dict) -> dict:
+    """Saves ``state`` as steps 1-3 under ``root`` (``step_<N>``), incrementally: steps 2
+    and 3 change only ``state["head"]`` (filled with the step) and reference the rest in
+    step 1's data file. Returns ``state`` as step 3 holds it."""
+    from shardsafe.engine.checkpointer import Checkpointer
+    from shardsafe.engine.incremental import Baseline
+
+    b, c = Baseline(), Checkpointer()
+    for s in (1, 2, 3):
+        state["head"].fill_(s)
+        c.save(state, str(root / f"step_{s:08d}"), baseline=b)
+    c.close()
+    return state
+
+
 # ----------------------------------------------------------------------------- comparison
 def raw_bytes(t: torch.Tensor) -> torch.Tensor:
     """The logical values of ``t`` as row-major bytes (conj/neg bits resolved)."""

@@ -12,6 +12,8 @@ import shardsafe
 from shardsafe.engine.commit import is_committed
 from shardsafe.storage import storage_for
 
+from helpers import incremental_steps
+
 STATE = {"w": np.arange(1000, dtype=np.float32), "step": 3}
 
 
@@ -81,16 +83,8 @@ def _incremental_steps(root) -> dict:  # noqa: ANN001
     """Steps 1-3 of an incremental save: 2 and 3 reference step 1's data file."""
     import torch
 
-    from shardsafe.engine.checkpointer import Checkpointer
-    from shardsafe.engine.incremental import Baseline
-
-    state = {"base": torch.arange(4096, dtype=torch.float32).reshape(128, 32), "head": torch.zeros(4)}
-    b, c = Baseline(), Checkpointer()
-    for s in (1, 2, 3):
-        state["head"].fill_(s)
-        c.save(state, str(root / f"step_{s:08d}"), baseline=b)
-    c.close()
-    return state
+    return incremental_steps(root, {"base": torch.arange(4096, dtype=torch.float32).reshape(128, 32),
+                                    "head": torch.zeros(4)})
 
 
 def _later_steps_load(root, state) -> None:  # noqa: ANN001

@@ -7,23 +7,17 @@ import os
 import torch
 
 import shardsafe
-from shardsafe.engine.checkpointer import Checkpointer
 from shardsafe.engine.commit import uncommit
-from shardsafe.engine.incremental import Baseline
 from shardsafe.engine.sweep import marked, plan_sweep, retire, sweep
 from shardsafe.storage import LocalStorage
+
+from helpers import incremental_steps
 
 DATA = "data-r00000-000.safetensors"
 
 
 def _three_steps(root) -> dict:  # noqa: ANN001
-    state = {"base": torch.randn(128, 32), "head": torch.zeros(4)}
-    b, c = Baseline(), Checkpointer()
-    for s in (1, 2, 3):
-        state["head"].fill_(s)
-        c.save(state, str(root / f"step_{s:08d}"), baseline=b)
-    c.close()
-    return state
+    return incremental_steps(root, {"base": torch.randn(128, 32), "head": torch.zeros(4)})
 
 
 def test_marks_own_files_and_references(tmp_path) -> None:

@@ -139,6 +139,12 @@ def test_layouts_that_made_the_sweep_quadratic_are_checked_fast() -> None:
     assert time.perf_counter() - t < 2
 
 
+def test_a_gap_is_named_as_a_gap() -> None:
+    # [1, 3) twice on [0, 4): the first element covered other than once is the uncovered 0
+    problem = tiling_problem(np.array([[1], [1]], dtype=I64), np.array([[2], [2]], dtype=I64), (4,))
+    assert problem == "chunks overlap and leave a gap: element [0] lies in 0 chunks"
+
+
 def test_irregular_150x150_grid_is_fast() -> None:
     rng = np.random.default_rng(0)
     cuts = [np.concatenate([[0], np.sort(rng.choice(np.arange(1, 10_000), 149, replace=False)), [10_000]])

@@ -160,31 +160,39 @@ def test_local_tier_restores_modules_optimizers_and_containers(tmp_path) -> None
     assert got["hist"] == [3.0, (4, "b")] and got["step"] == 2
 
 
-def test_a_full_local_directory_makes_room_instead_of_failing_forever(tmp_path, caplog) -> None:
-    mnt = tmp_path / "shm"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
+def test_a_full_local_directory_makes_room_instead_of_failing_forever(tmp_path, tiny_tmpfs, caplog) -> None:
     state = {"w": torch.ones(90_000)}  # 360 KB: two steps fit in 1 MiB, three do not
     outcomes = []
-    try:
-        with caplog.at_level(logging.WARNING, logger="shardsafe"), \
-                CheckpointManager(tmp_path / "p", save_interval_steps=100, local_directory=str(mnt),
-                                  local_max_to_keep=2) as mgr:
-            for s in range(1, 8):
-                try:
-                    mgr.save(s, state)
-                    mgr.wait_until_finished()
-                    outcomes.append("ok")
-                except CheckpointError as e:
-                    assert "No space left" in str(e)
-                    outcomes.append("full")
-            assert mgr.local_steps() == [7]  # one step fewer between saves, two while saving
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
+    with caplog.at_level(logging.WARNING, logger="shardsafe"), \
+            CheckpointManager(tmp_path / "p", save_interval_steps=100, local_directory=str(tiny_tmpfs),
+                              local_max_to_keep=2) as mgr:
+        for s in range(1, 8):
+            try:
+                mgr.save(s, state)
+                mgr.wait_until_finished()
+                outcomes.append("ok")
+            except CheckpointError as e:
+                assert "No space left" in str(e)
+                outcomes.append("full")
+        assert mgr.local_steps() == [7]  # one step fewer between saves, two while saving
     assert outcomes == ["ok", "ok", "full", "ok", "ok", "ok", "ok"], outcomes
     assert any("is full" in r.getMessage() for r in caplog.records)
+
+
+def test_a_full_local_directory_that_keeps_one_step_says_it_cannot_make_room(tmp_path, tiny_tmpfs,
+                                                                             caplog) -> None:
+    state = {"w": torch.ones(150_000)}  # 600 KB: one step fits in 1 MiB, two do not
+    with caplog.at_level(logging.WARNING, logger="shardsafe"), \
+            CheckpointManager(tmp_path / "p", save_interval_steps=100, local_directory=str(tiny_tmpfs),
+                              local_max_to_keep=1) as mgr:
+        mgr.save(1, state)
+        mgr.wait_until_finished()
+        mgr.save(2, state)
+        with pytest.raises(CheckpointError, match="No space left"):
+            mgr.wait_until_finished()
+        assert mgr.local_steps() == [1]
+    full = [r.getMessage() for r in caplog.records if "is full" in r.getMessage()]
+    assert full and all("cannot hold a new step beside the one it keeps" in m for m in full), full
 
 
 def test_local_steps_of_another_run_are_never_restored(tmp_path, caplog) -> None:

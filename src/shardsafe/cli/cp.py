@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 
 from . import EXIT_FAILED, EXIT_OK
-from ._common import add_storage_options, human_bytes, progress, scan, storage_options
+from ._common import add_command, human_bytes, progress, scan, storage_options
 from ..engine.commit import is_committed, read_index
 from ..engine.copier import CopyResult, copy_checkpoint
 from ..engine.recode import recode_checkpoint
@@ -25,17 +25,16 @@ from ..storage import Storage, storage_for
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("cp", help="copy a checkpoint (or every step) between stores, verified",
-                       description="Copy the checkpoint SRC to DST, or with --all every committed "
-                                   "checkpoint under the directory SRC into the directory DST, "
-                                   "between local paths, s3:// and other fsspec URLs. Every block "
-                                   "is verified as it streams past (one 16 MiB piece in memory); "
-                                   "the destination is committed atomically, so an interrupted "
-                                   "copy leaves nothing committed and can simply be run again. "
-                                   "A step of an incremental manager is copied with the files it "
-                                   "references, so the copy stands alone.")
-    p.add_argument("src", metavar="SRC", help="checkpoint (or, with --all, directory) path or URL")
-    p.add_argument("dst", metavar="DST", help="destination path or URL")
+    p = add_command(sub, "cp", run, "copy a checkpoint (or every step) between stores, verified",
+                    "Copy the checkpoint SRC to DST, or with --all every committed checkpoint under "
+                    "the directory SRC into the directory DST, between local paths, s3:// and other "
+                    "fsspec URLs. Every block is verified as it streams past (one 16 MiB piece in "
+                    "memory); the destination is committed atomically, so an interrupted copy leaves "
+                    "nothing committed and can simply be run again. A step of an incremental manager "
+                    "is copied with the files it references, so the copy stands alone.",
+                    ("src", "SRC", "checkpoint (or, with --all, directory) path or URL"),
+                    ("dst", "DST", "destination path or URL"),
+                    json_help="print one JSON object instead of text")
     p.add_argument("--all", action="store_true",
                    help="copy every committed checkpoint under SRC to DST/<name>; a damaged one "
                         "is listed as NOT COPIED (exit code 1) and the others are copied")
@@ -45,13 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compression", choices=("none", "zstd", "auto"), default=None,
                    help="code the copy's tensors anew (decoded and verified, then written raw or "
                         "compressed); without it the files are copied as they are")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    add_storage_options(p)
     p.add_argument("--src-storage-options", metavar="JSON", default=None,
                    help="fsspec options for SRC only (over --storage-options)")
     p.add_argument("--dst-storage-options", metavar="JSON", default=None,
                    help="fsspec options for DST only (over --storage-options)")
-    p.set_defaults(func=run)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,12 +26,11 @@ import numpy as np
 from . import EXIT_FAILED, EXIT_OK
 from ._common import Entry, add_command, checkpoints_at, progress, storage_options
 from ..errors import CheckpointError, CheckpointNotFoundError
-from ..format.block_verify import BlockSpan, BlockStream, chunk_spans
+from ..format.block_verify import BlockSpan, BlockStream, index_spans
 from ..format.blockfile import DATA_START, MAGIC
 from ..format.datafile import parse_header
 from ..format.index import FileEntry, Index
 from ..format.index_common import split_reference
-from ..format.tree import render_path
 from ..plan.header_check import MAX_HEADER_BYTES, header_problems
 from ..plan.load_plan import coalesce
 from ..storage import Storage, storage_for
@@ -67,9 +66,7 @@ class Problem:
 
 def plan_reads(index: Index, max_read: int = MAX_READ) -> list[ReadRange]:
     """Groups every checksum block of ``index`` into coalesced reads (pure)."""
-    spans = [s for t in index.tensors for c in t.chunks
-             for s in chunk_spans(c, index.block_size, render_path(t.key))]
-    groups = coalesce(spans, lambda b: (b.chunk.file, b.offset, b.length), max_read)
+    groups = coalesce(index_spans(index), lambda b: (b.chunk.file, b.offset, b.length), max_read)
     return [ReadRange(g[0].chunk.file, g[0].offset, max(b.offset + b.length for b in g), g)
             for g in groups]
 

@@ -86,7 +86,6 @@ class Writer(StorageWriter):
         self.compression = check_compression(compression)
         self.storage_options = storage_options
         self.overwrite = overwrite
-        self._rank = 0
         self._table: translate.SaveTable | None = None
         self._txn: commit.Transaction | None = None
 
@@ -106,9 +105,8 @@ class Writer(StorageWriter):
         return StorageMeta(checkpoint_id=self.path)
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        """Notes this rank; refuses DCP's uncoordinated mode (``use_collectives=False``) on
-        several ranks, where every rank would commit on its own."""
-        self._rank = int(kwargs.get("rank", 0) or 0)
+        """Refuses DCP's uncoordinated mode (``use_collectives=False``) on several ranks,
+        where every rank would commit on its own."""
         if kwargs.get("use_collectives") is False and distributed_active():
             raise ValueError("shardsafe.dcp.Writer needs DCP's collectives (use_collectives=True): "
                              "one rank commits the checkpoint of all")

@@ -25,8 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..format.blockfile import MAGIC, RAW, CodedBlock
-from ..format.codec import CODECS
+from ..format.blockfile import MAGIC, CodedBlock
 from ..format.datafile import Layout
 from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
@@ -63,6 +62,18 @@ class _Block:
     length: int
 
 
+def _unit_blocks(units: FileUnits) -> list[list[_Block]]:
+    """Per unit, the blocks it holds in file order (no block spans two units)."""
+    item, first = units.block_item.tolist(), units.block_first.tolist()
+    start, stop = units.block_start.tolist(), units.block_stop.tolist()
+    out = []
+    for k in range(units.nunits):
+        base = units.span(k)[0]
+        out.append([_Block(b, item[b], b - first[item[b]], start[b] - base, stop[b] - start[b])
+                    for b in units.blocks_ending_in(k).tolist()])
+    return out
+
+
 class SlottedBlockWrite:
     """Codes and writes the block file of ``plan`` from units staged into ``slots``.
 
@@ -90,17 +101,10 @@ class SlottedBlockWrite:
         self.compression, self.slots, self.window = compression, slots, max(1, window)
         self.mirrors = list(mirrors)
         self.units = FileUnits(plan, unit_size, block_size)
-        self._blocks: list[list[_Block]] = [[] for _ in range(self.units.nunits)]
-        seq = 0
-        for i, (it, off) in enumerate(zip(plan.items, plan.layout.offsets)):
-            for j, rel in enumerate(range(0, max(it.nbytes, 1), block_size)):
-                k = self.units.unit_of(off + rel)
-                start = off + rel - self.units.span(k)[0]
-                self._blocks[k].append(_Block(seq, i, j, start, min(block_size, it.nbytes - rel)))
-                seq += 1
-        self._total = seq
+        self._blocks = _unit_blocks(self.units)
+        self._total = self.units.nblocks_total
         self.bound = len(MAGIC) + sum(it.nbytes for it in plan.items)
-        self.out = CodedFile(name, len(MAGIC), [], [], [], [], [], [])
+        self.out = CodedFile.empty(name)
         self._cond = threading.Condition()
         self._order = threading.Lock()  # held while writing blocks in file order
         self._next = 0  # the next block to write
@@ -167,22 +171,15 @@ class SlottedBlockWrite:
                 self._append(*got)
 
     def _append(self, b: _Block, c: CodedBlock) -> None:
-        o, it = self.out, self.plan.items[b.item]
+        o = self.out
         try:
             if self._failed is None:
                 self._write(o.size, memoryview(c.data).cast("B") if len(c.data) else memoryview(b""))
         except BaseException as e:  # noqa: BLE001 - the save fails with it
-            self.fail(with_path(e, self.path) if isinstance(e, OSError) else e)
+            self.fail(with_path(e, self.path))
         if b.index == 0:
-            o.items.append(it)
-            o.offsets.append(o.size)
-            for col in (o.sums, o.codec, o.stored, o.stored_sums):
-                col.append([])
-        o.sums[-1].append(c.raw_crc)
-        o.codec[-1].append(CODECS.index(c.codec))
-        o.stored[-1].append(0 if c.codec == RAW else len(c.data))
-        o.stored_sums[-1].append(0 if c.codec == RAW else c.stored_crc)
-        o.size += len(c.data)
+            o.begin_item(self.plan.items[b.item])
+        o.add_block(c)
         k = self._unit_of_seq[b.seq]
         with self._cond:
             held = self._held.get(k)

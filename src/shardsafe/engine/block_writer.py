@@ -35,7 +35,6 @@ import numpy as np
 
 from ..format.blockfile import MAGIC, RAW, CodedBlock, code_block
 from ..format.checksum import crc32c
-from ..format.codec import CODECS
 from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
 from ..storage.base import Storage
@@ -83,20 +82,14 @@ class _Part:
     """A block file being filled: its items' chunks and the stored bytes, in order."""
 
     def __init__(self, name: str) -> None:
-        self.out = CodedFile(name, len(MAGIC), [], [], [], [], [], [])
+        self.out = CodedFile.empty(name)
         self.buffers: list[bytes | memoryview] = [MAGIC]
 
     def add(self, item: TensorItem, blocks: list[CodedBlock]) -> None:
-        o = self.out
-        o.items.append(item)
-        o.offsets.append(o.size)
-        o.sums.append([c.raw_crc for c in blocks])
-        o.codec.append([CODECS.index(c.codec) for c in blocks])
-        o.stored.append([0 if c.codec == RAW else len(c.data) for c in blocks])
-        o.stored_sums.append([0 if c.codec == RAW else c.stored_crc for c in blocks])
+        self.out.begin_item(item)
         for c in blocks:
+            self.out.add_block(c)
             self.buffers.append(c.data)
-            o.size += len(c.data)
 
 
 class BlockFileWrite:

@@ -199,6 +199,15 @@ def abort(txn: Transaction) -> None:
         s.delete(txn.final)
 
 
+def abort_quietly(txn: Transaction, what: str = "save") -> None:
+    """``abort`` while another error propagates: a failure to clean up is logged (naming
+    the unfinished ``what``), never raised over the error that matters."""
+    try:
+        abort(txn)
+    except OSError as e:
+        log.warning("could not remove the unfinished %s %s: %s", what, txn.workdir, e)
+
+
 def uncommit(storage: Storage, path: str) -> None:
     """Removes the index of the checkpoint at ``path`` (durably): it is no longer committed.
 

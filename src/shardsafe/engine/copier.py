@@ -34,9 +34,8 @@ from dataclasses import dataclass
 
 from ..errors import CheckpointError, CorruptCheckpointError
 from ..format import INDEX_NAME
-from ..format.block_verify import BlockSpan, BlockStream, chunk_spans
+from ..format.block_verify import BlockSpan, BlockStream, index_spans
 from ..format.index import FileEntry, Index
-from ..format.tree import render_path
 from ..storage.base import Storage
 from ..storage.local import LocalStorage
 from . import commit
@@ -66,10 +65,8 @@ class CopyResult:
 
 def _spans_by_file(index: Index) -> dict[str, list[BlockSpan]]:
     spans: dict[str, list[BlockSpan]] = {}
-    for t in index.tensors:
-        key = render_path(t.key)
-        for c in t.chunks:
-            spans.setdefault(c.file, []).extend(chunk_spans(c, index.block_size, key))
+    for s in index_spans(index):
+        spans.setdefault(s.chunk.file, []).append(s)
     return spans
 
 
@@ -162,10 +159,7 @@ def abandon(txn: commit.Transaction, siblings: list[str] | None = None) -> None:
             txn.storage.delete(path)
         except OSError as e:
             log.warning("could not remove %s of the unfinished copy: %s", path, e)
-    try:
-        commit.abort(txn)
-    except OSError as e:
-        log.warning("could not remove the unfinished copy %s: %s", txn.workdir, e)
+    commit.abort_quietly(txn, "copy")
 
 
 def _write_sibling(dst: Storage, dst_path: str, f: FileEntry, pieces: Iterator[memoryview]) -> str:

@@ -28,7 +28,6 @@ save copies out of training memory anyway, so nothing leaves training memory twi
 
 from __future__ import annotations
 
-import logging
 import threading
 import uuid
 from collections.abc import Hashable, Mapping, Sequence
@@ -46,8 +45,6 @@ from . import commit
 from .entries import CodedFile
 from .handle import SaveHandle
 from .prepared import PreparedSave, build_index, check_metadata, local_entries, split_coded
-
-log = logging.getLogger("shardsafe")
 
 OWN_PART = 500  # part number of a copy's own files (a save's files are numbered from 0)
 
@@ -140,8 +137,9 @@ def _same_data(a: FilePlan, b: FilePlan) -> bool:
 
 
 def prepare_copy(save: PreparedSave, copy: Copy) -> PreparedCopy:
-    """Plans ``copy`` next to ``save`` (flatten, match, lay out; writes nothing); sets
-    ``copy.handle`` if it has none (its ``nbytes``: what is staged for the copy alone).
+    """Plans ``copy`` next to ``save`` (flatten, match, lay out; writes nothing). The
+    caller has given ``copy`` its ``handle``, whose ``nbytes`` become what is staged for
+    the copy alone.
 
     Raises:
         TypeError: a value of the copy's state cannot be saved (naming its key path).
@@ -181,10 +179,9 @@ def prepare_copy(save: PreparedSave, copy: Copy) -> PreparedCopy:
     if own_coded:
         coded.append(plan_file(block_file_name(rank, OWN_PART), own_coded))
     prep = PreparedSave(storage, txn, tree, items, plans, md, comm, compression=save.compression, coded=coded)
-    handle = copy.handle if copy.handle is not None else SaveHandle(copy.path)
-    copy.handle = handle
-    out = PreparedCopy(prep, mirrors, coded_mirrors, handle, rank)
-    handle.nbytes = sum(p.layout.size for p in out.own_plans() + out.own_coded())  # staged for it alone
+    assert copy.handle is not None
+    out = PreparedCopy(prep, mirrors, coded_mirrors, copy.handle, rank)
+    out.handle.nbytes = sum(p.layout.size for p in out.own_plans() + out.own_coded())  # staged for it alone
     return out
 
 
@@ -212,7 +209,7 @@ class MirrorFile:
 
     def _record(self, e: BaseException) -> None:
         if self.error is None:
-            self.error = with_path(e, self.path) if isinstance(e, OSError) else e
+            self.error = with_path(e, self.path)
 
     def start(self) -> None:
         """Creates the file and writes its header."""
@@ -283,7 +280,7 @@ class MirrorBlocks:
 
     def _record(self, e: BaseException, path: str) -> None:
         if self.error is None:
-            self.error = with_path(e, path) if isinstance(e, OSError) else e
+            self.error = with_path(e, path)
 
     def write_file(self, name: str, buffers: Sequence[memoryview]) -> None:
         """A whole part file, as the save writes it."""
@@ -357,7 +354,7 @@ def commit_copy(copy: PreparedCopy, own: Sequence[Any]) -> None:
         coded += [f for part in own[n_plain:] for f in part]
         commit.finish(copy.prep.txn, build_index(copy.prep, [local_entries(copy.prep, sums, coded)]))
     except BaseException as e:  # noqa: BLE001 - the copy's own outcome, delivered by its handle
-        _abort(copy)
+        commit.abort_quietly(copy.prep.txn, "copy")
         copy.handle.settle(e)
         return
     copy.handle.settle(None)
@@ -367,15 +364,8 @@ def fail_copy(copy: PreparedCopy, error: BaseException) -> None:
     """The copy cannot be written (the save failed before writing): remove what it wrote."""
     for t in copy.targets:
         t.finish(None, error)
-    _abort(copy)
+    commit.abort_quietly(copy.prep.txn, "copy")
     copy.handle.settle(error)
-
-
-def _abort(copy: PreparedCopy) -> None:
-    try:
-        commit.abort(copy.prep.txn)
-    except OSError as e:
-        log.warning("could not remove the unfinished copy %s: %s", copy.prep.txn.workdir, e)
 
 
 __all__ = ["Copy", "MirrorBlocks", "MirrorFile", "OWN_PART", "PreparedCopy", "begin_copy", "commit_copy",

@@ -27,6 +27,7 @@ from ..storage.files import check_regular
 from ..storage.local import LocalStorage
 from .commit import read_index
 
+
 def detach(storage: Storage, path: str) -> list[str]:
     """Hard-links every file the checkpoint at ``path`` references into it and republishes
     its index to name them; returns the references replaced (empty: nothing to do).
@@ -76,7 +77,8 @@ def _link(src: str, dst: str) -> None:
     """``dst`` becomes a hard link of ``src`` (a copy where the file system has no links)."""
     try:
         os.link(src, dst)
-    except FileExistsError:  # a crash after an earlier link: make it again
+    except FileExistsError:  # created since the directory was listed (a crash's leftover
+        # links are listed, so they keep their names and a new name is chosen)
         os.remove(dst)
         os.link(src, dst)
     except OSError:  # EPERM, EXDEV, EMLINK: no hard link possible here

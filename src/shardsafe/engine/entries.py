@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..format.blockfile import DATA_START as BLOCK_FILE_DATA_START
-from ..format.blockfile import BlockCoding, block_raw_sizes
+from ..format.blockfile import RAW, BlockCoding, CodedBlock, block_raw_sizes
 from ..format.chunk_table import ChunkTable, Split, detect_split
 from ..format.codec import CODECS
 from ..format.dtypes import lookup
@@ -169,6 +169,26 @@ class CodedFile:
     codec: list[list[int]]
     stored: list[list[int]]
     stored_sums: list[list[int]]
+
+    @classmethod
+    def empty(cls, name: str) -> CodedFile:
+        """A block file holding nothing yet (its magic bytes)."""
+        return cls(name, BLOCK_FILE_DATA_START, [], [], [], [], [], [])
+
+    def begin_item(self, item: TensorItem) -> None:
+        """Starts ``item``'s chunk at the end of the file."""
+        self.items.append(item)
+        self.offsets.append(self.size)
+        for col in (self.sums, self.codec, self.stored, self.stored_sums):
+            col.append([])
+
+    def add_block(self, c: CodedBlock) -> None:
+        """Appends block ``c`` to the chunk begun last."""
+        self.sums[-1].append(c.raw_crc)
+        self.codec[-1].append(CODECS.index(c.codec))
+        self.stored[-1].append(0 if c.codec == RAW else len(c.data))
+        self.stored_sums[-1].append(0 if c.codec == RAW else c.stored_crc)
+        self.size += len(c.data)
 
 
 def from_block_files(written: Sequence[CodedFile], rank: int) -> Entries:

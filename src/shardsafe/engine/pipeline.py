@@ -17,7 +17,6 @@ background thread (bounded by ``timeout``). What the phases hand each other,
 
 from __future__ import annotations
 
-import logging
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -37,8 +36,6 @@ from .entries import CodedFile, Entries
 from .incremental import Baseline
 from .writer import FileWrite
 from .prepared import BLOCK_SIZE, PreparedSave, build_index, check_metadata, local_entries, split_coded
-
-log = logging.getLogger("shardsafe")
 
 
 def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
@@ -166,12 +163,8 @@ def abort(prep: PreparedSave, error: BaseException | None = None) -> None:
     """
     if prep.channel is not None:
         two_phase_commit.abort(prep, error)
-    if prep.comm.rank != 0:
-        return
-    try:
-        commit.abort(prep.txn)
-    except OSError as e:
-        log.warning("could not remove the unfinished save %s: %s", prep.txn.workdir, e)
+    if prep.comm.rank == 0:
+        commit.abort_quietly(prep.txn)
 
 
 def abort_all(prep: PreparedSave, writes: Sequence[Any], copies: Sequence[PreparedCopy],

@@ -7,6 +7,7 @@ decoded bytes are checked against the raw CRC32C.
 
 - ``verify_blocks`` checks raw blocks held in memory (the reader, the memory-mapped load);
 - ``decode_block`` checks and decodes one compressed block (the same readers);
+- ``index_spans`` lists every block of an index, for ``BlockStream``;
 - ``BlockStream`` checks the blocks of a data file from its bytes fed in file order, in
   pieces of any size, raw and compressed alike (``shardsafe verify``; a streaming copy).
   A raw block's CRC32C is carried from piece to piece, so a block larger than the
@@ -28,7 +29,9 @@ from ..errors import CorruptCheckpointError
 from . import codec
 from .blockfile import stored_span
 from .checksum import blocks, crc32c
+from .index import Index
 from .index_common import ChunkEntry
+from .tree import render_path
 
 
 def _raw_mismatch(number: int, start: int, length: int, file: str | None,
@@ -107,6 +110,12 @@ def chunk_spans(chunk: ChunkEntry, block_size: int, key: str) -> list[BlockSpan]
         return [BlockSpan(chunk.offset + starts[i], sizes[i], key, i, chunk) for i in range(len(sizes))]
     return [BlockSpan(chunk.offset + i * block_size, max(0, min(block_size, chunk.nbytes - i * block_size)),
                       key, i, chunk) for i in range(len(chunk.checksums))]
+
+
+def index_spans(index: Index) -> list[BlockSpan]:
+    """The checksum blocks of every chunk of ``index``, tensor by tensor (keys rendered)."""
+    return [s for t in index.tensors for c in t.chunks
+            for s in chunk_spans(c, index.block_size, render_path(t.key))]
 
 
 class BlockStream:

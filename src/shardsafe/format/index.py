@@ -22,7 +22,7 @@ from ..errors import CorruptCheckpointError
 from . import INDEX_NAME, index_v2, index_v3, tree
 from .checksum import ALGORITHM, crc32c
 from .index_common import (IndexHeader, MAX_INDEX_BYTES, MAX_NDIM, FileEntry, bad, check_int,
-                           check_tree, decode_files, finite_float, header_fields, reject_constant,
+                           check_tree, decode_files, encode_files, finite_float, header_fields, reject_constant,
                            tensor_header, tensor_key, unique_members)
 from .chunk_table import ChunkTable
 from .container import is_container, version_of
@@ -123,8 +123,7 @@ def encode_index(index: Index, version: int | None = None) -> bytes:
         "checksum": ALGORITHM,
         "block_size": index.block_size,
         "metadata": index.metadata,
-        "files": [{"name": f.name, "size": f.size, "data_start": f.data_start, "rank": f.rank}
-                  for f in index.files],
+        "files": encode_files(index.files),
         "tensors": [{"key": tree.encode_key_path(t.key), "kind": t.kind, "dtype": t.dtype, "shape": list(t.shape),
                      "chunks": [_chunk_json(c) for c in t.chunks]} for t in index.tensors],
         "tree": index.tree,

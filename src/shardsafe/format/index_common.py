@@ -189,6 +189,11 @@ def finite_float(text: str) -> float:
     return v
 
 
+def encode_files(files: Sequence[FileEntry]) -> list[dict[str, Any]]:
+    """The ``files`` rows of an index (every version writes them alike)."""
+    return [{"name": f.name, "size": f.size, "data_start": f.data_start, "rank": f.rank} for f in files]
+
+
 def decode_files(raw: Any) -> tuple[FileEntry, ...]:
     """The ``files`` rows: plain, unique, unreserved names; sizes and data starts in range."""
     if not isinstance(raw, list):

@@ -28,7 +28,7 @@ from .chunk_table import ChunkTable, Split, check_tensor_rows, detect_split
 from .container import dumps, narrowest, open_container, read_columns, seal
 from .dtypes import lookup
 from .index_common import (IndexHeader, MAX_DIM, MAX_EXTENT_BYTES, MAX_NDIM, TENSOR_KINDS, FileEntry,
-                           StoredBlocks, bad, check_int, check_tree, decode_files, header_fields,
+                           StoredBlocks, bad, check_int, check_tree, decode_files, encode_files, header_fields,
                            tensor_header, tensor_key)
 
 VERSION = 2
@@ -86,17 +86,20 @@ def stored_columns(ct: ChunkTable) -> dict[str, np.ndarray]:
     return cols
 
 
+def header_members(index: ColumnarIndex) -> dict[str, Any]:
+    """The JSON members that open a v2 or v3 index, in order (library to files)."""
+    return {"library": index.library, "created": index.created, "world_size": index.world_size,
+            "checksum": ALGORITHM, "block_size": index.chunks.block_size, "metadata": index.metadata,
+            "files": encode_files(index.files)}
+
+
 def encode(index: ColumnarIndex) -> bytes:
     """The bytes of a v2 index."""
     ct = index.chunks
     cols = stored_columns(ct)
     kinds = {n: ("<u4" if n.endswith("crc32c") else narrowest(a)) for n, a in cols.items()}
     names = COLUMNS + (CODED_COLUMNS if ct.coding is not None else ())
-    body: dict[str, Any] = {
-        "library": index.library, "created": index.created, "world_size": index.world_size,
-        "checksum": ALGORITHM, "block_size": ct.block_size, "metadata": index.metadata,
-        "files": [{"name": f.name, "size": f.size, "data_start": f.data_start, "rank": f.rank}
-                  for f in index.files]}
+    body = header_members(index)
     rest: dict[str, Any] = {"columns": {n: [kinds[n], len(cols[n])] for n in names}}
     if ct.coding is not None:
         rest["codecs"] = list(ct.coding.codecs)

@@ -3,7 +3,7 @@
 The container (``format.container``) and the chunk columns are version 2's; what changes
 is the tensor table. Version 2 writes a JSON object per tensor (key path, kind, dtype,
 shape, chunk count, split rule): with 100,000 small tensors, encoding and decoding those
-objects was most of the cost of a save's index and of a load. Version 3 stores them as
+objects is most of the cost of a save's index and of a load. Version 3 stores them as
 columns (docs/FORMAT.md section 14 is the byte-by-byte spec):
 
     kind    per tensor: 0 torch, 1 numpy
@@ -28,13 +28,13 @@ from typing import Any
 import numpy as np
 
 from . import tree
-from .checksum import ALGORITHM
 from .chunk_table import ChunkTable, Split, check_tensor_rows
 from .container import dumps, narrowest, open_container, read_columns, seal
 from .dtypes import DTYPES, lookup
 from .index_common import (MAX_EXTENT_BYTES, MAX_NDIM, TENSOR_KINDS, bad, check_int, decode_files,
                            header_fields, tree_keys)
-from .index_v2 import CODED_COLUMNS, COLUMNS, ColumnarIndex, TensorInfo, block_coding, stored_columns
+from .index_v2 import (CODED_COLUMNS, COLUMNS, ColumnarIndex, TensorInfo, block_coding, header_members,
+                       stored_columns)
 
 VERSION = 3
 TENSOR_COLUMNS = ("kind", "dtype", "ndim", "shape", "chunks", "split", "split_step", "split_file0",
@@ -76,12 +76,8 @@ def encode(index: ColumnarIndex) -> bytes:
     cols.update(stored_columns(ct))
     names = TENSOR_COLUMNS + COLUMNS + (CODED_COLUMNS if ct.coding is not None else ())
     kinds = {n: ("<u4" if n.endswith("crc32c") else narrowest(cols[n])) for n in names}
-    body: dict[str, Any] = {
-        "library": index.library, "created": index.created, "world_size": index.world_size,
-        "checksum": ALGORITHM, "block_size": ct.block_size, "metadata": index.metadata,
-        "files": [{"name": f.name, "size": f.size, "data_start": f.data_start, "rank": f.rank}
-                  for f in index.files],
-        "dtypes": dtypes, "columns": {n: [kinds[n], len(cols[n])] for n in names}}
+    body: dict[str, Any] = {**header_members(index), "dtypes": dtypes,
+                            "columns": {n: [kinds[n], len(cols[n])] for n in names}}
     if ct.coding is not None:
         body["codecs"] = list(ct.coding.codecs)
     body["tree"] = index.tree

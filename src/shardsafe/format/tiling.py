@@ -60,6 +60,8 @@ def tiling_problem(pos: np.ndarray, extent: np.ndarray, shape: Sequence[int]) ->
     element = [0] * ndim
     for d, v in zip(cut.tolist(), at):
         element[d] = v
+    if times == 0:  # the volumes add up, so another element is covered twice
+        return f"chunks overlap and leave a gap: element {element} lies in 0 chunks"
     return f"chunks overlap: element {element} lies in {times} chunks"
 
 

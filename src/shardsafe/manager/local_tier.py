@@ -87,12 +87,13 @@ class LocalTier:
 
     # ------------------------------------------------------------------ listing
     def _directories(self) -> list[StepDirectory]:
-        dirs = [self.own]
-        for src in self.link.sources if self.link is not None else []:
-            storage, spath = storage_for(self.peer_path(src))
-            if storage.exists(spath):
-                dirs.append(StepDirectory(storage, spath))
-        return dirs
+        peers = [self._peer_steps(src) for src in (self.link.sources if self.link is not None else [])]
+        return [self.own] + [d for d in peers if d is not None]
+
+    def _peer_steps(self, source: int) -> StepDirectory | None:
+        """The copies this rank holds of rank ``source`` (None: it holds none)."""
+        storage, spath = storage_for(self.peer_path(source))
+        return StepDirectory(storage, spath) if storage.exists(spath) else None
 
     def _identity(self, steps: StepDirectory, name: str) -> tuple[int | None, str | None]:
         """The step and run a committed local step records (Nones when unreadable)."""
@@ -122,13 +123,11 @@ class LocalTier:
 
     def _drop_foreign(self, steps: StepDirectory) -> None:
         """Deletes committed steps of another run (they are never restored)."""
-        mine = self.valid(steps)
         for step, name in steps.committed().items():
-            if step not in mine:
-                if self._identity(steps, name)[1] != self.run:
-                    log.warning("deleting local step %s in %s: it belongs to another run (another "
-                                "persistent directory)", name, steps.path)
-                    steps.delete(step, name)
+            if self._identity(steps, name)[1] != self.run:
+                log.warning("deleting local step %s in %s: it belongs to another run (another "
+                            "persistent directory)", name, steps.path)
+                steps.delete(step, name)
 
     def steps(self) -> list[int]:
         """This rank's valid local steps, oldest first."""
@@ -144,8 +143,8 @@ class LocalTier:
             return {}
         out = {}
         for src in self.link.sources:
-            storage, spath = storage_for(self.peer_path(src))
-            out[src] = sorted(self.valid(StepDirectory(storage, spath))) if storage.exists(spath) else []
+            d = self._peer_steps(src)
+            out[src] = sorted(self.valid(d)) if d is not None else []
         return out
 
     # ------------------------------------------------------------------ saving
@@ -166,9 +165,13 @@ class LocalTier:
         then the peer exchange (always, to stay paired with the peers)."""
         problem: BaseException | None = None
         if error is not None and not self.tight and _out_of_space(error):
-            self.tight = self.max_to_keep > 1
-            log.warning("the local directory %s is full: from now on it keeps %d step(s) between "
-                        "saves to make room for the next one", self.directory, max(1, self.max_to_keep - 1))
+            if self.max_to_keep > 1:
+                self.tight = True
+                log.warning("the local directory %s is full: from now on it keeps %d step(s) between "
+                            "saves to make room for the next one", self.directory, self.max_to_keep - 1)
+            else:
+                log.warning("the local directory %s is full: it cannot hold a new step beside the one "
+                            "it keeps (local_max_to_keep=1); give it more space", self.directory)
         try:
             self._retain(self.own)
         except (OSError, CheckpointError) as e:

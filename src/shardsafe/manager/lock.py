@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from ..errors import CheckpointError, CorruptCheckpointError
+from ..format.index_common import reject_constant
 from ..storage import LocalStorage
 from ..storage.base import Storage
 
@@ -73,7 +74,7 @@ def _decode(data: bytes) -> LockOwner | None:
     """The owner recorded in a lock file; None if the file is not a lock we wrote (anything
     else in it -- a huge or negative pid, a non-finite time, deep JSON -- is damage)."""
     try:
-        raw = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+        raw = json.loads(data.decode("utf-8"), parse_constant=reject_constant)
     except (ValueError, RecursionError):
         return None
     if not isinstance(raw, dict):
@@ -84,10 +85,6 @@ def _decode(data: bytes) -> LockOwner | None:
             and type(started) in (int, float) and 0 <= started < _MAX_TIME):  # noqa: E721
         return None
     return LockOwner(host, pid, float(started), token)
-
-
-def _no_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _read(storage: Storage, path: str) -> LockOwner | None:

@@ -41,12 +41,12 @@ from typing import Any, Literal
 
 from ..comm.agreement import Agreement
 from ..errors import CheckpointError, CheckpointNotFoundError
+from ..format.codec import Compression
 from ..plan.flatten import Stateful
 from ..storage import storage_for
 from . import recovery
 from .local_tier import LocalTier
 from .lock import DirectoryLock
-from ..format.codec import Compression
 from .options import BestFn, BestMode, ManagerOptions, Seconds, check_directory, options_section
 from .persistent_tier import PersistentTier
 from .records import StepRecords

@@ -21,7 +21,7 @@ import json
 import mmap
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,7 +108,7 @@ class Incoming:
         name_of: The directory name of a step.
     """
 
-    def __init__(self, parent: str, name_of: Any) -> None:
+    def __init__(self, parent: str, name_of: Callable[[int], str]) -> None:
         self.parent, self.name_of = parent, name_of
         self._head = bytearray()
         self._need: int | None = None  # header bytes still expected
@@ -168,8 +168,8 @@ class Incoming:
         if error is None and not 0 < dict(files)[INDEX_NAME] <= MAX_INDEX_BYTES:
             raise CorruptCheckpointError("malformed peer message: the index is empty or too large")
         self._meta = {"step": step, "rank": rank}
-        if error is not None or not files:
-            self.received = Received(step, rank, str(error) if error is not None else "empty copy", None)
+        if error is not None:  # (else the files hold the index: checked above)
+            self.received = Received(step, rank, str(error), None)
             return
         storage, parent = storage_for(self.parent)
         storage.makedirs(parent)

@@ -127,6 +127,8 @@ def _fetch(tier: LocalTier, step: int, tiers: Sequence[str], holders: Sequence[i
     finally:
         for o in outs:
             o.close()
+        if incoming.received is None:  # the link failed mid-transfer: drop the partial copy
+            incoming.abort()
     if receives:
         got = incoming.done()
         if got.error is not None:

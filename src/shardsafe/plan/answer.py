@@ -33,8 +33,7 @@ from typing import Any
 import numpy as np
 
 from .report import HELLO_BYTES, OWN, PLAIN, Boxes, decode_report, digest
-from .union import Join, Joined, ShapeInfo, merge_all, parse_shape, remap, with_values
-from .union import parse_values
+from .union import Join, Joined, ShapeInfo, merge_all, parse_shape, parse_values, remap, with_values
 from .writers import PlanError
 
 Decision = dict[str, Any]
@@ -61,6 +60,11 @@ def in_ranks(packed: Sequence[Sequence[int]], rank: int) -> bool:
     return any(a <= rank < b for a, b in packed)
 
 
+def _rank_failed(rank: int, message: bytes) -> str:
+    """The error of a rank that sent ``E`` and its error text instead of a message."""
+    return f"rank {rank} failed: {message[1:].decode('utf-8', 'replace')}"
+
+
 @dataclass(slots=True)
 class Hellos:
     """Every rank's hello (rank 0): three digests per rank, or the first error."""
@@ -83,8 +87,7 @@ def read_hellos(messages: Iterable[bytes], world: int) -> Hellos:
     for r, raw in enumerate(messages):
         if raw[:1] == b"E" or len(raw) != HELLO_BYTES:
             if error is None:
-                text = raw[1:].decode("utf-8", "replace") if raw[:1] == b"E" else "a malformed hello"
-                error = f"rank {r} failed: {text}"
+                error = _rank_failed(r, raw) if raw[:1] == b"E" else f"rank {r} failed: a malformed hello"
             continue
         kept[r] = raw[:1] == b"D"
         buf[r] = np.frombuffer(raw, dtype=np.uint8, offset=1)
@@ -177,7 +180,7 @@ def decide_full(lead: Leader | None, hellos: Hellos, reports: Iterable[bytes], t
     try:
         for rank, raw in enumerate(reports):
             if raw[:1] == b"E":
-                return {"error": f"rank {rank} failed: {raw[1:].decode('utf-8', 'replace')}"}, {}, None
+                return {"error": _rank_failed(rank, raw)}, {}, None
             join.add(rank, decode_report(raw, rank))
         joined = join.finish()
     except _FAILURES as e:
@@ -198,7 +201,7 @@ def decide_trees(lead: Leader, hellos: Hellos, reports: Iterable[bytes], txn: Tx
     try:
         for rank, raw in enumerate(reports):
             if raw[:1] == b"E":
-                return {"error": f"rank {rank} failed: {raw[1:].decode('utf-8', 'replace')}"}
+                return {"error": _rank_failed(rank, raw)}
             rep = decode_report(raw, rank)
             if rep.shape:
                 d = hellos.shape_of(rank)

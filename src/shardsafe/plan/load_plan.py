@@ -65,7 +65,8 @@ def pieces_for(chunks: Sequence[ChunkEntry], offsets: Sequence[int],
 
 def coalesce(items: Iterable[T], span: Callable[[T], tuple[str, int, int]], limit: int,
              max_gap: int = 0) -> list[list[T]]:
-    """Groups byte ranges into reads: the one read coalescer of the package.
+    """Groups byte ranges into reads: the read coalescer of objects (the load of whole
+    raw chunks groups table rows likewise, on columns: ``ChunkReader.whole_tasks``).
 
     ``span(item)`` is ``(file, offset, nbytes)``. Items are taken in ``(file, offset)``
     order (stable); an item joins the group before it when it lies in the same file,

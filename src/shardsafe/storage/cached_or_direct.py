@@ -111,12 +111,7 @@ def cached(fd: int, offset: int, length: int) -> bool | None:
 def _read_direct(dfd: int, out: memoryview, offset: int, path: str) -> None:
     end = offset + len(out)
     if offset % ALIGN == 0 and len(out) % ALIGN == 0 and _address(out) % ALIGN == 0:
-        pos = 0
-        while pos < len(out):  # aligned target: no bounce copy
-            n = os.preadv(dfd, [out[pos:]], offset + pos)
-            if n == 0:
-                raise EOFError(f"{path}: file ends before byte {end}")
-            pos += n
+        _read_fully(dfd, out, offset, path)  # aligned target: no bounce copy
         return
     bounce = _bounce()
     dst = np.frombuffer(out, dtype=np.uint8)
@@ -132,7 +127,8 @@ def _read_direct(dfd: int, out: memoryview, offset: int, path: str) -> None:
         pos += n
 
 
-def _read_buffered(fd: int, out: memoryview, offset: int, path: str) -> None:
+def _read_fully(fd: int, out: memoryview, offset: int, path: str) -> None:
+    """Fills ``out`` from ``fd`` at ``offset`` (EOFError if the file ends first)."""
     pos = 0
     while pos < len(out):
         n = os.preadv(fd, [out[pos:]], offset + pos)
@@ -162,6 +158,6 @@ def read_range(path: str, offset: int, out: memoryview, *, direct: bool) -> None
                 finally:
                     os.close(dfd)
                 return
-        _read_buffered(fd, out, offset, path)
+        _read_fully(fd, out, offset, path)
     finally:
         os.close(fd)

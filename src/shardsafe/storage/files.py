@@ -28,8 +28,11 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from typing import TypeVar
 
 from ..errors import CorruptCheckpointError
+
+_E = TypeVar("_E", bound=BaseException)
 
 _FLAGS = (os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
           | getattr(os, "O_NOCTTY", 0))
@@ -162,10 +165,11 @@ def reopen_direct(path: str, fd: int, direct_flag: int) -> int:
     return dfd
 
 
-def with_path(e: OSError, path: str) -> OSError:
-    """``e`` naming ``path`` (``os.pwrite`` and ``fsync`` errors name no file: "[Errno 28] No
-    space left on device" alone does not say which disk filled up)."""
-    if e.filename is not None:
+def with_path(e: _E, path: str) -> _E:
+    """``e`` naming ``path`` when it is an ``OSError`` that names no file (``os.pwrite`` and
+    ``fsync`` errors: "[Errno 28] No space left on device" alone does not say which disk
+    filled up); any other exception as it is."""
+    if not isinstance(e, OSError) or e.filename is not None:
         return e
     out = type(e)(e.errno, e.strerror or str(e), path)
     out.__cause__ = e
