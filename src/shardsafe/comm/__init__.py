@@ -7,6 +7,7 @@ torch.distributed is initialised with more than one rank (or a group is passed),
 
 from __future__ import annotations
 
+import random
 import socket
 from typing import Any
 
@@ -35,10 +36,34 @@ def get_comm(process_group: Any = None) -> Comm:
 
 
 def free_loopback_port() -> int:
-    """A TCP port free on 127.0.0.1 right now, for a local job's ``MASTER_PORT``."""
+    """A TCP port free on 127.0.0.1 right now, for a local job's ``MASTER_PORT``.
+
+    Taken below the kernel's ephemeral port range where that range can be read: a port
+    from it may be handed to an outgoing connection (a gloo group opens many) between now
+    and the moment the job binds it, which fails the job with "address already in use".
+    """
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(100 if low > 2048 else 0):
+        port = rng.randrange(low // 2, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (0 where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 __all__ = ["Channel", "Comm", "ExternalRank", "LocalChannel", "SingleProcessComm", "distributed_active",
