@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import re
 
-from shardsafe.bench.tiers import local_tier_section, main
+import pytest
+
+from shardsafe.bench.tiers import CONFIGS, local_tier_section, main, save_steps
 
 
+@pytest.mark.stress  # six fresh processes; the two tests below are its fast representatives
 def test_tiers_bench_prints_its_json_line(tmp_path, capsys) -> None:  # noqa: ANN001
     assert main(["--size", "4MiB", "--repeat", "1", "--steps", "2", "--dir", str(tmp_path / "p"),
                  "--local-dir", str(tmp_path / "l")]) == 0
@@ -31,3 +34,12 @@ def test_local_tier_section_times_both_tiers() -> None:
     # lie within what the rounded times allow
     lo, hi = (cold - 0.0005) / (local + 0.0005), (cold + 0.0005) / max(local - 0.0005, 1e-9)
     assert lo - 0.05 <= speedup <= hi + 0.05, (local, cold, speedup)
+
+
+def test_the_save_configurations_in_this_process(tmp_path) -> None:  # noqa: ANN001
+    got = save_steps(4 << 20, str(tmp_path / "p"), str(tmp_path / "l"), steps=2, budget=64 << 20)
+    assert sorted(got["blocked_s"]) == sorted(CONFIGS)
+    assert all(len(v) == 2 and min(v) > 0 for v in got["blocked_s"].values())
+    for name in ("both", "budget"):  # the local tier was written where asked
+        assert (tmp_path / "l" / name / "rank_0").is_dir(), name
+

@@ -74,8 +74,8 @@ def save_steps(size: int, directory: str, local_dir: str, steps: int, budget: in
     configuration alone, with its peak extra resident bytes (run it in a fresh process)."""
     state = large_tensors(size)
     so = {"storage_options": storage_options} if storage_options else {}
-    with CheckpointManager(os.path.join(tempfile.mkdtemp(prefix="shardsafe-warm-")),
-                           local_directory=tempfile.mkdtemp(prefix="shardsafe-warm-local-"), **so) as warm:
+    with tempfile.TemporaryDirectory(prefix="shardsafe-warm-") as tmp, \
+            CheckpointManager(os.path.join(tmp, "p"), local_directory=os.path.join(tmp, "l"), **so) as warm:
         warm.save(0, large_tensors(4 * MiB))  # imports, pools: not measured
     peak = PeakRSS()
     blocked: dict[str, list[float]] = {}
