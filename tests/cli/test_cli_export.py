@@ -94,3 +94,16 @@ def test_export_with_dtype_keeps_packed_float4(cli, tmp_path) -> None:  # noqa: 
     assert torch.equal(got["w"].view(torch.uint8), fp4.view(torch.uint8))
     proc = cli("export", tmp_path / "a", tmp_path / "x.safetensors", "--dtype", "bf16")
     assert "safetensors has no dtype for float4_e2m1fn_x2" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_export_of_empty_tensors_and_arrays(cli, tmp_path) -> None:  # noqa: ANN001
+    state = {"a": np.zeros((0,), np.float32), "t": torch.zeros(0, 3), "w": torch.arange(4.0)}
+    shardsafe.save(state, str(tmp_path / "ck"))
+    for name in ("out.safetensors", "out.pt"):
+        proc = cli("export", tmp_path / "ck", tmp_path / name)
+        assert proc.returncode == 0, proc.stderr
+    got = safetensors_torch.load_file(str(tmp_path / "out.safetensors"))
+    assert got["a"].shape == (0,) and got["t"].shape == (0, 3) and torch.equal(got["w"], state["w"])
+    pt = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert pt["t"].shape == (0, 3) and torch.equal(pt["w"], state["w"])
+

@@ -122,9 +122,10 @@ def _write_safetensors(reader: ChunkReader, node: Node, base: KeyPath, out: str,
             f.write(header)
             for entry, n in order:
                 t = _prepare(read_tensor(reader, entry), dtype)
-                data = t.reshape(-1).view(tensors.torch.uint8).numpy()
-                if data.size != n:  # the header promised n bytes: never write a file that lies
-                    raise ValueError(f"{render_path(entry.key)}: {data.size} bytes, expected {n}")
+                # an empty tensor has no bytes (and from numpy a stride of 0, which no view takes)
+                data = t.reshape(-1).view(tensors.torch.uint8).numpy() if t.numel() else b""
+                if len(data) != n:  # the header promised n bytes: never write a file that lies
+                    raise ValueError(f"{render_path(entry.key)}: {len(data)} bytes, expected {n}")
                 f.write(memoryview(data))
                 bar.update(n)
             f.flush()
