@@ -33,6 +33,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .._scratch import ScratchBuffer
 from ..format.blockfile import MAGIC, RAW, CodedBlock, code_block
 from ..format.checksum import crc32c
 from ..plan.flatten import TensorItem
@@ -44,7 +45,7 @@ from .io_pool import io_pool, io_threads
 
 PART_BYTES = 1 << 30  # a block file is written (and a new part begun) once it holds this much
 
-_scratch = threading.local()
+_scratch = ScratchBuffer()
 
 
 class BlockMirror(Protocol):
@@ -59,11 +60,9 @@ class BlockMirror(Protocol):
 
 def _copy_of(src: np.ndarray) -> memoryview:
     """``src`` copied into this thread's reusable buffer."""
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.size < src.size:
-        buf = _scratch.buf = np.empty(src.size, dtype=np.uint8)
-    buf[: src.size] = src
-    return memoryview(buf[: src.size])
+    buf = _scratch.get(src.size)
+    buf[:] = src
+    return memoryview(buf)
 
 
 def _code(src: np.ndarray, dtype: str, compression: str, copy: bool) -> CodedBlock:

@@ -24,12 +24,12 @@ raises ``CorruptCheckpointError`` naming the file and the key.
 from __future__ import annotations
 
 import ctypes
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from .._scratch import ScratchBuffer
 from ..errors import CorruptCheckpointError
 from ..format.block_verify import decode_block, verify_blocks
 from ..format.blockfile import stored_span
@@ -80,15 +80,7 @@ class _Small:
     key: str
 
 
-_scratch = threading.local()
-
-
-def _scratch_buffer(nbytes: int) -> np.ndarray:
-    """A per-thread reusable buffer (pages stay faulted in between loads)."""
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.size < nbytes:
-        buf = _scratch.buf = np.empty(max(nbytes, GROUP_MAX), dtype=np.uint8)
-    return buf[:nbytes]
+_scratch_buffer = ScratchBuffer(GROUP_MAX).get  # pages stay faulted in between loads
 
 
 class ChunkReader:

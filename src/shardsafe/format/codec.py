@@ -65,6 +65,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from .._scratch import ScratchBuffer
 from ..errors import CheckpointError
 from . import planes_kernel
 from .dtypes import lookup
@@ -407,13 +408,7 @@ def _plan(tr: _Planes, x: np.ndarray) -> tuple[int, int, list[Any]]:
     return layout, (c if layout == NIBBLES else 0), coded
 
 
-def _scratch(size: int) -> np.ndarray:
-    """This thread's buffer of ``size`` bytes for a block's planes to code (at most a block,
-    16 MiB in the engine): reused, as fresh megabytes cost page faults on first touch."""
-    buf = getattr(_local, "scratch", None)
-    if buf is None or len(buf) < size:
-        buf = _local.scratch = np.empty(size, np.uint8)
-    return buf[:size]
+_scratch = ScratchBuffer().get  # a block's planes to code (at most a block, 16 MiB in the engine)
 
 
 def _encode_planes(raw: memoryview, k: int) -> np.ndarray | None:
