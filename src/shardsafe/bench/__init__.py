@@ -49,13 +49,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="case (a) tensor size (default 64MiB)")
     p.add_argument("--small-count", type=int, default=20000, help="case (b) tensor count")
     p.add_argument("--tiny-count", type=int, default=100000, help="case (e) tensor count")
-    p.add_argument("--cases", default="a,b,c,d,e", help="comma-separated subset of a,b,c,d,e,compression")
+    p.add_argument("--cases", default="a,b,c,d,e",
+                   help="comma-separated subset of a,b,c,d,e,compression,pipeline")
     p.add_argument("--compression-size", type=parse_size, default=parse_size("128MiB"),
                    help="case compression: bytes of each tensor (default 128MiB; the end-to-end "
                         "state holds 1.5x this)")
     p.add_argument("--bandwidth", type=parse_size, default=100_000_000,
                    help="case compression: bytes/s of the throttled link to the S3 server "
                         "(default 100000000, i.e. 100 MB/s)")
+    p.add_argument("--pipeline-shm-size", type=parse_size, default=parse_size("512MiB"),
+                   help="case pipeline: bf16 bytes saved compressed to /dev/shm (default 512MiB)")
+    p.add_argument("--pipeline-store-size", type=parse_size, default=parse_size("128MiB"),
+                   help="case pipeline: bf16 bytes saved to the throttled S3 server (default 128MiB)")
+    p.add_argument("--pipeline-bandwidth", type=parse_size, default=300_000_000,
+                   help="case pipeline: bytes/s of the throttled link (default 300000000)")
     p.add_argument("--dir", default=None, help="directory for checkpoints (default: a temp dir)")
     p.add_argument("--repeat", type=int, default=3, help="recorded rounds per case (medians)")
     p.add_argument("--steps", type=int, default=60, help="case (c) training steps per variant")
@@ -76,9 +83,10 @@ def _cases(args: argparse.Namespace) -> list[str]:
         args.size, args.tensor_size, args.small_count, args.tiny_count = 4 << 20, 1 << 20, 100, 200
         args.repeat, args.steps, args.every = 1, 4, 2
         args.compression_size = 1 << 20
+        args.pipeline_shm_size, args.pipeline_store_size = 4 << 20, 1 << 20
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    if not set(cases) <= {"a", "b", "c", "d", "e", "compression"}:
-        raise ValueError(f"--cases takes a subset of a,b,c,d,e,compression, got {args.cases!r}")
+    if not set(cases) <= {"a", "b", "c", "d", "e", "compression", "pipeline"}:
+        raise ValueError(f"--cases takes a subset of a,b,c,d,e,compression,pipeline, got {args.cases!r}")
     return cases
 
 
@@ -175,6 +183,14 @@ def run(args: argparse.Namespace) -> int:
             sections.append(table)
             table, raw["compression_e2e"] = compression_e2e.section(
                 args.compression_size // 2, args.repeat, directory, args.bandwidth, log)
+            sections.append(table)
+        if "pipeline" in cases:
+            from . import pipeline
+
+            table, targets, raw["pipeline"] = pipeline.section(
+                directory, args.size, args.pipeline_shm_size, args.pipeline_store_size,
+                args.pipeline_bandwidth, args.repeat, log)
+            more_targets += targets
             sections.append(table)
     finally:
         if own_dir:
