@@ -46,7 +46,7 @@ def incremental_steps(root: Any, state: dict) -> dict:
     and 3 change only ``state["head"]`` (filled with the step) and reference the rest in
     step 1's data file. Returns ``state`` as step 3 holds it."""
     from shardsafe.engine.checkpointer import Checkpointer
-    from shardsafe.engine.incremental import Baseline
+    from shardsafe.engine.save.incremental import Baseline
 
     b, c = Baseline(), Checkpointer()
     for s in (1, 2, 3):

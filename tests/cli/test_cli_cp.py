@@ -104,7 +104,7 @@ def test_memory_stays_bounded(subprocess_env, tmp_path) -> None:  # noqa: ANN001
 
 
 def test_recoding_in_batches(tmp_path) -> None:  # noqa: ANN001
-    from shardsafe.engine.recode import recode_checkpoint
+    from shardsafe.engine.transfer.recode import recode_checkpoint
     from shardsafe.storage import LocalStorage
 
     state = {"w": torch.randn(300, 1000).to(torch.bfloat16), "tied": None, "small": torch.arange(5),

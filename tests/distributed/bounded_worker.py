@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 import shardsafe
-from shardsafe.engine import plan_exchange
+from shardsafe.engine.save import plan_exchange
 
 TIMEOUT = 3.0
 

@@ -30,7 +30,7 @@ import shardsafe
 from helpers import flip_byte
 from shardsafe.harness.processes import phases
 from shardsafe.comm import get_comm
-from shardsafe.engine import plan_exchange
+from shardsafe.engine.save import plan_exchange
 from shardsafe.storage.local import LocalStorage
 
 RANK = int(os.environ.get("RANK", "0"))

@@ -32,7 +32,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import shardsafe
-from shardsafe.engine import plan_exchange
+from shardsafe.engine.save import plan_exchange
 
 RANK = int(os.environ.get("RANK", "0"))
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)

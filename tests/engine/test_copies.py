@@ -19,7 +19,7 @@ import torch
 import shardsafe
 from shardsafe.engine import block_writer, staging, writer
 from shardsafe.engine.copies import Copy
-from shardsafe.engine.incremental import Baseline
+from shardsafe.engine.save.incremental import Baseline
 from shardsafe.cli import main as cli_main
 from shardsafe.engine import commit
 from shardsafe.engine.units import HEADER

@@ -10,9 +10,9 @@ import torch
 import shardsafe
 from shardsafe.engine.checkpointer import Checkpointer
 from shardsafe.engine.commit import read_index
-from shardsafe.engine.detach import detach
+from shardsafe.engine.commit.detach import detach
 from shardsafe.errors import CorruptCheckpointError
-from shardsafe.engine.incremental import Baseline
+from shardsafe.engine.save.incremental import Baseline
 from shardsafe.storage import LocalStorage
 
 DATA = "data-r00000-000.safetensors"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardsafe.engine.entries import columnar_index, decode, encode, from_plans
+from shardsafe.engine.commit.entries import columnar_index, decode, encode, from_plans
 from shardsafe.errors import CheckpointError
 from shardsafe.format.index import decode_index
 from shardsafe.format.index_v2 import encode as encode_v2
@@ -79,7 +79,7 @@ def test_block_file_entries_carry_their_coding_into_the_index() -> None:
     """A rank's block file (compressed chunks) next to its safetensors file: the coding
     columns survive encode/decode, raw blocks get their stored size and checksum filled in,
     and the index decodes with each chunk's ``StoredBlocks``."""
-    from shardsafe.engine.entries import CodedFile, from_block_files, join
+    from shardsafe.engine.commit.entries import CodedFile, from_block_files, join
     from shardsafe.format.codec import CODECS
     from shardsafe.plan.layout import block_file_name
 

@@ -11,8 +11,8 @@ import torch
 import shardsafe
 from shardsafe.engine.checkpointer import Checkpointer
 from shardsafe.engine.commit import read_index
-from shardsafe.engine import incremental
-from shardsafe.engine.incremental import ALGORITHMS, PIECE, Baseline, algorithm, digests
+from shardsafe.engine.save import incremental
+from shardsafe.engine.save.incremental import ALGORITHMS, PIECE, Baseline, algorithm, digests
 from shardsafe.format.tree import render_path
 from shardsafe.plan.flatten import flatten
 from shardsafe.storage import LocalStorage

@@ -11,9 +11,9 @@ import torch
 from helpers import flip_byte
 
 import shardsafe
-from shardsafe.engine import reader as reader_mod
+from shardsafe.engine.load import reader as reader_mod
 from shardsafe.engine.commit import read_index
-from shardsafe.engine.reader import ChunkReader, ReadJob, _byte_span, _coalesce
+from shardsafe.engine.load.reader import ChunkReader, ReadJob, _byte_span, _coalesce
 from shardsafe.plan.load_plan import pieces_for
 from shardsafe.storage.local import LocalStorage
 
@@ -90,7 +90,7 @@ def test_byte_span_of_a_2d_region():
 
 
 def test_coalesce_groups_neighbours_only():
-    from shardsafe.engine.reader import _Small
+    from shardsafe.engine.load.reader import _Small
     from shardsafe.format.index import ChunkEntry
 
     def s(file, off, n):

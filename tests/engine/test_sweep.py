@@ -8,7 +8,7 @@ import torch
 
 import shardsafe
 from shardsafe.engine.commit import uncommit
-from shardsafe.engine.sweep import marked, plan_sweep, retire, sweep
+from shardsafe.engine.commit.sweep import marked, plan_sweep, retire, sweep
 from shardsafe.storage import LocalStorage
 
 from helpers import incremental_steps

@@ -16,7 +16,7 @@ from helpers import committed_steps, kill_rounds
 import shardsafe
 from shardsafe import CheckpointManager, CorruptCheckpointError
 from shardsafe.engine.commit import is_temporary, read_index
-from shardsafe.engine.sweep import marked
+from shardsafe.engine.commit.sweep import marked
 from shardsafe.manager.lock import LOCK_NAME
 from shardsafe.storage import LocalStorage
 

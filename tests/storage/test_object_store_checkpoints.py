@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 import shardsafe  # noqa: E402
 from shardsafe import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError  # noqa: E402
 from shardsafe.engine.commit import is_committed, read_index  # noqa: E402
-from shardsafe.engine.reader import ChunkReader, ReadJob  # noqa: E402
+from shardsafe.engine.load.reader import ChunkReader, ReadJob  # noqa: E402
 from shardsafe.storage import storage_for  # noqa: E402
 from shardsafe.storage.fsspec import FsspecStorage  # noqa: E402
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ..engine.commit import is_committed
-from ..engine.sweep import retire
+from ..engine.commit.sweep import retire
 from ..errors import CheckpointNotFoundError
 from ..storage import LocalStorage, storage_for
 

@@ -57,7 +57,7 @@ def run_case(root: str, base_bytes: int, adapter_bytes: int, saves: int, increme
 
 def _hash_time(state: dict[str, Any]) -> float:
     """Median time to hash the whole state (what an incremental save adds to every save)."""
-    from ..engine.incremental import digests
+    from ..engine.save.incremental import digests
     from ..plan.flatten import flatten
 
     _, items = flatten(state)

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..engine.reader import ChunkReader, ReadJob
+from ..engine.load.reader import ChunkReader, ReadJob
 from ..format.dtypes import lookup
 from ..format.index import decode_index
 from ..format.index_v2 import ColumnarIndex

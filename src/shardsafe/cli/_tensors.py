@@ -1,6 +1,6 @@
 """Walking a checkpoint's leaves and reading single tensors (for info, export and diff).
 
-Reads go through ``engine.reader.ChunkReader``, so every byte the CLI hands out has passed
+Reads go through ``engine.load.reader.ChunkReader``, so every byte the CLI hands out has passed
 its checksum.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import tensors
 from ..engine.buffers import allocating
-from ..engine.reader import ChunkReader, ReadJob
+from ..engine.load.reader import ChunkReader, ReadJob
 from ..format.index import Index, TensorEntry
 from ..format.tree import KeyPath, Node, decode_plain, dict_items, render_path
 

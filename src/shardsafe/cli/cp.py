@@ -1,9 +1,9 @@
 """``shardsafe cp SRC DST``: copy a checkpoint, or every committed step of a directory
 (``--all``), between any two stores, verifying every block as it streams past.
 
-The copy itself is ``engine.copier.copy_checkpoint`` (the files byte for byte, in pieces
+The copy itself is ``engine.transfer.verbatim.copy_checkpoint`` (the files byte for byte, in pieces
 of ``PIECE`` bytes; an incremental step with the files it references), or with
-``--compression`` ``engine.recode.recode_checkpoint`` (the tensors decoded and coded
+``--compression`` ``engine.transfer.recode.recode_checkpoint`` (the tensors decoded and coded
 again, in batches). Either way memory stays bounded, the destination is committed
 atomically, and an interrupted copy leaves nothing committed.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from . import EXIT_FAILED, EXIT_OK
 from ._common import add_command, human_bytes, progress, scan, storage_options
 from ..engine.commit import is_committed, read_index
-from ..engine.copier import CopyResult, copy_checkpoint
-from ..engine.recode import recode_checkpoint
+from ..engine.transfer.verbatim import CopyResult, copy_checkpoint
+from ..engine.transfer.recode import recode_checkpoint
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError
 from ..manager.steps import is_rolled_back
 from ..storage import Storage, storage_for

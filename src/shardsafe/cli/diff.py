@@ -19,7 +19,7 @@ from . import EXIT_FAILED, EXIT_OK
 from .. import tensors
 from ._common import add_command, open_checkpoint, progress, storage_options
 from ._tensors import Leaf, leaves, read_tensor
-from ..engine.reader import ChunkReader
+from ..engine.load.reader import ChunkReader
 
 
 @dataclass(frozen=True, slots=True)

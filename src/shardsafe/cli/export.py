@@ -25,7 +25,7 @@ from . import EXIT_OK
 from .. import tensors
 from ._common import CKPT, add_command, open_checkpoint, progress, storage_options
 from ._tensors import as_torch, leaves, read_tensor, require_torch, subtree
-from ..engine.reader import ChunkReader
+from ..engine.load.reader import ChunkReader
 from ..format.datafile import safetensors_header
 from ..format.dtypes import lookup
 from ..format.index import Index

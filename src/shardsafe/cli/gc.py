@@ -9,7 +9,7 @@ decision is the manager's own policy code (``manager.retention``), so ``gc`` and
 index, and unfinished S3 multipart uploads. A leftover younger than ``--min-age``
 may belong to a save still running, so it is kept.
 
-Deleting is mark and sweep (``engine.sweep``), as in the manager: expired checkpoints
+Deleting is mark and sweep (``engine.commit.sweep``), as in the manager: expired checkpoints
 are un-committed (index first), then the files of un-committed directories that no
 committed checkpoint names are removed. Data that a kept step of an incremental manager
 references stays (its directory is reported as kept) until no committed step uses it.
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from . import EXIT_OK
 from ._common import Entry, add_command, modified, scan, storage_options
 from ..engine.commit import is_temporary, uncommit
-from ..engine.sweep import plan_sweep, sweep
+from ..engine.commit.sweep import plan_sweep, sweep
 from ..manager.retention import (AnyPreservationPolicy, EveryNSteps, LatestN, PreservationPolicy,
                               StepRecord, steps_to_delete)
 from ..manager.steps import MANAGER_KEY, is_rolled_back

@@ -35,7 +35,7 @@ from ..plan.header_check import MAX_HEADER_BYTES, header_problems
 from ..plan.load_plan import coalesce
 from ..storage import Storage, storage_for
 from ..engine.io_pool import io_pool
-from ..engine.locations import data_file
+from ..engine.commit.locations import data_file
 
 MAX_READ = 64 << 20
 

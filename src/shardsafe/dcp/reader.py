@@ -26,10 +26,10 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from ..api.load import read_targets
-from ..api.match import TensorTarget
+from ..engine.load.targets import read_targets
+from ..engine.load.match import TensorTarget
 from ..engine.commit import read_index
-from ..engine.reader import ChunkReader
+from ..engine.load.reader import ChunkReader
 from ..errors import CheckpointError
 from ..format.index import Index
 from ..storage import storage_for

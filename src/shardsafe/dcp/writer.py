@@ -32,7 +32,8 @@ from torch.futures import Future
 from ..api.async_save import default_checkpointer
 from .. import dtensor
 from ..comm import ExternalRank, distributed_active
-from ..engine import commit, entries, pipeline
+from ..engine import commit, pipeline
+from ..engine.commit import entries
 from ..format.codec import Compression, check_compression
 from ..plan.flatten import TensorItem
 from ..storage import storage_for

@@ -33,7 +33,7 @@ from ..storage.base import RangeWriter, Storage
 from ..storage.files import with_path
 from .block_writer import BlockMirror, _code
 from .buffers import BouncePool, HostBuffer
-from .entries import CodedFile
+from .commit.entries import CodedFile
 from .io_pool import io_pool
 from .units import FileUnits
 

@@ -40,7 +40,7 @@ from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
 from ..storage.base import Storage
 from ..storage.files import with_path
-from .entries import CodedFile
+from .commit.entries import CodedFile
 from .io_pool import io_pool, io_threads
 
 PART_BYTES = 1 << 30  # a block file is written (and a new part begun) once it holds this much

@@ -50,8 +50,8 @@ from .background import JobMaker
 from .buffers import BouncePool, HostBuffer, StagingArena
 from .copies import Copy, PreparedCopy, begin_copy, fail_copy, prepare_copy
 from .handle import SaveHandle
-from .incremental import Baseline
-from .entries import Entries
+from .save.incremental import Baseline
+from .commit.entries import Entries
 from .prepared import UNIT_SIZE, PreparedSave, local_entries
 from .save_options import SaveOptions
 from .staging import StageTask, host_sources, stage_files

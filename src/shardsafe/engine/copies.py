@@ -41,8 +41,8 @@ from ..plan.localize import localize
 from ..storage import storage_for
 from ..storage.base import RangeWriter, Storage
 from ..storage.files import with_path
-from . import commit
-from .entries import CodedFile
+from .commit import transaction as commit
+from .commit.entries import CodedFile
 from .handle import SaveHandle
 from .prepared import PreparedSave, build_index, check_metadata, local_entries, split_coded
 

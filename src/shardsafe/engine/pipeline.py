@@ -29,11 +29,12 @@ from ..plan.flatten import TensorItem, flatten
 from ..plan.layout import FilePlan, block_file_name, data_file_name, plan_file
 from ..plan.localize import localize
 from ..storage import storage_for
-from . import commit, plan_exchange, two_phase_commit
+from .commit import transaction as commit, two_phase as two_phase_commit
+from .save import plan_exchange
 from .block_writer import BlockFileWrite
 from .copies import PreparedCopy, commit_copy, fail_copy
-from .entries import CodedFile, Entries
-from .incremental import Baseline
+from .commit.entries import CodedFile, Entries
+from .save.incremental import Baseline
 from .writer import FileWrite
 from .prepared import BLOCK_SIZE, PreparedSave, build_index, check_metadata, local_entries, split_coded
 

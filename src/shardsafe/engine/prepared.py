@@ -22,9 +22,9 @@ from ..format.tree import Node
 from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
 from ..storage import Storage
-from . import commit
-from .entries import CodedFile, Entries, columnar_index, from_block_files, from_plans, join
-from .incremental import Baseline, Delta
+from .commit import transaction as commit
+from .commit.entries import CodedFile, Entries, columnar_index, from_block_files, from_plans, join
+from .save.incremental import Baseline, Delta
 
 BLOCK_SIZE = 16 << 20  # checksum block: partial (resharded) reads verify whole blocks
 UNIT_SIZE = 16 << 20  # write/staging unit: big enough for full-speed direct I/O, small

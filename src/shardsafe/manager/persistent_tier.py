@@ -7,7 +7,7 @@ step, or the save in flight, references) and the other ranks wait until it has,
 through ``comm.agreement`` (the store, never the training process group: this runs on
 a background thread), bounded by the manager's timeout.
 
-With ``incremental`` the tier keeps the ``engine.incremental.Baseline`` of its last
+With ``incremental`` the tier keeps the ``engine.save.incremental.Baseline`` of its last
 committed save: the next save references the chunks unchanged since then, and sweeps
 keep the baseline's files (``pinned``).
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from ..comm.agreement import Agreement
-from ..engine.incremental import Baseline
+from ..engine.save.incremental import Baseline
 from ..errors import CheckpointError
 from .records import StepRecords
 from .retention import PreservationPolicy, steps_to_delete

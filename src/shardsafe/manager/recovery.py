@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.load import load_checked
-from ..engine.detach import detach
+from ..engine.commit.detach import detach
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from ..format.index import Index
 from .steps import MANAGER_KEY, StepDirectory
@@ -162,7 +162,7 @@ def check_rollback(steps: StepDirectory, base_url: str, step: int | None) -> Non
 def roll_back_after(steps: StepDirectory, base_url: str, step: int) -> None:
     """Moves every committed step newer than ``step`` aside (kept, no longer listed).
 
-    Each is first made self-contained (``engine.detach``): a step that references another
+    Each is first made self-contained (``engine.commit.detach``): a step that references another
     moved step still loads where it lies and when it is renamed back.
     """
     now = time.time()

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import tensors
-from ..engine import commit, sweep
+from ..engine import commit
+from ..engine.commit import sweep
 from ..storage.base import Storage
 from .retention import StepRecord
 
@@ -170,7 +171,7 @@ class StepDirectory:
 
     def sweep(self, pinned: Iterable[str] = (), exclude: Iterable[str] = ()) -> list[str]:
         """Removes the files of un-committed step directories that no committed step uses
-        (``engine.sweep``), except ``pinned`` files (``<step dir>/<file>``: a save in
+        (``engine.commit.sweep``), except ``pinned`` files (``<step dir>/<file>``: a save in
         flight) and the directories named in ``exclude``; returns the swept directories."""
         skip = set(exclude)
         names = [n for n in commit.list_entries(self.storage, self.path)

@@ -1,7 +1,7 @@
 """Rank 0's answers in the planning exchange of a collective save, and what each rank
 reads from them. Pure: messages in, JSON-able decisions and byte parts out.
 
-``engine.plan_exchange`` runs the rounds through the store:
+``engine.save.plan_exchange`` runs the rounds through the store:
 
 1. ``first``: every rank's hello (``plan.report.hello``). ``decide_first`` answers
    ``same`` (every layout is the one of the group's last full exchange and rank 0 has

@@ -61,7 +61,7 @@ def even_shard_reads(table: ChunkTable, tensors: Sequence[int], rank: int, world
     Raises:
         ValueError: a tensor is not split along dimension 0 (see ``row_split_tensors``),
             or the checkpoint has compressed chunks (their bytes are not byte ranges of
-            the raw tensor: ``engine.reader`` reads them block by block).
+            the raw tensor: ``engine.load.reader`` reads them block by block).
     """
     if table.coding is not None:
         raise ValueError("even_shard_reads plans raw byte ranges; this checkpoint has compressed chunks")

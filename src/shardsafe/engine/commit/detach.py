@@ -18,14 +18,14 @@ from __future__ import annotations
 import os
 import shutil
 
-from ..errors import CheckpointError, CorruptCheckpointError
-from ..format import INDEX_NAME
-from ..format.index import encode_renamed
-from ..format.index_common import FILE_NAME, LINK_PREFIX
-from ..storage.base import Storage
-from ..storage.files import check_regular
-from ..storage.local import LocalStorage
-from .commit import read_index
+from ...errors import CheckpointError, CorruptCheckpointError
+from ...format import INDEX_NAME
+from ...format.index import encode_renamed
+from ...format.index_common import FILE_NAME, LINK_PREFIX
+from ...storage.base import Storage
+from ...storage.files import check_regular
+from ...storage.local import LocalStorage
+from .transaction import read_index
 
 
 def detach(storage: Storage, path: str) -> list[str]:

@@ -7,13 +7,13 @@ c10d store, bounded by ``timeout`` like every collective step (``comm.rounds``).
 
 from __future__ import annotations
 
-from .. import knobs
-from ..comm import Comm, next_namespace
-from ..comm.rounds import broadcast_from_leader, join, leave
-from ..errors import CheckpointError
-from ..format import index as fmt
-from ..storage import Storage
-from . import commit
+from ... import knobs
+from ...comm import Comm, next_namespace
+from ...comm.rounds import broadcast_from_leader, join, leave
+from ...errors import CheckpointError
+from ...format import index as fmt
+from ...storage import Storage
+from ..commit import transaction as commit
 
 
 def read_index_collective(storage: Storage, spath: str, comm: Comm,

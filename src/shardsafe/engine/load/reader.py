@@ -29,19 +29,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._scratch import ScratchBuffer
-from ..errors import CorruptCheckpointError
-from ..format.block_verify import decode_block, verify_blocks
-from ..format.blockfile import stored_span
-from ..format.checksum import crc32c
-from ..format.dtypes import lookup
-from ..format.index import ChunkEntry, Index, TensorEntry
-from ..format.tree import render_path
-from ..plan.load_plan import CoverageError, Piece, coalesce, pieces_for
-from ..storage.base import Storage
-from ..storage.memory import populate
-from .io_pool import io_pool, wait_all
-from .locations import Locator
+from ..._scratch import ScratchBuffer
+from ...errors import CorruptCheckpointError
+from ...format.block_verify import decode_block, verify_blocks
+from ...format.blockfile import stored_span
+from ...format.checksum import crc32c
+from ...format.dtypes import lookup
+from ...format.index import ChunkEntry, Index, TensorEntry
+from ...format.tree import render_path
+from ...plan.load_plan import CoverageError, Piece, coalesce, pieces_for
+from ...storage.base import Storage
+from ...storage.memory import populate
+from ..io_pool import io_pool, wait_all
+from ..commit.locations import Locator
 
 SPLIT_MIN = 1 << 20  # chunks from this size are read block by block straight into the target
 MAX_GAP = 64 << 10  # small chunks further apart than this are not read together

@@ -20,7 +20,7 @@ not at all), so an interrupted copy never leaves a partial one that a new run wo
 refuse; a failed copy removes the sibling files it wrote.
 
 A copy onto its own source (the same path on the same store) has nothing to do: it is
-reported as up to date, and a re-coding one (``engine.recode``) is refused where the
+reported as up to date, and a re-coding one (``engine.transfer.recode``) is refused where the
 store cannot rename, since replacing the destination there deletes the source first.
 """
 
@@ -32,15 +32,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ..errors import CheckpointError, CorruptCheckpointError
-from ..format import INDEX_NAME
-from ..format.block_verify import BlockSpan, BlockStream, index_spans
-from ..format.index import FileEntry, Index
-from ..storage.base import Storage
-from ..storage.local import LocalStorage
-from . import commit
-from .buffers import HostBuffer
-from .locations import data_file
+from ...errors import CheckpointError, CorruptCheckpointError
+from ...format import INDEX_NAME
+from ...format.block_verify import BlockSpan, BlockStream, index_spans
+from ...format.index import FileEntry, Index
+from ...storage.base import Storage
+from ...storage.local import LocalStorage
+from ..commit import transaction as commit
+from ..buffers import HostBuffer
+from ..commit.locations import data_file
 
 log = logging.getLogger("shardsafe")
 

@@ -11,8 +11,8 @@ with separators to the OS or an object store.
 
 from __future__ import annotations
 
-from ..format.index_common import split_reference
-from ..storage.base import Storage
+from ...format.index_common import split_reference
+from ...storage.base import Storage
 
 
 def data_file(storage: Storage, checkpoint: str, name: str) -> str:

@@ -19,18 +19,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import CheckpointError
-from ..format.blockfile import DATA_START as BLOCK_FILE_DATA_START
-from ..format.blockfile import RAW, BlockCoding, CodedBlock, block_raw_sizes
-from ..format.chunk_table import ChunkTable, Split, detect_split
-from ..format.codec import CODECS
-from ..format.dtypes import lookup
-from ..format.index_common import FileEntry, split_reference
-from ..format.index_v2 import ColumnarIndex, TensorInfo
-from ..format.tree import render_path
-from ..plan.flatten import TensorItem
-from ..plan.layout import FilePlan
-from .units import BlockSums
+from ...errors import CheckpointError
+from ...format.blockfile import DATA_START as BLOCK_FILE_DATA_START
+from ...format.blockfile import RAW, BlockCoding, CodedBlock, block_raw_sizes
+from ...format.chunk_table import ChunkTable, Split, detect_split
+from ...format.codec import CODECS
+from ...format.dtypes import lookup
+from ...format.index_common import FileEntry, split_reference
+from ...format.index_v2 import ColumnarIndex, TensorInfo
+from ...format.tree import render_path
+from ...plan.flatten import TensorItem
+from ...plan.layout import FilePlan
+from ..units import BlockSums
 
 I64 = np.dtype("<i8")
 _COLS = ("item", "file", "offset", "nsums", "pos", "extent", "sums", "codec", "stored", "stored_sums")

@@ -38,15 +38,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import tensors
-from ..format.blockfile import DATA_START as BLOCK_FILE_DATA_START
-from ..format.index_common import FileEntry
-from ..format.tree import KeyPath
-from ..plan.flatten import TensorItem
-from ..plan.layout import FilePlan
-from .commit import split_path
-from .entries import ChunkRef, CodedFile
-from .io_pool import io_pool, wait_all
+from ... import tensors
+from ...format.blockfile import DATA_START as BLOCK_FILE_DATA_START
+from ...format.index_common import FileEntry
+from ...format.tree import KeyPath
+from ...plan.flatten import TensorItem
+from ...plan.layout import FilePlan
+from ..commit.transaction import split_path
+from ..commit.entries import ChunkRef, CodedFile
+from ..io_pool import io_pool, wait_all
 
 
 DIGEST_SIZE = 32  # bytes: 256-bit digests

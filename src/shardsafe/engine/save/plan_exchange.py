@@ -28,23 +28,23 @@ from typing import Any
 
 import numpy as np
 
-from .. import knobs
-from ..comm import Comm, next_namespace
-from ..comm.channel import Channel
-from ..comm.rounds import Answer, join, leader_exchange, leave
-from ..errors import CheckpointError
-from ..format.tree import Node, decode_key_path
-from ..per_rank import own_entry
-from ..plan.answer import (Decision, Leader, decide_first, decide_full, decide_trees, in_ranks,
+from ... import knobs
+from ...comm import Comm, next_namespace
+from ...comm.channel import Channel
+from ...comm.rounds import Answer, join, leader_exchange, leave
+from ...errors import CheckpointError
+from ...format.tree import Node, decode_key_path
+from ...per_rank import own_entry
+from ...plan.answer import (Decision, Leader, decide_first, decide_full, decide_trees, in_ranks,
                            read_hellos, read_share, wanted)
-from ..plan.flatten import TensorItem, flatten
-from ..plan.localize import localize
-from ..plan.report import Description, describe, hello, report
-from ..plan.union import Table
-from ..plan.writers import PlanError
-from ..storage import Storage
-from . import commit
-from .prepared import check_metadata
+from ...plan.flatten import TensorItem, flatten
+from ...plan.localize import localize
+from ...plan.report import Description, describe, hello, report
+from ...plan.union import Table
+from ...plan.writers import PlanError
+from ...storage import Storage
+from ..commit import transaction as commit
+from ..prepared import check_metadata
 
 
 @dataclass(slots=True)

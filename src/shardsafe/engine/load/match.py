@@ -17,11 +17,11 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import tensors
-from ..engine.buffers import new_tensor
-from ..format.index import Index, TensorEntry
-from ..format.tree import KeyPath, Node, build, dict_items, render_path
-from ..plan.flatten import Stateful, alias_key, is_stateful
+from ... import tensors
+from ..buffers import new_tensor
+from ...format.index import Index, TensorEntry
+from ...format.tree import KeyPath, Node, build, dict_items, render_path
+from ...plan.flatten import Stateful, alias_key, is_stateful
 
 
 @dataclass(slots=True)

@@ -23,11 +23,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from ..errors import CorruptCheckpointError
-from ..format import INDEX_NAME
-from ..format.index import MAX_INDEX_BYTES, decode_index
-from ..storage.base import Storage
-from .commit import is_committed, list_entries, split_path, uncommit
+from ...errors import CorruptCheckpointError
+from ...format import INDEX_NAME
+from ...format.index import MAX_INDEX_BYTES, decode_index
+from ...storage.base import Storage
+from .transaction import is_committed, list_entries, split_path, uncommit
 
 log = logging.getLogger("shardsafe")
 

@@ -22,18 +22,18 @@ from typing import Any
 
 import numpy as np
 
-from .. import tensors
-from ..errors import CorruptCheckpointError
-from ..format.block_verify import decode_block
-from ..format.blockfile import stored_span
-from ..format.checksum import blocks
-from ..format.dtypes import lookup
-from ..format.index import ChunkEntry, Index
-from ..format.tree import KeyPath, Node, build, render_path
-from ..storage.files import open_regular
-from ..storage.local import LocalStorage
-from .locations import data_file
-from .io_pool import io_pool, wait_all
+from ... import tensors
+from ...errors import CorruptCheckpointError
+from ...format.block_verify import decode_block
+from ...format.blockfile import stored_span
+from ...format.checksum import blocks
+from ...format.dtypes import lookup
+from ...format.index import ChunkEntry, Index
+from ...format.tree import KeyPath, Node, build, render_path
+from ...storage.files import open_regular
+from ...storage.local import LocalStorage
+from ..commit.locations import data_file
+from ..io_pool import io_pool, wait_all
 from .reader import verify
 
 

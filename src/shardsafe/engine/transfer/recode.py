@@ -25,18 +25,19 @@ import math
 import uuid
 from collections.abc import Callable, Iterator
 
-from .. import tensors
-from ..comm import ExternalRank
-from ..errors import CheckpointError
-from ..format.codec import check_compression
-from ..format.dtypes import lookup
-from ..format.index import Index, TensorEntry
-from ..plan.flatten import TensorItem
-from ..storage.base import Storage
-from . import commit, pipeline
-from .checkpointer import Checkpointer
-from .copier import CopyResult, abandon, same_location
-from .reader import ChunkReader, ReadJob
+from ... import tensors
+from ...comm import ExternalRank
+from ...errors import CheckpointError
+from ...format.codec import check_compression
+from ...format.dtypes import lookup
+from ...format.index import Index, TensorEntry
+from ...plan.flatten import TensorItem
+from ...storage.base import Storage
+from .. import pipeline
+from ..commit import transaction as commit
+from ..checkpointer import Checkpointer
+from .verbatim import CopyResult, abandon, same_location
+from ..load.reader import ChunkReader, ReadJob
 
 BATCH = 128 << 20  # raw bytes read, then written, at a time
 COPY_KEY = "shardsafe.copy"  # index metadata of a re-coded copy: {"source": sha256, "compression": ...}

@@ -20,14 +20,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from ..comm import Channel
-from ..comm.channel import announce, gather, get, missing_ranks, receive, timeout_error
-from ..errors import CheckpointError
-from . import commit
+from ...comm import Channel
+from ...comm.channel import announce, gather, get, missing_ranks, receive, timeout_error
+from ...errors import CheckpointError
+from . import transaction as commit
 from .entries import Entries
 from .entries import decode as decode_entries
 from .entries import encode as encode_entries
-from .prepared import PreparedSave, build_index
+from ..prepared import PreparedSave, build_index
 
 log = logging.getLogger("shardsafe")
 

@@ -20,11 +20,11 @@ import posixpath
 import uuid
 from dataclasses import dataclass
 
-from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
-from ..format import INDEX_NAME
-from ..format.index import MAX_INDEX_BYTES, Index, decode_index
-from ..format.tree import render_path
-from ..storage.base import Storage
+from ...errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+from ...format import INDEX_NAME
+from ...format.index import MAX_INDEX_BYTES, Index, decode_index
+from ...format.tree import render_path
+from ...storage.base import Storage
 from .locations import data_file
 
 TMP_MARKER = ".shardsafe-tmp-"
@@ -239,7 +239,7 @@ def delete_checkpoint(storage: Storage, path: str) -> None:
     """Deletes a checkpoint crash-safely: un-commit first (index), then the data.
 
     Removes every file of the checkpoint; a checkpoint whose files sibling checkpoints
-    may reference (incremental saves) is retired with ``engine.sweep.retire`` instead.
+    may reference (incremental saves) is retired with ``engine.commit.sweep.retire`` instead.
     """
     uncommit(storage, path)
     storage.delete(path)

@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import tensors
-from ..engine.buffers import new_tensor
-from ..format import tree
-from ..format.blockfile import RAW
-from ..format.chunk_table import ChunkTable
-from ..format.index import Index
-from ..storage.memory import HUGE
+from ... import tensors
+from ..buffers import new_tensor
+from ...format import tree
+from ...format.blockfile import RAW
+from ...format.chunk_table import ChunkTable
+from ...format.index import Index
+from ...storage.memory import HUGE
 from .match import TensorTarget, build_new
 
 
@@ -31,7 +31,7 @@ class Allocated:
     Attributes:
         tensors, rows, addrs: Tensors read whole from one raw chunk: tensor id, chunk row
             of the table, and the address of the tensor's (contiguous) memory.
-        others: Tensors read through ``engine.reader``'s general path.
+        others: Tensors read through ``engine.load.reader``'s general path.
     """
 
     tensors: list[int] = field(default_factory=list)

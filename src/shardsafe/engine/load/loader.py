@@ -1,0 +1,120 @@
+"""A load from its path to its result: the index (read once, or collectively), then a new
+state, a memory-mapped one, or the reads into a live state.
+
+A checkpoint overwritten while it is being loaded (the directory is swapped atomically)
+is loaded again, from the new index; one deleted meanwhile (retention) is reported as
+not found rather than damaged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...comm import distributed_active, get_comm
+from ...errors import CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
+from ...format.index import Index
+from ...per_rank import loading
+from ...plan.flatten import Stateful
+from ...storage import LocalStorage, storage_for
+from ..buffers import allocating
+from ..commit import is_committed, read_index
+from . import new_state
+from .index_exchange import read_index_collective
+from .mapped import load_mapped
+from .match import match
+from .reader import ChunkReader
+from .targets import read_targets
+
+log = logging.getLogger("shardsafe")
+
+ATTEMPTS = 10  # an overwrite swaps the directory mid-load: read the new checkpoint instead (a
+# writer that overwrites as fast as the loads run can overtake a few in a row on a busy machine)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    """What an in-place ``load(path, state, strict=False)`` skipped (all empty when strict)."""
+
+    missing: list[str] = field(default_factory=list)
+    """Key paths of ``state`` that the checkpoint does not hold (left unchanged)."""
+    unexpected: list[str] = field(default_factory=list)
+    """Key paths in the checkpoint that ``state`` has no place for (not loaded)."""
+    mismatched: list[str] = field(default_factory=list)
+    """Key paths whose shape or dtype differs between checkpoint and ``state`` (not loaded)."""
+
+
+def load_path(path: str, state: MutableMapping[str, Any] | Stateful | None,
+              check: Callable[[Index], None] | None, *, strict: bool, storage_options: dict | None,
+              mmap: bool, process_group: Any, collective: bool | None,
+              timeout: float | None) -> Any:
+    """The new state (``state`` None), or the ``LoadResult`` of an in-place load (see
+    ``shardsafe.load``); ``check(index)`` may refuse the checkpoint before any read."""
+    storage, spath = storage_for(path, storage_options)
+    if collective is not False and distributed_active(process_group):
+        index = read_index_collective(storage, spath, get_comm(process_group), timeout)
+        if check is not None:
+            check(index)
+        return _load_from(storage, spath, index, path, state, strict, mmap)
+    for attempt in range(ATTEMPTS):
+        before = _identity(storage, spath)
+        try:
+            index = read_index(storage, spath)
+            if check is not None:
+                check(index)
+            return _load_from(storage, spath, index, path, state, strict, mmap)
+        except (CorruptCheckpointError, CheckpointNotFoundError) as e:
+            if not is_committed(storage, spath):  # deleted (e.g. by retention) while we read it
+                raise CheckpointNotFoundError(f"no committed checkpoint at {path!r} (deleted while "
+                                              f"being loaded)") from e
+            if before is None or _identity(storage, spath) == before or attempt == ATTEMPTS - 1:
+                raise
+            log.info("%s was replaced (overwrite) while being loaded; loading the new one", path)
+    raise AssertionError("unreachable")
+
+
+def _identity(storage: Any, spath: str) -> tuple[int, int] | None:
+    """Which directory ``spath`` is now (an overwrite swaps in another one); None off POSIX."""
+    if not isinstance(storage, LocalStorage):
+        return None
+    try:
+        st = os.stat(spath)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _total(index: Index, path: str) -> str:
+    return f"{path!r} ({sum(t.nbytes for t in index.tensors)} bytes of tensors)"
+
+
+def _load_from(storage: Any, spath: str, index: Index, path: str,
+               state: MutableMapping[str, Any] | Stateful | None, strict: bool, mmap: bool) -> Any:
+    if mmap:
+        if state is not None or not isinstance(storage, LocalStorage):
+            raise ValueError("mmap=True applies to load(path) of a local checkpoint, without a state")
+        return load_mapped(spath, index)
+    reader = ChunkReader(storage, spath, index)
+    if state is None:
+        with allocating(lambda: _total(index, path)):
+            value, new = new_state.build(index)
+        read_targets(reader, new.others, new)
+        return value
+    with loading():  # PerRank values describe only this rank's entry
+        m = match(index, state)
+    problems = m.problems()
+    if problems and strict:
+        raise StateMismatchError(problems)
+    if problems:
+        log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(problems),
+                    "\n  ".join(problems))
+    with allocating(lambda: _total(index, path)):  # temporaries for device / strided targets
+        read_targets(reader, m.reads)
+    m.apply()
+    return LoadResult(m.missing, m.unexpected, m.mismatched)
+
+
+__all__ = ["ATTEMPTS", "LoadResult", "load_path"]

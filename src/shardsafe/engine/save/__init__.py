@@ -1,0 +1,1 @@
+"""The save pipeline: one request, planned once, driven by one ``run()``."""
