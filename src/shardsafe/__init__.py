@@ -14,8 +14,8 @@ from .api.async_save import async_save
 from .api.delete import delete
 from .api.load import LoadResult, load
 from .api.save import save
-from .engine.checkpointer import Checkpointer
-from .engine.handle import SaveHandle
+from .api.checkpointer import Checkpointer
+from .engine.save.handle import SaveHandle
 from .errors import (
     CheckpointError,
     CheckpointNotFoundError,

@@ -30,7 +30,7 @@ from .api.async_save import async_save as _async_save
 from .api.delete import delete
 from .api.load import load
 from .api.save import save
-from .engine.handle import SaveHandle
+from .engine.save.handle import SaveHandle
 from .errors import CheckpointNotFoundError
 from .format.codec import Compression, check_compression
 from .rng import RNGState

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import shardsafe
-from shardsafe.engine import checkpointer as checkpointer_mod
+from shardsafe.api.checkpointer import saver_of
+from shardsafe.engine.save import saver as saver_mod
 
 
 def _state(seed: int = 0, n: int = 4, numel: int = 2 << 20) -> dict:
@@ -89,7 +90,7 @@ def test_unsavable_value_raises_at_the_call_and_leaves_nothing(tmp_path):
 
 
 def test_second_save_waits_for_the_first(tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr(checkpointer_mod, "SLOW_WAIT_S", 0.0)  # any wait at all is "slow"
+    monkeypatch.setattr(saver_mod, "SLOW_WAIT_S", 0.0)  # any wait at all is "slow"
     first, second = _state(4, n=8), _state(5)
     with shardsafe.Checkpointer() as ckpt:
         h1 = ckpt.async_save(first, str(tmp_path / "a"), staging="background")
@@ -108,17 +109,17 @@ def test_second_save_waits_for_the_first(tmp_path, caplog, monkeypatch):
 def test_staging_slab_is_reused_while_the_layout_size_stays_close(tmp_path):
     with shardsafe.Checkpointer() as ckpt:
         ckpt.async_save(_state(6), str(tmp_path / "a")).result()
-        first = ckpt.arena.buffers
+        first = saver_of(ckpt).arena.buffers
         ckpt.async_save(_state(7), str(tmp_path / "b"), staging="background").result()
-        assert ckpt.arena.buffers == first and all(a is b for a, b in zip(first, ckpt.arena.buffers))
-        assert ckpt.arena.allocations == 1
-        held = ckpt.arena.nbytes
+        assert saver_of(ckpt).arena.buffers == first and all(a is b for a, b in zip(first, saver_of(ckpt).arena.buffers))
+        assert saver_of(ckpt).arena.allocations == 1
+        held = saver_of(ckpt).arena.nbytes
         ckpt.async_save(_state(8, n=3), str(tmp_path / "c")).result()  # new layout, fits the slab
-        assert ckpt.arena.allocations == 1 and ckpt.arena.nbytes == held
-        assert [b.nbytes for b in ckpt.arena.buffers] != [b.nbytes for b in first]
+        assert saver_of(ckpt).arena.allocations == 1 and saver_of(ckpt).arena.nbytes == held
+        assert [b.nbytes for b in saver_of(ckpt).arena.buffers] != [b.nbytes for b in first]
         ckpt.async_save(_state(9, n=1), str(tmp_path / "d")).result()  # far smaller: a new slab
-        assert ckpt.arena.allocations == 2
-        assert ckpt.arena.nbytes < held / 2
+        assert saver_of(ckpt).arena.allocations == 2
+        assert saver_of(ckpt).arena.nbytes < held / 2
     _assert_saved(str(tmp_path / "b"), _state(7))
     _assert_saved(str(tmp_path / "c"), _state(8, n=3))
     _assert_saved(str(tmp_path / "d"), _state(9, n=1))

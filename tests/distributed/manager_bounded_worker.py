@@ -30,8 +30,8 @@ import torch
 import torch.distributed as dist
 
 import shardsafe
-from shardsafe.engine import staging, writer
-from shardsafe.engine.units import HEADER
+from shardsafe.engine.save import feeds
+from shardsafe.engine.save.units import HEADER
 
 TIMEOUT = 3.0
 
@@ -48,14 +48,14 @@ def timed(call: Callable[[], object]) -> dict:
 def count_copies() -> list[int]:
     """Counts the tensor bytes copied out of the state (where every save path copies them)."""
     count = [0]
-    orig = staging.copy_unit
+    orig = feeds.copy_unit
 
     def spy(units, k, sources, out, base=0):  # noqa: ANN001, ANN202
         parts = units.parts(k)
         count[0] += sum(n for i, n in zip(parts.item, parts.length) if i != HEADER and sources.addr[i])
         return orig(units, k, sources, out, base)
 
-    staging.copy_unit = writer.copy_unit = spy
+    feeds.copy_unit = spy
     return count
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import shardsafe
-from shardsafe.engine.checkpointer import Checkpointer
+from shardsafe.api.checkpointer import Checkpointer, saver_of
+from shardsafe.engine.save.request import SaveRequest
 from shardsafe.engine.commit import read_index
 from shardsafe.engine.commit.detach import detach
 from shardsafe.errors import CorruptCheckpointError
@@ -23,7 +24,7 @@ def _three_steps(root) -> list[dict]:  # noqa: ANN001
     b, c, out = Baseline(), Checkpointer(), []
     for s in (1, 2, 3):
         state["head"].fill_(s)
-        c.save(state, str(root / f"step_{s:08d}"), baseline=b)
+        saver_of(c).submit(SaveRequest(state=state, path=str(root / f"step_{s:08d}"), baseline=b))
         out.append({k: v.clone() for k, v in state.items()})
     c.close()
     return out

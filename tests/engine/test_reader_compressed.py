@@ -11,7 +11,7 @@ from helpers import flip_byte
 
 import shardsafe
 from shardsafe.engine.commit import read_index
-from shardsafe.engine.prepared import BLOCK_SIZE
+from shardsafe.engine.save.units import BLOCK_SIZE
 from shardsafe.engine.load.reader import ChunkReader, ReadJob
 from shardsafe.plan.layout import block_file_name
 from shardsafe.storage.local import LocalStorage

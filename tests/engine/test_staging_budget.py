@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import shardsafe
+from shardsafe.api.checkpointer import saver_of
 from shardsafe.engine.buffers import StagingArena
 
 MiB = 1 << 20
@@ -64,7 +65,7 @@ def test_state_larger_than_the_budget_round_trips_within_the_budget(tmp_path, st
         _mutate(state)  # allowed once staged, although most of it is not written yet
         h.result(timeout=60)
         # the arena's own accounting: never more than the budget at once, and it was used
-        assert UNIT <= ckpt.arena.peak_nbytes <= BUDGET
+        assert UNIT <= saver_of(ckpt).arena.peak_nbytes <= BUDGET
         assert ckpt.retained_bytes <= BUDGET
     _assert_saved(str(tmp_path / "c"), expect)
 
@@ -73,12 +74,12 @@ def test_budget_per_call_and_reuse_across_saves(tmp_path):
     state = _state(2)
     with shardsafe.Checkpointer(unit_size=UNIT) as ckpt:
         ckpt.async_save(state, str(tmp_path / "full")).result()
-        full = ckpt.arena.peak_nbytes
+        full = saver_of(ckpt).arena.peak_nbytes
         assert full > 5 * BUDGET  # without a budget: one copy of the state
         ckpt.async_save(state, str(tmp_path / "a"), max_staging_bytes=2 * UNIT).result()
         ckpt.async_save(state, str(tmp_path / "b"), max_staging_bytes=2 * UNIT).result()
         # the whole-state copy was freed for the budgeted saves, which share their slots
-        assert ckpt.arena.nbytes <= 2 * UNIT and ckpt.arena.allocations == 2
+        assert saver_of(ckpt).arena.nbytes <= 2 * UNIT and saver_of(ckpt).arena.allocations == 2
     for name in ("a", "b", "full"):
         _assert_saved(str(tmp_path / name), state)
 
@@ -125,6 +126,7 @@ def test_manager_saves_within_its_budget(tmp_path):
 # from result()), leave nothing behind, and leave the buffers usable by the next save.
 FAILING = textwrap.dedent("""
     import errno, json, os, resource, signal, sys, torch, shardsafe
+    from shardsafe.api.checkpointer import saver_of
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     d, staging = sys.argv[1], sys.argv[2]
     state = {"w": [torch.ones(1 << 20) for _ in range(6)]}
@@ -141,7 +143,7 @@ FAILING = textwrap.dedent("""
     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     ckpt.async_save(state, os.path.join(d, "b"), staging=staging).result(timeout=60)
     res["listing"] = sorted(os.listdir(d))
-    res["held"] = ckpt.arena.nbytes
+    res["held"] = saver_of(ckpt).arena.nbytes
     ckpt.close()
     print(json.dumps(res))
 """)
@@ -162,6 +164,7 @@ def test_write_error_while_staging_reaches_the_caller(tmp_path, subprocess_env, 
 # budget adds at most the budget + 25% (plus the interpreter's own noise), not a copy.
 CHILD = textwrap.dedent("""
     import json, os, sys, torch, shardsafe
+    from shardsafe.api.checkpointer import saver_of
 
     def rss():
         with open("/proc/self/status") as f:
@@ -180,7 +183,7 @@ CHILD = textwrap.dedent("""
         h = ckpt.async_save(state, os.path.join(d, f"c{i}"), staging=mode)
         h.wait_staged()
         h.result()
-    print(json.dumps({"base": base, "peak": rss()[1], "arena": ckpt.arena.peak_nbytes}))
+    print(json.dumps({"base": base, "peak": rss()[1], "arena": saver_of(ckpt).arena.peak_nbytes}))
 """)
 
 

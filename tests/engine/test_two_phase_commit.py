@@ -1,8 +1,8 @@
 """The store-based two-phase commit refuses parts that do not cover every tensor.
 
-The save runs through the real phases (``pipeline.prepare``, ``begin``, ``FileWrite`` to
-disk, ``pipeline.commit_save``) with a store channel, so the commit goes through
-``engine.two_phase_commit`` exactly as a collective save's coordinator does; only the
+The save runs through the real pipeline (``prepare``, then ``run``: begin, feed,
+checksums, sinks, ``commit_save``) with a store channel, so the commit goes through
+``engine.commit.two_phase`` exactly as a collective save's coordinator does; only the
 plan of this rank's data file is cut short, as a planner bug would leave it.
 """
 
@@ -14,13 +14,13 @@ import pytest
 import torch
 
 import shardsafe
-from shardsafe.comm import LocalChannel
-from shardsafe.engine import pipeline
+from shardsafe.comm import LocalChannel, SingleProcessComm
+from shardsafe.engine.buffers import BouncePool
 from shardsafe.engine.commit import is_committed
-from shardsafe.engine.prepared import BLOCK_SIZE, UNIT_SIZE, PreparedSave
-from shardsafe.engine.staging import host_sources
-from shardsafe.engine.units import FileUnits
-from shardsafe.engine.writer import FileWrite
+from shardsafe.engine.save.feeds import PoolFeed
+from shardsafe.engine.save.prepare import PreparedSave, prepare
+from shardsafe.engine.save.run import Pipeline, commit_save, run
+from shardsafe.engine.save.units import UNIT_SIZE
 from shardsafe.errors import CheckpointError
 from shardsafe.plan.layout import data_file_name, plan_file
 
@@ -31,24 +31,16 @@ def _state() -> dict:
 
 def _collective_save(path: str, *, drop_last_item: bool) -> PreparedSave:
     """Saves ``_state()`` through the store-based commit; optionally loses tensor "b"."""
-    prep = pipeline.prepare(_state(), path)
+    prep = prepare(_state(), path, SingleProcessComm(), overwrite=False, metadata=None, storage_options=None,
+                   timeout=None, baseline=None, compression=None)
     prep.channel, prep.timeout = LocalChannel(), 10.0  # the coordinator's side of the store
     if drop_last_item:
         items = prep.plans[0].items
         prep.plans = [plan_file(data_file_name(0), items[:-1])]
-    pipeline.begin(prep)
-    sums = []
-    for plan in prep.plans:
-        fw = FileWrite(FileUnits(plan, UNIT_SIZE, BLOCK_SIZE), prep.storage, prep.file_path(plan),
-                       sources=host_sources(plan, device=False))
-        fw.start()
-        fw.all_ready()
-        sums.append(fw.finish())
-    try:
-        pipeline.commit_save(prep, sums)
-    except BaseException as e:
-        pipeline.abort(prep, e)
-        raise
+    pipe = Pipeline(prep, [], PoolFeed(BouncePool(UNIT_SIZE, 2)), unit_size=UNIT_SIZE, block_unit=UNIT_SIZE,
+                    window=1)
+    for _ in run(pipe, lambda written: commit_save(prep, written)):
+        pass
     return prep
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shardsafe.engine.units import HEADER, FileUnits
+from shardsafe.engine.save.units import HEADER, FileUnits
 from shardsafe.plan.flatten import flatten
 from shardsafe.plan.layout import plan_file
 

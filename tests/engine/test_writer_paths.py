@@ -1,5 +1,5 @@
-"""The write paths: direct I/O on disk, buffered fallback on tmpfs, gather writes, bounce
-buffers, and whole-file writes for storages without ranged writes."""
+"""The write paths: direct I/O on disk, buffered fallback on tmpfs, the feeds (parallel
+staging into images, bounce buffers), and a sink that is slow to take its first unit."""
 
 from __future__ import annotations
 
@@ -14,13 +14,15 @@ import torch
 from helpers import assert_same
 
 import shardsafe
+from shardsafe.api.checkpointer import Checkpointer
+from shardsafe.comm import SingleProcessComm
 from shardsafe.engine import cuda
 from shardsafe.engine.buffers import BouncePool, HostBuffer
-from shardsafe.engine.checkpointer import Checkpointer
-from shardsafe.engine.staging import StageTask, copy_unit, host_sources, stage_files
-from shardsafe.engine.units import FileUnits
-from shardsafe.engine.writer import FileWrite
-from shardsafe.format.checksum import crc32c
+from shardsafe.engine.save.feeds import ImageFeed, PoolFeed
+from shardsafe.engine.save.prepare import prepare
+from shardsafe.engine.save.run import Pipeline, commit_save, run
+from shardsafe.engine.save.sources import Sources, copy_unit
+from shardsafe.engine.save.units import FileUnits
 from shardsafe.plan.flatten import flatten
 from shardsafe.plan.layout import plan_file
 from shardsafe.storage.local import LocalStorage
@@ -100,43 +102,42 @@ def test_buffered_storage_option_round_trips(tmp_path):
     assert (tmp_path / "f").read_bytes() == b"abcde"
 
 
-class WholeFileStorage(LocalStorage):
-    """A backend with only whole-file writes, like an object store."""
-
-    def open_writer(self, path, size):
-        return None  # no ranged writes: the caller hands write() whole files
-
-
 def _plan_and_units(state, unit):
     _, items = flatten(state)
     plan = plan_file("data.safetensors", items)
     return plan, FileUnits(plan, unit, 1 << 20)
 
 
-def test_storage_without_ranged_writes_gets_the_whole_staged_file(tmp_path):
-    plan, units = _plan_and_units(_mixed_state(), 1 << 20)
-    buf = HostBuffer(plan.layout.size)
-    fw = FileWrite(units, WholeFileStorage(), str(tmp_path / "f"), staged=buf)
-    fw.start()
-    stage_files([StageTask(units, buf.array, fw.unit_ready)])
-    sums = fw.finish()
-    data = (tmp_path / "f").read_bytes()
-    assert data == bytes(buf.array)
-    assert sum(map(len, sums)) == sum(units.nblocks)
-    with pytest.raises(ValueError, match="ranged"):
-        FileWrite(units, WholeFileStorage(), str(tmp_path / "g"), sources=host_sources(plan)).start()
+class _Stream:
+    """What a feed needs of a stream."""
+
+    def __init__(self, units: FileUnits) -> None:
+        self.units, self.sources = units, Sources(units.plan)
+
+    def live(self) -> bool:
+        return True
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4])
-def test_parallel_staging_matches_serial_copy(threads):
+@pytest.mark.parametrize("pooled", [False, True])
+def test_parallel_staging_matches_serial_copy(threads, pooled):
+    """Both feeds emit every unit once, complete, whatever the number of copy threads."""
     plan, units = _plan_and_units(_mixed_state(), 64 << 10)
     serial = np.zeros(plan.layout.size, dtype=np.uint8)
-    src = host_sources(plan)
+    stream = _Stream(units)
     for k in range(units.nunits):
-        copy_unit(units, k, src, serial)
+        copy_unit(units, k, stream.sources, serial)
     seen: list[int] = []
     out = np.full(plan.layout.size, 0xAB, dtype=np.uint8)
-    stage_files([StageTask(units, out, seen.append)], threads=threads)
+    image = HostBuffer(plan.layout.size)
+    feed = PoolFeed(BouncePool(64 << 10, 3)) if pooled else ImageFeed([image])
+
+    def emit(unit):  # noqa: ANN001, ANN202
+        seen.append(unit.k)
+        out[unit.start : unit.stop] = unit.array
+        feed.release(unit)
+
+    feed.stage([stream], emit, lambda: None, threads)
     assert sorted(seen) == list(range(units.nunits))
     assert np.array_equal(out, serial)
 
@@ -165,36 +166,38 @@ def test_cuda_staging_imports_and_is_skipped_without_cuda(tmp_path):
     pytest.skip("no CUDA device: the pinned/side-stream path was only imported")
 
 
-class _SlowFirstWrite(FileWrite):
-    """A FileWrite whose unit-0 write job is handed to the pool late (another thread's
-    ``unit_ready`` is still submitting it when the last unit becomes ready)."""
+class _SlowFirst:
+    """Wraps a sink: the write of the file's first unit is late (another unit's write is
+    done and the feed has finished meanwhile)."""
 
-    def _submit(self, job):
-        if job == ("write", 0):
+    def __init__(self, sink) -> None:  # noqa: ANN001
+        self.sink, self.path, self.ordered = sink, sink.path, sink.ordered
+
+    def write(self, offset, data, padded=None):  # noqa: ANN001, ANN201
+        if offset == 0:
             time.sleep(0.5)
-        super()._submit(job)
+        self.sink.write(offset, data, padded)
+
+    def close(self, size):  # noqa: ANN001, ANN201
+        self.sink.close(size)
+
+    def abort(self):  # noqa: ANN201
+        self.sink.abort()
 
 
-def test_finish_waits_for_jobs_other_threads_are_still_submitting(tmp_path):
-    state = {"a": torch.randn(300_000), "b": torch.randn(300_000)}  # blocks span 1 MiB units
-    plan, units = _plan_and_units(state, 1 << 20)
-    assert units.nunits > 2
-    storage = LocalStorage()
-    fw = _SlowFirstWrite(units, storage, str(tmp_path / "f"), sources=host_sources(plan),
-                   bounce=BouncePool(1 << 20, 2))
-    fw.start()
-    late = threading.Thread(target=fw.unit_ready, args=(0,))
-    late.start()
-    time.sleep(0.05)  # unit 0 is marked ready; its write job is not submitted yet
-    for k in range(1, units.nunits):
-        fw.unit_ready(k)
-    sums = fw.finish()
-    late.join()
-    data = (tmp_path / "f").read_bytes()
-    img = np.zeros(plan.layout.size, dtype=np.uint8)
-    for k in range(units.nunits):
-        copy_unit(units, k, host_sources(plan), img)
-    assert data == img.tobytes()  # unit 0 written before the file was closed
-    for i, (off, n) in enumerate(zip(units.offsets.tolist(), units.nbytes.tolist())):
-        want = [crc32c(data[off + j : min(off + j + (1 << 20), off + n)]) for j in range(0, n, 1 << 20)]
-        assert sums[i] == want
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_the_commit_waits_for_a_late_first_write(tmp_path, compression):
+    """The last unit is written, but the file is closed (and the checkpoint committed) only
+    once the late first unit is in it too: its bytes and checksums are in the checkpoint."""
+    state = {"a": torch.randn(300_000), "b": (torch.randn(1 << 20) * 0.02).to(torch.bfloat16)}
+    path = str(tmp_path / "ckpt")
+    prep = prepare(state, path, SingleProcessComm(), overwrite=False, metadata=None, storage_options=None,
+                   timeout=None, baseline=None, compression=compression)
+    pipe = Pipeline(prep, [], PoolFeed(BouncePool(16 << 20, 3)), unit_size=1 << 20, block_unit=16 << 20, window=2)
+    for s in pipe.streams:
+        for t in s.targets:
+            opener = t.opener
+            t.opener = lambda name, size, exact, opener=opener: _SlowFirst(opener(name, size, exact))
+    for _ in run(pipe, lambda written: commit_save(prep, written)):
+        pass
+    assert_same(shardsafe.load(path), state)

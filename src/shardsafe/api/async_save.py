@@ -7,10 +7,11 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ..engine.checkpointer import Checkpointer, StagingMode
-from ..engine.handle import SaveHandle
+from ..engine.save.handle import SaveHandle
+from ..engine.save.request import SaveRequest, StagingMode
 from ..format.codec import Compression
 from ..plan.flatten import Stateful
+from .checkpointer import Checkpointer, saver_of
 
 _default_lock = threading.Lock()
 _default: Checkpointer | None = None
@@ -64,14 +65,14 @@ def async_save(state: Mapping[str, Any] | Stateful, path: str, *, staging: Stagi
     With ``max_staging_bytes`` the save stages into at most that many bytes of host
     memory: a larger state streams through them while it is written, and the call
     returns once the last part is staged (it waits for the disk for what does not fit).
-    The two combine: compressed, the budget holds the blocks being coded too (it must be
-    at least 48 MiB then). See ``Checkpointer.async_save`` for the arguments.
+    The two combine: compressed, the budget holds the blocks being coded and the block
+    file's write chunks too (it must be at least 56 MiB then). See
+    ``Checkpointer.async_save`` for the arguments.
     """
-    return default_checkpointer().async_save(state, path, staging=staging, overwrite=overwrite,
-                                             metadata=metadata, storage_options=storage_options,
-                                             process_group=process_group, timeout=timeout,
-                                             collective=collective, compression=compression,
-                                             max_staging_bytes=max_staging_bytes)
+    return saver_of(default_checkpointer()).submit(SaveRequest(
+        state=state, path=path, overwrite=overwrite, metadata=metadata, storage_options=storage_options,
+        process_group=process_group, timeout=timeout, collective=collective, compression=compression,
+        staging=staging, max_staging_bytes=max_staging_bytes)).handle
 
 
 __all__ = ["async_save", "default_checkpointer"]

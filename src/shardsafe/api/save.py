@@ -1,7 +1,4 @@
-"""Synchronous save: flatten, plan, stream through bounce buffers, write, commit.
-
-The phases live in ``engine.pipeline``; this module is the public entry point.
-"""
+"""Synchronous save: the public entry point; the save itself is ``engine.save``'s run."""
 
 from __future__ import annotations
 
@@ -10,7 +7,9 @@ from typing import Any
 
 from ..format.codec import Compression
 from ..plan.flatten import Stateful
+from ..engine.save.request import SaveRequest
 from .async_save import default_checkpointer
+from .checkpointer import saver_of
 
 
 def save(state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool = False,
@@ -20,8 +19,9 @@ def save(state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool = Fa
     """Saves ``state`` to ``path`` and returns once the checkpoint is committed and durable.
 
     Waits first for an ``async_save`` still in flight (raising its error if it failed and
-    nobody collected it). Needs no full copy of the state: each 16 MiB unit of the data
-    file passes through one of a few aligned bounce buffers on its way to disk.
+    nobody collected it). Needs no full copy of the state: each unit of the data file is
+    copied into one of a few aligned bounce buffers, checksummed and written with direct
+    I/O while the next units are copied.
 
     Args:
         state: A mapping of tensors, arrays, containers, plain values and Stateful objects,
@@ -57,9 +57,9 @@ def save(state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool = Fa
             another rank of a collective save failed (nothing is committed then).
         CheckpointTimeoutError: Another rank did not answer within ``timeout``.
     """
-    default_checkpointer().save(state, path, overwrite=overwrite, metadata=metadata,
-                                storage_options=storage_options, process_group=process_group,
-                                timeout=timeout, collective=collective, compression=compression)
+    saver_of(default_checkpointer()).submit(SaveRequest(
+        state=state, path=path, overwrite=overwrite, metadata=metadata, storage_options=storage_options,
+        process_group=process_group, timeout=timeout, collective=collective, compression=compression))
 
 
 __all__ = ["save"]

@@ -18,7 +18,7 @@ from typing import Any
 
 import shardsafe
 
-from ..engine.prepared import UNIT_SIZE
+from ..engine.save.units import UNIT_SIZE
 from .measure import PeakRSS, remove, settle
 from .states import nbytes
 

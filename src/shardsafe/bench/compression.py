@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..engine.prepared import BLOCK_SIZE as BLOCK  # the engine codes one checksum block at a time
+from ..engine.save.units import BLOCK_SIZE as BLOCK  # the engine codes one checksum block at a time
 from ..format import codec
 
 THREADS = 2

@@ -10,7 +10,7 @@ step's blocking time (the ``save`` call) is measured, and the peak extra residen
 over the process before its first save (imports and pools warmed by another manager's
 small save first). ``persistent``: no local tier; ``both``: every step due on both tiers
 (one staged copy feeds both: the local checkpoint is a copy of the save, see
-``engine.copies``); ``both+budget``: the same with ``max_staging_bytes``. Between steps
+``engine.save.replica``); ``both+budget``: the same with ``max_staging_bytes``. Between steps
 the manager waits for its writes, not counted: each step's blocking time is its own.
 
 Restores: ``--repeat`` interleaved rounds, each in a fresh process whose target tensors

@@ -5,14 +5,14 @@ rest, as for any shardsafe save:
 
 - ``prepare_global_plan`` (the coordinator): the tensor table of every rank's plan
   (``translate.save_table``) and the transaction; the working directory is created.
-- ``write_data`` (every rank): this rank's chunks go through the engine's sync writer
-  (``pipeline.prepare_part``, ``Checkpointer.write_part``): a data file per rank, CRC32C
-  per 16 MiB block, optional compression into a block file, fsynced. The rank's chunk
+- ``write_data`` (every rank): this rank's chunks go through the engine's save pipeline
+  as a part (``engine.save.saver.Saver.write_part``): a data file per rank, CRC32C per
+  16 MiB block, optional compression into a block file, fsynced. The rank's chunk
   entries ride back to the coordinator in its first ``WriteResult``; DCP's byte items
   (values DCP serialised itself) ride in theirs.
 - ``finish`` (the coordinator, once every rank's data is durable): the index, with the
   structure tree of DCP's key paths and DCP's metadata as JSON, is published atomically
-  (``pipeline.commit_parts``). A save that fails or is killed before leaves nothing
+  (``engine.save.prepare.build_index``). A save that fails or is killed before leaves nothing
   committed: at most the hidden working directory, which ``shardsafe gc`` removes.
 """
 
@@ -30,10 +30,12 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from ..api.async_save import default_checkpointer
+from ..api.checkpointer import saver_of
 from .. import dtensor
 from ..comm import ExternalRank, distributed_active
-from ..engine import commit, pipeline
+from ..engine import commit
 from ..engine.commit import entries
+from ..engine.save.prepare import build_index
 from ..format.codec import Compression, check_compression
 from ..plan.flatten import TensorItem
 from ..storage import storage_for
@@ -146,9 +148,8 @@ class Writer(StorageWriter):
         if items:
             storage, _ = storage_for(self.path, self.storage_options)
             txn = commit.Transaction(storage, part.final, part.workdir, part.replace)
-            prep = pipeline.prepare_part(items, txn, ExternalRank(part.rank, part.world_size),
-                                         self.compression)
-            written = entries.encode(default_checkpointer().write_part(prep))
+            written = entries.encode(saver_of(default_checkpointer()).write_part(
+                items, txn, ExternalRank(part.rank, part.world_size), self.compression))
             first = next(k for k, r in enumerate(results) if r.storage_data is None)
             results[first] = replace(results[first], storage_data=_Written(entries=written))
         fut: Future[list[WriteResult]] = Future()
@@ -167,8 +168,8 @@ class Writer(StorageWriter):
                 elif isinstance(w, _Written) and w.value is not None:
                     values[r.index.fqn] = w.value
         tree = translate.build_tree(self._table, values)
-        pipeline.commit_parts(self._txn, tree, self._table.items, parts,
-                              {translate.DCP_KEY: translate.record(metadata)}, len(results))
+        commit.finish(self._txn, build_index(self._table.items, tree, len(results),
+                                             {translate.DCP_KEY: translate.record(metadata)}, parts))
 
 
 def _item(part: _RankShare, wi: Any, data: Any) -> TensorItem:

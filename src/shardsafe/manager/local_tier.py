@@ -7,7 +7,7 @@ Layout under ``local_directory`` (one per node, e.g. ``/dev/shm/run``)::
 
 A local checkpoint holds ``{"state": LocalView(state)}`` (DTensors as their local
 shards, see ``local_view``) saved by this rank alone. It is not saved here: the manager
-stages a step once for every due tier (``engine.copies``: the local checkpoint is fed
+stages a step once for every due tier (``engine.save.replica``: the local checkpoint is fed
 from the same staged bytes as the persistent save) and the tier's ``TierWriter`` waits
 for it. After each local save, this module applies the tier's retention (the newest
 ``max_to_keep``, by ``retention.LatestN``; also after a failed save). The first save

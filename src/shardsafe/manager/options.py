@@ -5,7 +5,7 @@ field's annotation, default and docstring are the one source of the option (the
 manager's signature spells the same fields out for ``help()``, IDEs and type checkers,
 and a test checks that both agree; ``option_docs`` hands the docstrings to the
 manager's documentation). Every check, of a field alone or of a combination, runs in
-``__post_init__`` (the engine's rules through ``engine.save_options.SaveOptions``), so a
+``__post_init__`` (the engine's rules through ``engine.save.options.SaveOptions``), so a
 bad combination fails when the manager is built, not hours later when the first
 checkpoint would have been deleted; ``check_directory`` adds the rules that depend on
 where the checkpoints go. What cannot work is refused with a message naming the
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from ..engine.save_options import SaveOptions
+from ..engine.save.options import SaveOptions
 from ..format.codec import Compression, check_compression
 
 BestFn = Callable[[Mapping[str, Any]], float]
@@ -136,7 +136,7 @@ class ManagerOptions:
     """Host memory a save may stage into, for both tiers together (None: a copy of the
     whole state). A larger state streams through this many bytes while it is written, and
     ``save`` returns once the rest fits (see ``Checkpointer``); at least one 16 MiB staging
-    unit (48 MiB with ``compression``: the budget also holds the blocks being coded). Needs
+    unit (56 MiB with ``compression``: the budget also holds the blocks being coded). Needs
     a local directory (units are written as ranges)."""
 
     preemption_signals: Iterable[int] = ()

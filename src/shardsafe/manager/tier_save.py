@@ -12,9 +12,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..engine.checkpointer import Checkpointer
-from ..engine.copies import Copy
-from ..engine.handle import SaveHandle
+from ..api.checkpointer import Checkpointer, saver_of
+from ..engine.save.handle import SaveHandle, settled_handle
+from ..engine.save.replica import Replica
+from ..engine.save.request import SaveRequest
 from ..errors import CheckpointError
 from .local_tier import LocalTier
 from .options import ManagerOptions
@@ -34,7 +35,7 @@ class TierSaver:
     """Starts the saves of a manager's steps (one at a time), reusing the staging buffers.
 
     A step due on both tiers is one engine save of the persistent checkpoint carrying the
-    local checkpoint as a copy (``engine.copies``): the state leaves training memory once
+    local checkpoint as a replica (``engine.save.replica``): the state leaves training memory once
     and both are written from the same staged bytes, within the same budget. A step due
     on the local tier alone is an ordinary save of this rank's view of the state. It does
     not wait for a persistent save still writing (slow storage must not hold up the
@@ -61,21 +62,25 @@ class TierSaver:
         without ``async_save`` also the persistent save's own failure. The local tier's
         writer is started whatever happens (its peers expect this round).
         """
-        copy = Copy(*local.target(step, state)) if local is not None else None
+        replica = Replica(*local.target(step, state)) if local is not None else None
         local_job: SaveHandle | _Done | BaseException = CheckpointError("the save did not start")
+        started = False
         try:
             if persistent is not None:
-                self._persistent(step, state, metrics, persistent, writers[0], seq, copy)
-            elif copy is not None:
-                self._local_only(copy, writers[0])
+                self._persistent(step, state, metrics, persistent, writers[0], seq, replica)
+            elif replica is not None:
+                local_job = self._local_only(replica, writers[0])
+            started = True
         except BaseException as e:
             local_job = e
             raise
         finally:
-            if copy is not None:
-                writers[1].start(step, copy.handle if copy.handle is not None else local_job, seq)
+            if replica is not None:
+                if started and persistent is not None:
+                    local_job = replica.progress.handle
+                writers[1].start(step, local_job, seq)
 
-    def _local_only(self, copy: Copy, persistent: TierWriter) -> None:
+    def _local_only(self, replica: Replica, persistent: TierWriter) -> SaveHandle:
         ckpt = self._ckpt
         if persistent.step is not None and self.opts.max_staging_bytes is None:
             if self._spare is None:
@@ -83,33 +88,32 @@ class TierSaver:
             ckpt = self._spare  # the persistent save is still writing: do not wait for it
         else:
             persistent.wait()  # its outcome is collected before its Checkpointer is reused
-        kw: dict[str, Any] = dict(overwrite=True, collective=False, metadata=copy.metadata)
+        req = SaveRequest(state=replica.state, path=replica.path, overwrite=True, collective=False,
+                          metadata=replica.metadata, staging="blocking" if self.opts.async_save else None)
         try:
-            if self.opts.async_save:
-                copy.handle = ckpt.async_save(copy.state, copy.path, **kw)
-            else:
-                ckpt.save(copy.state, copy.path, **kw)
-                copy.handle = _done(copy.path)
+            return saver_of(ckpt).submit(req).handle
         except (OSError, CheckpointError) as e:
-            copy.handle = _done(copy.path, e)
+            return settled_handle(replica.path, e)
 
     def _persistent(self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None,
-                    tier: PersistentTier, writer: TierWriter, seq: int, copy: Copy | None) -> None:
+                    tier: PersistentTier, writer: TierWriter, seq: int, replica: Replica | None) -> None:
         opts, url = self.opts, tier.path(step)
-        kw: dict[str, Any] = dict(metadata=manager_metadata(step, time.time(), metrics), timeout=opts.timeout,
-                                  storage_options=dict(opts.storage_options) if opts.storage_options else None,
-                                  baseline=tier.baseline, copies=[copy] if copy is not None else [])
+        req = SaveRequest(state=state, path=url, metadata=manager_metadata(step, time.time(), metrics),
+                          timeout=opts.timeout,
+                          storage_options=dict(opts.storage_options) if opts.storage_options else None,
+                          baseline=tier.baseline, replicas=(replica,) if replica is not None else (),
+                          staging="blocking" if opts.async_save else None)
         job: SaveHandle | _Done | BaseException
         if opts.async_save:
             try:
-                job = self._ckpt.async_save(state, url, **kw)
+                job = saver_of(self._ckpt).submit(req).handle
             except CheckpointError:
                 raise
             except OSError as e:
                 raise CheckpointError(f"saving step {step} to {url!r} failed: {e}") from e
         else:
             try:
-                self._ckpt.save(state, url, **kw)
+                saver_of(self._ckpt).submit(req)
                 job = _Done()
             except (OSError, CheckpointError) as e:
                 job = e
@@ -120,13 +124,6 @@ class TierSaver:
         self._ckpt.close()
         if self._spare is not None:
             self._spare.close()
-
-
-def _done(path: str, error: BaseException | None = None) -> SaveHandle:
-    """A handle of a save that already ended (with ``error``, or committed)."""
-    h = SaveHandle(path)
-    h.settle(error)
-    return h
 
 
 __all__ = ["TierSaver"]

@@ -2,7 +2,7 @@
 
 Both tiers of a manager, the persistent directory and the local tier, save through a
 ``TierWriter``. The engine stages a step once for every due tier and gives each tier a
-handle of its own (``engine.handle.SaveHandle``); ``TierWriter.start(step, job)`` then
+handle of its own (``engine.save.handle.SaveHandle``); ``TierWriter.start(step, job)`` then
 
 1. waits, on the tier's worker thread, for the handle (the tier's commit);
 2. runs the tier's ``after_save(step, error, seq)``: retention by the tier's policy

@@ -65,13 +65,15 @@ class Storage(Protocol):
         """Creates or replaces ``path`` with the concatenation of ``buffers``, durably."""
         ...
 
-    def write_stream(self, path: str, size: int, pieces: Iterable[memoryview]) -> None:
+    def write_stream(self, path: str, size: int | None, pieces: Iterable[memoryview]) -> None:
         """Creates or replaces ``path`` (``size`` bytes) from ``pieces`` in order, durably.
 
         The pieces are written as they come (a multipart upload on object stores), so a
         file of any size costs the memory of one piece; the iterable may produce them
-        lazily (``shardsafe cp`` reads and verifies each). An error from the iterable
-        propagates and leaves no complete file (the caller deletes what is left).
+        lazily (``shardsafe cp`` reads and verifies each). ``size`` None: not known in
+        advance (a block file being coded); the file ends with the last piece. An error
+        from the iterable propagates and leaves no complete file (the caller deletes what
+        is left).
         """
         ...
 

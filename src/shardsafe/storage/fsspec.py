@@ -169,15 +169,15 @@ class FsspecStorage:
             self.fs.pipe_file(path, data[:])
 
     @_os_errors
-    def write_stream(self, path: str, size: int, pieces: Iterable[memoryview]) -> None:
+    def write_stream(self, path: str, size: int | None, pieces: Iterable[memoryview]) -> None:
         # fsspec's buffered file uploads a part whenever part_size bytes are in (s3fs: a
         # multipart upload completed on close); discard() abandons it on an error
-        f = self.fs.open(path, "wb", block_size=max(self.part_size, ceil_div(size, MAX_PARTS)))
+        f = self.fs.open(path, "wb", block_size=max(self.part_size, ceil_div(size or 0, MAX_PARTS)))
         written = 0
         try:
             for piece in pieces:
                 written += f.write(memoryview(piece).cast("B"))
-            if written != size:
+            if size is not None and written != size:
                 raise ValueError(f"{path}: {written} bytes written, {size} expected")
         except BaseException:
             # abandon the upload where the file can (s3fs); elsewhere the caller deletes it

@@ -192,18 +192,19 @@ class LocalStorage:
             raise
         w.close()
 
-    def write_stream(self, path: str, size: int, pieces: Iterable[memoryview]) -> None:
-        w = self.open_writer(path, size)
+    def write_stream(self, path: str, size: int | None, pieces: Iterable[memoryview]) -> None:
+        w = self.open_writer(path, size or 0)
         offset = 0
         try:
             for piece in pieces:
                 w.write_at(offset, piece)
                 offset += len(memoryview(piece).cast("B"))
-            if offset != size:
+            if size is not None and offset != size:
                 raise ValueError(f"{path}: {offset} bytes written, {size} expected")
         except BaseException:
             w.abort()
             raise
+        w.size = offset
         w.close()
 
     def publish(self, path: str, data: bytes) -> None:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import chain
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -25,12 +26,13 @@ from ...format.blockfile import RAW, BlockCoding, CodedBlock, block_raw_sizes
 from ...format.chunk_table import ChunkTable, Split, detect_split
 from ...format.codec import CODECS
 from ...format.dtypes import lookup
+from ...format.index import Index, encode_index
 from ...format.index_common import FileEntry, split_reference
 from ...format.index_v2 import ColumnarIndex, TensorInfo
 from ...format.tree import render_path
 from ...plan.flatten import TensorItem
 from ...plan.layout import FilePlan
-from ..units import BlockSums
+from ..save.units import BlockSums
 
 I64 = np.dtype("<i8")
 _COLS = ("item", "file", "offset", "nsums", "pos", "extent", "sums", "codec", "stored", "stored_sums")
@@ -87,6 +89,12 @@ class Entries:
     codec: np.ndarray
     stored: np.ndarray
     stored_sums: np.ndarray
+
+
+def check_metadata(metadata: Mapping[str, Any]) -> None:
+    """Raises TypeError/ValueError unless ``metadata`` can be stored in an index (JSON)."""
+    encode_index(Index(tree={"t": "dict", "k": [], "v": []}, tensors=(), files=(), block_size=1 << 24,
+                       metadata=dict(metadata)))
 
 
 def from_plans(plans: Sequence[FilePlan], checksums: Sequence[Sequence[Sequence[int]]], rank: int,
@@ -149,7 +157,7 @@ def reference_files(refs: Sequence[tuple[TensorItem, ChunkRef]]) -> list[FileEnt
 
 @dataclass(slots=True)
 class CodedFile:
-    """A block file as written (``engine.block_writer``): per item, where its chunk
+    """A block file as written (``engine.save.assembly``): per item, where its chunk
     starts and how each of its blocks is stored.
 
     Attributes:

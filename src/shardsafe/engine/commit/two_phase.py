@@ -27,7 +27,7 @@ from . import transaction as commit
 from .entries import Entries
 from .entries import decode as decode_entries
 from .entries import encode as encode_entries
-from ..prepared import PreparedSave, build_index
+from ..save.prepare import PreparedSave, index_of
 
 log = logging.getLogger("shardsafe")
 
@@ -89,7 +89,7 @@ def commit_save(prep: PreparedSave, local: Entries) -> None:
         if failed:
             raise CheckpointError(f"rank {failed[0][0]} failed: {failed[0][1]}")
         parts = [decode_entries(m[1:]) for m in msgs]
-        commit.finish(prep.txn, build_index(prep, parts))
+        commit.finish(prep.txn, index_of(prep, parts))
     except BaseException as e:
         _announce_failure(prep, e, readers)
         raise

@@ -13,7 +13,7 @@ from ...comm.rounds import broadcast_from_leader, join, leave
 from ...errors import CheckpointError
 from ...format import index as fmt
 from ...storage import Storage
-from ..commit import transaction as commit
+from .. import commit
 
 
 def read_index_collective(storage: Storage, spath: str, comm: Comm,

@@ -43,8 +43,8 @@ from ...plan.report import Description, describe, hello, report
 from ...plan.union import Table
 from ...plan.writers import PlanError
 from ...storage import Storage
-from ..commit import transaction as commit
-from ..prepared import check_metadata
+from .. import commit
+from ..commit.entries import check_metadata
 
 
 @dataclass(slots=True)

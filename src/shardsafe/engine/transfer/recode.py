@@ -33,11 +33,12 @@ from ...format.dtypes import lookup
 from ...format.index import Index, TensorEntry
 from ...plan.flatten import TensorItem
 from ...storage.base import Storage
-from .. import pipeline
-from ..commit import transaction as commit
-from ..checkpointer import Checkpointer
-from .verbatim import CopyResult, abandon, same_location
+from .. import commit
 from ..load.reader import ChunkReader, ReadJob
+from ..save.options import SaveOptions
+from ..save.prepare import build_index
+from ..save.saver import Saver
+from .verbatim import CopyResult, abandon, same_location
 
 BATCH = 128 << 20  # raw bytes read, then written, at a time
 COPY_KEY = "shardsafe.copy"  # index metadata of a re-coded copy: {"source": sha256, "compression": ...}
@@ -106,7 +107,8 @@ def recode_checkpoint(src: Storage, src_path: str, dst: Storage, dst_path: str, 
     total = 0
     try:
         parts = []
-        with Checkpointer() as writer:
+        writer = Saver(SaveOptions())
+        try:
             for b, batch in enumerate(batches):
                 items, jobs = [], []
                 for t, offsets, shape in batch:
@@ -116,14 +118,15 @@ def recode_checkpoint(src: Storage, src_path: str, dst: Storage, dst_path: str, 
                     items.append(TensorItem(t, e.key, value, e.kind, e.dtype, tuple(e.shape), offsets,
                                             replicated=False))
                 reader.run(jobs)
-                prep = pipeline.prepare_part(items, txn, ExternalRank(b, len(batches)), compression)
-                parts.append(writer.write_part(prep))
+                parts.append(writer.write_part(items, txn, ExternalRank(b, len(batches)), compression))
                 nbytes = sum(it.nbytes for it in items)
                 total += nbytes
                 if on_bytes is not None:
                     on_bytes(nbytes)
-        pipeline.commit_parts(txn, index.tree, table, parts, {**index.metadata, COPY_KEY: made_from},
-                              index.world_size)
+        finally:
+            writer.close()
+        commit.finish(txn, build_index(table, index.tree, index.world_size,
+                                       {**index.metadata, COPY_KEY: made_from}, parts))
     except BaseException:
         abandon(txn)
         raise

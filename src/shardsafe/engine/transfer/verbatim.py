@@ -38,7 +38,7 @@ from ...format.block_verify import BlockSpan, BlockStream, index_spans
 from ...format.index import FileEntry, Index
 from ...storage.base import Storage
 from ...storage.local import LocalStorage
-from ..commit import transaction as commit
+from .. import commit
 from ..buffers import HostBuffer
 from ..commit.locations import data_file
 

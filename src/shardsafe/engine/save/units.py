@@ -19,11 +19,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._numbers import ceil_div
-from ..format.chunk_table import num_blocks
-from ..format.datafile import ALIGN
-from ..plan.layout import FilePlan
+from ..._numbers import ceil_div
+from ...format.chunk_table import num_blocks
+from ...format.datafile import ALIGN
+from ...plan.layout import FilePlan
 
+BLOCK_SIZE = 16 << 20  # checksum block: partial (resharded) reads verify whole blocks
+UNIT_SIZE = 16 << 20  # staging/write unit: big enough for full-speed direct I/O, small
+#                       enough that writes start while later units are still staged
 HEADER = -1  # the ``item`` of a part that copies the safetensors header
 I64 = np.int64
 

@@ -1,4 +1,5 @@
-"""Block files: coded in a bounded window on the I/O pool, split into parts once large."""
+"""Block files: coded on the transform pool, laid out in order in aligned chunks, split
+into parts once large, in bounded memory."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import pytest
 import torch
 
 import shardsafe
-from shardsafe.engine import block_writer
 from shardsafe.engine.commit import read_index
+from shardsafe.engine.save import assembly
 from shardsafe.plan.layout import block_file_name
-from shardsafe.storage.local import LocalStorage
+from shardsafe.storage.local import LocalFileWriter, LocalStorage
 
 
 def _state() -> dict:
@@ -19,14 +20,15 @@ def _state() -> dict:
     return {f"w{i}": (torch.randn(256, 256, generator=g) * 0.02).to(torch.bfloat16) for i in range(3)}
 
 
-@pytest.mark.parametrize("how", ["sync", "async"])
+@pytest.mark.parametrize("how", ["sync", "async", "budget"])
 def test_large_block_files_are_written_in_parts(tmp_path, monkeypatch, how) -> None:
-    monkeypatch.setattr(block_writer, "PART_BYTES", 1)  # every item closes its part
+    monkeypatch.setattr(assembly, "PART_BYTES", 1)  # every item closes its part
     state, path = _state(), str(tmp_path / "ckpt")
     if how == "sync":
         shardsafe.save(state, path, compression="zstd")
     else:
-        shardsafe.async_save(state, path, compression="zstd").result()
+        budget = 64 << 20 if how == "budget" else None
+        shardsafe.async_save(state, path, compression="zstd", max_staging_bytes=budget).result()
     index = read_index(LocalStorage(), path)
     parts = [block_file_name(0, k) for k in range(3)]
     assert sorted(f.name for f in index.files if f.name.endswith(".blocks")) == parts
@@ -37,10 +39,14 @@ def test_large_block_files_are_written_in_parts(tmp_path, monkeypatch, how) -> N
 
 
 def test_a_failing_write_leaves_no_checkpoint(tmp_path, monkeypatch) -> None:
-    def refuse(self, path, buffers):  # noqa: ANN001
-        raise OSError(28, "No space left on device")
+    write_at = LocalFileWriter.write_at
 
-    monkeypatch.setattr(LocalStorage, "write", refuse)
+    def refuse(self, offset, data):  # noqa: ANN001
+        if self.path.endswith(".blocks"):
+            raise OSError(28, "No space left on device")
+        write_at(self, offset, data)
+
+    monkeypatch.setattr(LocalFileWriter, "write_at", refuse)
     path = str(tmp_path / "ckpt")
     with pytest.raises(OSError, match="No space left") as e:
         shardsafe.save(_state(), path, compression="zstd")
@@ -50,8 +56,8 @@ def test_a_failing_write_leaves_no_checkpoint(tmp_path, monkeypatch) -> None:
 
 CHILD = """
 import os, sys, torch, shardsafe
-import shardsafe.engine.block_writer as bw
-bw.PART_BYTES = int(sys.argv[2])
+import shardsafe.engine.save.assembly as assembly
+assembly.PART_BYTES = int(sys.argv[2])
 
 def peak_extra(fn):
     with open("/proc/self/clear_refs", "w") as f:
@@ -64,14 +70,14 @@ def peak_extra(fn):
     return rss("VmHWM") - base
 
 state = {f"t{i}": torch.randint(0, 256, (32 << 20,), dtype=torch.uint8) for i in range(8)}
-# 256 MiB of random bytes: stored raw, each block copied once from the state
+# 256 MiB of random bytes: stored raw, each unit copied once from the state
 shardsafe.save({"warm": torch.ones(1 << 16)}, os.path.join(sys.argv[1], "warm"), compression="zstd")
 print(peak_extra(lambda: shardsafe.save(state, os.path.join(sys.argv[1], "c"), compression="zstd")))
 """
 
 
 @pytest.mark.slow
-def test_sync_compressed_save_holds_about_one_part_in_memory(tmp_path, subprocess_env, python) -> None:
+def test_sync_compressed_save_holds_a_bounded_window(tmp_path, subprocess_env, python) -> None:
     import subprocess
 
     MiB = 1 << 20
@@ -80,6 +86,7 @@ def test_sync_compressed_save_holds_about_one_part_in_memory(tmp_path, subproces
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     extra = int(r.stdout.split()[-1])
-    # a part (32 MiB), 3 blocks coded ahead, per-thread copies and zstd's buffers: ~144 MiB
-    # here; holding the whole file until the end takes more than its 256 MiB (~288 MiB)
+    # the bounce buffers (4 x 16 MiB with 2 I/O and 2 copy threads), the block file's
+    # write chunks and the coders' buffers: about 140 MiB here; holding the file (or a
+    # part of it) until it is complete takes more than its 256 MiB
     assert extra < 192 * MiB, extra / MiB

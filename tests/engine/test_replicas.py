@@ -1,8 +1,8 @@
-"""A save's copies (engine.copies): fed from the same staged bytes, committed on their own.
+"""A save's replicas (engine.save.replica): fed from the same staged bytes, committed on their own.
 
-Bytes copied out of training memory are counted where every save path copies them
-(``staging.copy_unit`` for staging and bounce buffers, ``block_writer._copy_of`` for the
-per-block copies of sync compressed saves): a save with a copy copies the state once.
+Bytes copied out of training memory are counted where every save copies them (the
+feed's ``copy_unit``, into staging images, budget slots and bounce buffers alike): a
+save with a replica copies the state once.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ import pytest
 import torch
 
 import shardsafe
-from shardsafe.engine import block_writer, staging, writer
-from shardsafe.engine.copies import Copy
-from shardsafe.engine.save.incremental import Baseline
+from shardsafe.api.checkpointer import saver_of
 from shardsafe.cli import main as cli_main
 from shardsafe.engine import commit
-from shardsafe.engine.units import HEADER
+from shardsafe.engine.save import feeds
+from shardsafe.engine.save.incremental import Baseline
+from shardsafe.engine.save.replica import Replica
+from shardsafe.engine.save.request import SaveRequest
+from shardsafe.engine.save.units import HEADER
 from shardsafe.storage import LocalStorage
 
 MiB = 1 << 20
@@ -44,21 +46,22 @@ def nbytes(state: dict) -> int:
 def copied(monkeypatch) -> list[int]:
     """Counts the item bytes copied out of the state's own memory."""
     count = [0]
-    unit, block = staging.copy_unit, block_writer._copy_of
+    unit = feeds.copy_unit
 
     def spy_unit(units, k, sources, out, base=0):  # noqa: ANN001, ANN202
         parts = units.parts(k)
         count[0] += sum(n for i, n in zip(parts.item, parts.length) if i != HEADER and sources.addr[i])
         return unit(units, k, sources, out, base)
 
-    def spy_block(src):  # noqa: ANN001, ANN202
-        count[0] += src.size
-        return block(src)
-
-    monkeypatch.setattr(staging, "copy_unit", spy_unit)
-    monkeypatch.setattr(writer, "copy_unit", spy_unit)
-    monkeypatch.setattr(block_writer, "_copy_of", spy_block)
+    monkeypatch.setattr(feeds, "copy_unit", spy_unit)
     return count
+
+
+def submit(ckpt: shardsafe.Checkpointer, state: dict, path: str, replicas: list[Replica], *,
+           staging: str | None = "blocking", baseline: Baseline | None = None) -> shardsafe.SaveHandle:
+    """A save of ``state`` carrying ``replicas`` (what the manager's tiers submit)."""
+    return saver_of(ckpt).submit(SaveRequest(state=state, path=path, replicas=tuple(replicas),
+                                             staging=staging, baseline=baseline)).handle
 
 
 def assert_same(got: dict, want: dict) -> None:
@@ -72,16 +75,13 @@ def assert_same(got: dict, want: dict) -> None:
 @pytest.mark.parametrize("compression", [None, "zstd"])
 def test_a_save_and_its_copy_copy_the_state_once(tmp_path, copied, mode, compression) -> None:
     state = make_state(1)
-    budget = 48 * MiB if mode == "async-budget" else None  # (the state is 5 MiB: see the memory test)
+    budget = 64 * MiB if mode == "async-budget" else None  # (the state is 5 MiB: see the memory test)
     with shardsafe.Checkpointer(max_staging_bytes=budget, compression=compression) as ckpt:
-        copy = Copy({"state": state}, str(tmp_path / "copy"), {"mine": 1})
-        if mode == "sync":
-            ckpt.save(state, str(tmp_path / "save"), copies=[copy])
-        else:
-            ckpt.async_save(state, str(tmp_path / "save"), copies=[copy]).result()
-        copy.handle.result()
+        copy = Replica({"state": state}, str(tmp_path / "copy"), {"mine": 1})
+        submit(ckpt, state, str(tmp_path / "save"), [copy], staging=None if mode == "sync" else "blocking").result()
+        copy.progress.handle.result()
     assert copied[0] == nbytes(state)  # a second copy would double it
-    assert copy.handle.nbytes == 0  # every file mirrored: nothing staged for the copy alone
+    assert copy.progress.nbytes == 0  # every file mirrored: nothing staged for the replica alone
     assert_same(shardsafe.load(str(tmp_path / "save")), state)
     got = shardsafe.load(str(tmp_path / "copy"))
     assert set(got) == {"state"}
@@ -98,15 +98,15 @@ def test_items_the_save_does_not_write_are_staged_for_the_copy(tmp_path, copied)
     them itself: still every byte leaves training memory once."""
     state, base = make_state(2), Baseline()
     with shardsafe.Checkpointer() as ckpt:
-        ckpt.async_save(state, str(tmp_path / "s1"), baseline=base).result()
+        submit(ckpt, state, str(tmp_path / "s1"), [], baseline=base).result()
         state["b"] += 1  # only "b" changes
         copied[0] = 0
-        copy = Copy({"state": state}, str(tmp_path / "copy"))
-        h = ckpt.async_save(state, str(tmp_path / "s2"), baseline=base, copies=[copy])
+        copy = Replica({"state": state}, str(tmp_path / "copy"))
+        h = submit(ckpt, state, str(tmp_path / "s2"), [copy], baseline=base)
         h.result()
-        copy.handle.result()
+        copy.progress.handle.result()
     assert copied[0] == nbytes(state)
-    assert copy.handle.nbytes > state["a"].numel() * 4  # "a" went to the copy's own file
+    assert copy.progress.nbytes > state["a"].numel() * 4  # "a" went to the replica's own file
     assert_same(shardsafe.load(str(tmp_path / "s2")), state)
     assert_same(shardsafe.load(str(tmp_path / "copy"))["state"], state)
 
@@ -115,10 +115,10 @@ def test_a_failed_copy_does_not_fail_the_save(tmp_path) -> None:
     state = make_state(3)
     (tmp_path / "file").write_text("not a directory")
     with shardsafe.Checkpointer() as ckpt:
-        bad = Copy({"state": state}, str(tmp_path / "file" / "copy"))
-        ckpt.async_save(state, str(tmp_path / "save"), copies=[bad]).result()  # the save commits
+        bad = Replica({"state": state}, str(tmp_path / "file" / "copy"))
+        submit(ckpt, state, str(tmp_path / "save"), [bad]).result()  # the save commits
         with pytest.raises(OSError):
-            bad.handle.result()
+            bad.progress.handle.result()
     assert_same(shardsafe.load(str(tmp_path / "save")), state)
 
 
@@ -138,18 +138,20 @@ def tiny_tmpfs(tmp_path):  # noqa: ANN001, ANN201
 def test_a_failed_save_does_not_fail_its_copy(tmp_path, tiny_tmpfs, budget) -> None:
     state = make_state(4)  # 5 MiB: does not fit in the 1 MiB filesystem of the save
     with shardsafe.Checkpointer(max_staging_bytes=budget) as ckpt:
-        copy = Copy({"state": state}, str(tmp_path / "copy"))
-        h = ckpt.async_save(state, str(tiny_tmpfs / "save"), copies=[copy])
+        copy = Replica({"state": state}, str(tmp_path / "copy"))
+        h = submit(ckpt, state, str(tiny_tmpfs / "save"), [copy])
         with pytest.raises(OSError, match="No space left"):
             h.result()
-        copy.handle.result()
+        copy.progress.handle.result()
     assert_same(shardsafe.load(str(tmp_path / "copy"))["state"], state)
     assert os.listdir(tiny_tmpfs) == []  # nothing of the failed save is left
 
 
 MEMORY_CHILD = textwrap.dedent("""
     import json, os, sys, torch, shardsafe
-    from shardsafe.engine.copies import Copy
+    from shardsafe.api.checkpointer import saver_of
+    from shardsafe.engine.save.replica import Replica
+    from shardsafe.engine.save.request import SaveRequest
 
     def rss():
         with open("/proc/self/status") as f:
@@ -164,15 +166,18 @@ MEMORY_CHILD = textwrap.dedent("""
     nbytes = sum(t.numel() * 4 for t in (state["noise"], state["smooth"], state["zeros"]))
     warm = {"w": torch.randn(8 << 20)}  # imports, pools, codec contexts: not counted
     with shardsafe.Checkpointer(max_staging_bytes=budget, compression=compression) as ckpt:
-        ckpt.async_save(warm, os.path.join(d, "warm"), copies=[Copy({"s": warm}, os.path.join(d, "w2"))]).result()
+        w2 = Replica({"s": warm}, os.path.join(d, "w2"))
+        saver_of(ckpt).submit(SaveRequest(state=warm, path=os.path.join(d, "warm"), replicas=(w2,),
+                                          staging="blocking")).handle.result()
     del warm
     ckpt = shardsafe.Checkpointer(max_staging_bytes=budget, compression=compression)  # holds nothing yet
     base, _ = rss()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    copy = Copy({"state": state}, os.path.join(d, "copy"))
-    ckpt.async_save(state, os.path.join(d, "save"), copies=[copy]).result()
-    copy.handle.result()
+    copy = Replica({"state": state}, os.path.join(d, "copy"))
+    saver_of(ckpt).submit(SaveRequest(state=state, path=os.path.join(d, "save"), replicas=(copy,),
+                                      staging="blocking")).handle.result()
+    copy.progress.handle.result()
     peak = rss()[1]
     ckpt.close()
     for path, got in ((os.path.join(d, "save"), None), (os.path.join(d, "copy"), "state")):

@@ -1,0 +1,208 @@
+"""Feeds: the first stage of the save pipeline, which copies a save's bytes out of
+training memory, exactly once, into host units.
+
+A save's output files are *streams* (``engine.save.streams``), each cut into units
+(``engine.save.units``). A feed fills every unit of every live stream and hands each
+one on (``emit``) as soon as its bytes are final; the next stages checksum or compress
+it and write it, and give it back (``release``) when every sink has it.
+
+- ``ImageFeed``: whole file images carved from one slab of the Checkpointer's staging
+  arena (async saves without a budget): every unit is a view into its image, so the
+  state is staged in full and the call can return before anything is written.
+- ``PoolFeed``: each unit is copied into a buffer of a bounded pool (sync saves'
+  bounce buffers; the slots of ``max_staging_bytes``), which the unit holds until
+  every sink wrote it. The pool is the bound on everything in flight: when all its
+  buffers are taken, the feed waits for the writes. Buffers are taken in unit order
+  (under one lock), so the oldest unit in flight always has one and ordered sinks
+  (block files, uploads) always progress.
+
+CUDA tensors fit the same seam: their bytes are copied device-to-host on a side stream
+into the same (pinned) buffers (``sources.copy_device_parts``; ``ImageFeed`` queues
+them for the whole state first, overlapping the host copies), and a unit is handed on
+only once its device copies have landed.
+
+Copies run on the calling thread plus helpers of the copy pool (numpy and torch copies
+release the GIL); the copy pool is separate from the I/O pool, so staging never queues
+behind the writes it feeds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ... import knobs
+from .. import cuda
+from ..buffers import BouncePool, HostBuffer, HostSlice
+from ..io_pool import wait_all
+from .sources import Sources, copy_device_parts, copy_unit
+from .units import FileUnits
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def copy_pool() -> ThreadPoolExecutor:
+    """The process-wide pool of staging helpers (``SHARDSAFE_COPY_THREADS`` - 1 threads)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max(1, knobs.copy_threads() - 1), thread_name_prefix="shardsafe-copy")
+        return _pool
+
+
+def _reset_in_child() -> None:
+    """After ``fork``: drop the parent's copy pool (its threads do not exist in the child)."""
+    global _pool, _pool_lock
+    _pool_lock = threading.Lock()
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
+
+
+class Fed(Protocol):
+    """What a feed needs of a stream: its units, the items' bytes, and whether anyone
+    still wants it (a stream whose every sink has failed is not staged)."""
+
+    units: FileUnits
+    sources: Sources
+
+    def live(self) -> bool: ...
+
+
+@dataclass(slots=True, eq=False)
+class Unit:
+    """One unit of a stream, its bytes final in ``buf``.
+
+    Attributes:
+        stream: The stream it belongs to.
+        k: Its number in the stream.
+        start, stop: Its file range in the stream's image.
+        buf: The host buffer holding it.
+        base: The image offset of ``buf``'s first byte (0 for an image; ``start`` for a
+            pool buffer).
+        holds: Sinks still writing it (it is released when the last one is done).
+    """
+
+    stream: Any
+    k: int
+    start: int
+    stop: int
+    buf: HostBuffer | HostSlice
+    base: int
+    holds: int = 0
+
+    def view(self, start: int, stop: int) -> memoryview:
+        """Image bytes ``[start, stop)`` (``stop`` may reach into the buffer's padding)."""
+        return self.buf.view(start - self.base, stop - self.base)
+
+    @property
+    def array(self) -> np.ndarray:
+        """The unit's bytes, as uint8."""
+        return self.buf.array[self.start - self.base : self.stop - self.base]
+
+
+Emit = Callable[[Unit], None]
+Stopped = Callable[[], BaseException | None]
+
+
+class ImageFeed:
+    """Copies every stream into its own image (``images[i]`` holds stream ``i`` whole)."""
+
+    def __init__(self, images: Sequence[HostBuffer | HostSlice]) -> None:
+        self.images = list(images)
+
+    def stage(self, streams: Sequence[Fed], emit: Emit, stopped: Stopped, threads: int | None = None) -> None:
+        """Stages every unit of every live stream, emitting each once its bytes are final."""
+        copier = None
+        for s, img in zip(streams, self.images):
+            for i in s.sources.device if s.live() else ():
+                copier = copier or cuda.DeviceCopier()
+                off, n = int(s.units.offsets[i]), int(s.units.nbytes[i])
+                copier.copy(s.units.plan.items[i].value, img.array[off : off + n])
+        work = [(s, img, k) for s, img in zip(streams, self.images) if s.live() for k in range(s.units.nunits)]
+        done: list[Unit] = []
+        cursor = itertools.count()  # next() on a count is atomic under the GIL
+
+        def run() -> None:
+            while (j := next(cursor)) < len(work) and stopped() is None:
+                s, img, k = work[j]
+                copy_unit(s.units, k, s.sources, img.array)
+                start, stop = s.units.span(k)
+                unit = Unit(s, k, start, stop, img, 0)
+                if copier is None:
+                    emit(unit)
+                else:  # with device copies, emitted once they have landed
+                    done.append(unit)
+
+        _run_threads(run, min(threads or knobs.copy_threads(), len(work)))
+        if copier is not None:
+            copier.wait()
+            for unit in done:
+                emit(unit)
+
+    def release(self, unit: Unit) -> None:
+        """Nothing to give back: the image stays for the next save."""
+
+
+class PoolFeed:
+    """Copies each unit into a buffer of ``pool`` (every stream's units at most
+    ``pool.size`` bytes), given back by ``release``."""
+
+    def __init__(self, pool: BouncePool) -> None:
+        self.pool = pool
+
+    def stage(self, streams: Sequence[Fed], emit: Emit, stopped: Stopped, threads: int | None = None) -> None:
+        """Stages every unit of every live stream, in order, waiting for free buffers."""
+        for s in streams:
+            if s.units.unit_size > self.pool.size:
+                raise ValueError(f"{s.units.plan.name}: units of {s.units.unit_size} bytes do not fit "
+                                 f"buffers of {self.pool.size}")
+        work = [(s, k) for s in streams if s.live() for k in range(s.units.nunits)]
+        cursor = itertools.count()
+        take = threading.Lock()
+
+        def run() -> None:
+            while True:
+                with take:  # buffers go to units in order (see the module docstring)
+                    j = next(cursor)
+                    if j >= len(work):
+                        return
+                    buf = self.pool.acquire(lambda: stopped() is not None)
+                if buf is None:
+                    return
+                s, k = work[j]
+                start, stop = s.units.span(k)
+                try:
+                    if s.live():
+                        copy_unit(s.units, k, s.sources, buf.array, base=start)
+                        copy_device_parts(s.units, k, s.sources, buf.array, base=start)
+                except BaseException:
+                    self.pool.release(buf)
+                    raise
+                emit(Unit(s, k, start, stop, buf, start))
+
+        _run_threads(run, min(threads or knobs.copy_threads(), len(work), self.pool.count))
+
+    def release(self, unit: Unit) -> None:
+        self.pool.release(unit.buf)  # type: ignore[arg-type]
+
+
+def _run_threads(run: Callable[[], None], n: int) -> None:
+    """Runs ``run`` on this thread and ``n - 1`` copy-pool helpers; re-raises the first error."""
+    helpers = [copy_pool().submit(run) for _ in range(max(0, n - 1))]
+    try:
+        run()
+    finally:
+        wait_all(helpers)
+
+
+__all__ = ["ImageFeed", "PoolFeed", "Unit", "copy_pool"]

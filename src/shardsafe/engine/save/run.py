@@ -1,0 +1,444 @@
+"""``run()``: the one driver of a save, from the feed through the transforms to the sinks.
+
+    feed ──units──▶ transforms ──bytes──▶ sinks ──durable──▶ end (commit)
+    (copy out of       (checksum,            (data file, block file,
+     training memory)   compress)             upload, replica mirror)
+
+Every save goes through it: sync saves, async saves (blocking or background staging,
+with or without a budget), the manager's tiers (a step due on both tiers is one save
+carrying a replica), ``shardsafe.dcp.Writer``'s parts and ``shardsafe cp``'s recoding.
+The stages hand units to each other through bounded hand-offs, so they overlap: the feed
+copies unit k+2 while the transform pool checksums or codes unit k+1 and the I/O pool
+writes unit k, and a save runs at the speed of its slowest stage. What bounds the
+units in flight is the feed's buffers (a ``PoolFeed``'s pool is the memory budget).
+
+``Pipeline`` holds one save in flight; ``run`` is a generator that drives it: it yields
+``STAGED`` once the state is copied (an async save's caller returns there; a sync save
+goes straight on) and ends once the checkpoint is committed, or aborts everything it
+began and re-raises. No stage calls back into the driver: stages return, or raise.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ...storage.files import with_path
+from .. import commit
+from ..buffers import round_up
+from ..commit import two_phase
+from ..commit.entries import CodedFile, Entries
+from ..io_pool import io_pool
+from .assembly import Assembler
+from .feeds import ImageFeed, PoolFeed, Unit
+from .prepare import PreparedSave, index_of, local_entries
+from .replica import PreparedReplica, begin_replica, commit_replica, fail_replica
+from .sinks import Sink
+from .streams import Owner, Stream, Outlet, build_streams
+from .transforms import transform_pool
+from .units import BlockSums
+
+STAGED = "staged"
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What this rank wrote of a save, durable: the block checksums of each data file
+    (``prep.plans`` order) and what each block file part holds."""
+
+    sums: list[BlockSums]
+    coded: list[CodedFile]
+
+
+class Pipeline:
+    """One save in flight (see the module docstring).
+
+    Args:
+        prep: The planned save.
+        replicas: Its replicas (each commits or fails on its own).
+        feed: Where the units come from (None: ``feed_factory`` makes it when staging
+            begins, from each stream's image size).
+        unit_size, block_unit: Units of data files and of block files (a block file's
+            a multiple of the checksum block; with a ``PoolFeed`` both fit its buffers).
+        window: Blocks coded at once.
+        gated: Hold every unit back until ``open_gate`` (staging first, then writes).
+        part: A part of a save committed elsewhere: no transaction of its own to begin
+            or abort (``shardsafe.dcp``, ``shardsafe cp --compression``).
+    """
+
+    def __init__(self, prep: PreparedSave, replicas: Sequence[PreparedReplica], feed: ImageFeed | PoolFeed | None, *,
+                 unit_size: int, block_unit: int, window: int, gated: bool = False, part: bool = False) -> None:
+        self.prep, self.replicas, self.feed = prep, list(replicas), feed
+        self.feed_factory: Callable[[list[int]], ImageFeed] | None = None
+        self.streams, self.save, self.owners = build_streams(prep, self.replicas, unit_size, block_unit, window)
+        for s in self.streams:
+            if s.coded:
+                s.assembler = Assembler(s.units, s.name_of, _BlockOutput(self, s), self._release)
+        self.gated, self.part = gated, part
+        self._cond = threading.Condition()
+        self._transforms = 0
+        self._fatal: BaseException | None = None
+        self._queued: list[Unit] = []
+        self._ordered: dict[int, _InOrder] = {}
+        self._begun = False
+
+    # ------------------------------------------------------------------ begin
+    def begin(self) -> None:
+        """Creates the working directories (a collective save's: rank 0's, awaited) and
+        opens the data files' sinks; a replica that cannot fails alone."""
+        if not self.part:
+            if self.prep.channel is not None:
+                two_phase.begin(self.prep)
+            else:
+                commit.begin(self.prep.txn)
+        self._begun = True
+        for r, o in zip(self.replicas, self.owners):
+            try:
+                begin_replica(r)
+            except OSError as e:
+                o.fail(with_path(e, r.prep.txn.workdir))
+        for s in self.streams:
+            if not s.coded:
+                for t in s.targets:
+                    self._open(s, t, 0, s.units.size, True)
+
+    def _open(self, s: Stream, t: Outlet, part: int, size: int, exact: bool) -> None:
+        if t.owner.alive:
+            try:
+                t.sinks[part] = t.opener(s.name_of(part), size, exact)
+            except (OSError, ValueError) as e:
+                t.owner.fail(e)
+
+    # ------------------------------------------------------------------ stage
+    def stopped(self) -> BaseException | None:
+        """Why nothing more is staged or written (None while anyone wants the bytes)."""
+        if self._fatal is not None:
+            return self._fatal
+        if self.save.alive or any(o.alive for o in self.owners):
+            return None
+        return self.save.error
+
+    def stage(self, threads: int | None) -> None:
+        """Feeds every unit (on this thread and copy helpers); raises a staging failure."""
+        try:
+            if self.feed is None:
+                assert self.feed_factory is not None
+                self.feed = self.feed_factory([s.units.size for s in self.streams])
+            self.feed.stage(self.streams, self._emit, self.stopped, threads)
+        except BaseException as e:
+            self._fatal = self._fatal or e
+            raise
+        err = self.stopped()
+        if err is not None:
+            raise err
+
+    def open_gate(self) -> None:
+        """Hands on the units held back while staging (``gated``)."""
+        with self._cond:
+            queued, self._queued, self.gated = self._queued, [], False
+        for u in queued:
+            self._dispatch(u)
+
+    def _emit(self, unit: Unit) -> None:
+        if self.gated:
+            with self._cond:
+                if self.gated:
+                    self._queued.append(unit)
+                    return
+        self._dispatch(unit)
+
+    def _dispatch(self, unit: Unit) -> None:
+        s = unit.stream
+        if self.stopped() is not None or not s.live():
+            self._release(unit)
+            return
+        with self._cond:
+            self._transforms += 1
+        if s.transform.inline:
+            self._transform(unit)
+        else:
+            transform_pool().submit(self._transform, unit)
+
+    def _transform(self, unit: Unit) -> None:
+        s: Stream = unit.stream
+        try:
+            if self.stopped() is not None or not s.live():
+                self._release(unit)
+            elif s.assembler is not None:
+                try:
+                    coded = s.transform(unit)
+                except BaseException:
+                    self._release(unit)
+                    raise
+                s.assembler.put(unit, coded)  # the assembler gives the unit back
+            else:
+                s.transform(unit)
+                self._write_unit(unit)
+        except BaseException as e:  # noqa: BLE001 - stops the save; finish() or abort() raises it
+            self._fatal = self._fatal or e
+        finally:
+            with self._cond:
+                self._transforms -= 1
+                self._cond.notify_all()
+
+    # ------------------------------------------------------------------ write
+    def _write_unit(self, unit: Unit) -> None:
+        s: Stream = unit.stream
+        last = unit.k == s.units.nunits - 1
+        data = unit.view(unit.start, unit.stop)
+        padded = unit.view(unit.start, unit.start + round_up(unit.stop - unit.start)) if last else None
+        sinks = [(t.owner, t.sinks[0]) for t in s.targets if t.owner.alive and 0 in t.sinks]
+        self.fan_out(sinks, unit.start, data, padded, lambda: self._release(unit))
+
+    def fan_out(self, sinks: list[tuple[Owner, Sink]], offset: int, data: memoryview,
+                padded: memoryview | None, done: Callable[[], None]) -> None:
+        """Writes ``data`` at ``offset`` to every sink on the I/O pool; ``done`` once all have."""
+        if not sinks:
+            done()
+            return
+        left = [len(sinks)]
+
+        def one_done() -> None:
+            with self._cond:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                done()
+
+        for owner, sink in sinks:
+            with self._cond:
+                owner.inflight += 1
+            job = (owner, sink, offset, data, padded, one_done)
+            if sink.ordered:
+                self._in_order(sink).put(offset, len(data), job)
+            else:
+                io_pool().submit(self.write, *job)
+
+    def write(self, owner: Owner, sink: Sink, offset: int, data: memoryview, padded: memoryview | None,
+              done: Callable[[], None]) -> None:
+        """One sink's write (skipped once its owner failed or the save stopped)."""
+        try:
+            if owner.alive and self._fatal is None:
+                sink.write(offset, data, padded)
+        except BaseException as e:  # noqa: BLE001 - the owner fails alone (finish raises the save's)
+            owner.fail(e)
+        finally:
+            done()
+            with self._cond:
+                owner.inflight -= 1
+                self._cond.notify_all()
+
+    def _in_order(self, sink: Sink) -> _InOrder:
+        with self._cond:
+            got = self._ordered.get(id(sink))
+            if got is None:
+                got = self._ordered[id(sink)] = _InOrder(self)
+            return got
+
+    def _release(self, unit: Unit) -> None:
+        assert self.feed is not None
+        self.feed.release(unit)
+
+    def _wait(self, ready: Callable[[], bool]) -> None:
+        with self._cond:
+            self._cond.wait_for(ready)
+
+    # ------------------------------------------------------------------ finish
+    def finish(self) -> Written:
+        """Once everything is staged: the block files' last chunks, every replica
+        committed (or failed) as soon as its own files are durable, then this rank's files
+        of the save made durable.
+
+        Raises:
+            BaseException: the save's failure (its replicas are settled already).
+        """
+        self._wait(lambda: self._transforms == 0)
+        err = self.stopped()
+        if err is not None:
+            raise err
+        parts: dict[int, list[CodedFile]] = {}
+        for s in self.streams:
+            if s.assembler is not None and s.live():
+                parts[id(s)] = s.assembler.finish()
+        sums = {id(s): s.transform.result() for s in self.streams if not s.coded and s.live()}
+        for r, o in zip(self.replicas, self.owners):
+            self._finish_replica(r, o, sums, parts)
+        self._close(self.save, parts)
+        if self.save.error is not None:
+            raise self.save.error
+        mine = self._files_of(self.save)
+        return Written([sums[id(s)] for s in mine if not s.coded], [f for s in mine if s.coded for f in parts[id(s)]])
+
+    def _files_of(self, owner: Owner) -> list[Stream]:
+        return [s for s in self.streams if any(t.owner is owner for t in s.targets)]
+
+    def _close(self, owner: Owner, parts: dict[int, list[CodedFile]]) -> None:
+        """Makes ``owner``'s files durable (or, once it failed, drops them)."""
+        self._wait(lambda: owner.inflight == 0)
+        for s in self._files_of(owner):
+            for t in s.targets:
+                if t.owner is not owner:
+                    continue
+                for k, sink in t.sinks.items():
+                    if not owner.alive:
+                        sink.abort()
+                        continue
+                    try:
+                        sink.close(parts[id(s)][k].size if s.coded else s.units.size)
+                    except BaseException as e:  # noqa: BLE001 - the owner's failure
+                        owner.fail(e)
+                        sink.abort()
+
+    def _finish_replica(self, r: PreparedReplica, o: Owner, sums: dict[int, BlockSums],
+                        parts: dict[int, list[CodedFile]]) -> None:
+        self._close(o, parts)
+        if o.error is not None:
+            fail_replica(r, o.error)
+            return
+        mine = self._files_of(o)
+        commit_replica(r, [sums[id(s)] for s in mine if not s.coded],
+                       [f for s in mine if s.coded for f in parts[id(s)]])
+
+    # ------------------------------------------------------------------ abort
+    def abort(self, error: BaseException) -> None:
+        """Stops everything, waits for the work in flight, removes what was written
+        (never a committed checkpoint) and settles the replicas still open. In a
+        collective save it also tells the other ranks, so nothing commits and nobody
+        waits for this rank."""
+        self._fatal = self._fatal or error
+        with self._cond:
+            queued, self._queued, self.gated = self._queued, [], False
+            ordered = list(self._ordered.values())
+        for u in queued:
+            self._release(u)
+        for o in ordered:
+            o.skip_all()
+        self._wait(lambda: self._transforms == 0 and self.save.inflight == 0
+                   and all(o.inflight == 0 for o in self.owners))
+        for s in self.streams:
+            if s.assembler is not None:
+                s.assembler.cancel()
+            for t in s.targets:
+                for sink in t.sinks.values():
+                    sink.abort()
+                t.sinks.clear()
+        if not self.part:
+            if self.prep.channel is not None:
+                two_phase.abort(self.prep, error)
+            if self._begun and self.prep.comm.rank == 0:
+                commit.abort_quietly(self.prep.txn)
+        for r in self.replicas:
+            if not r.progress.settled.is_set():
+                fail_replica(r, error)
+
+    def close(self) -> None:
+        """Frees the block files' chunk buffers (the run has ended)."""
+        for s in self.streams:
+            if s.assembler is not None:
+                s.assembler.close()
+
+
+class _BlockOutput:
+    """A block stream's parts, as its assembler sees them: opened and written through the pipeline."""
+
+    def __init__(self, pipe: Pipeline, stream: Stream) -> None:
+        self.pipe, self.stream = pipe, stream
+
+    def open_part(self, part: int, name: str, bound: int) -> None:
+        for t in self.stream.targets:
+            self.pipe._open(self.stream, t, part, bound, False)
+
+    def write(self, part: int, offset: int, data: memoryview, padded: memoryview | None,
+              done: Callable[[], None]) -> None:
+        sinks = [(t.owner, t.sinks[part]) for t in self.stream.targets if t.owner.alive and part in t.sinks]
+        self.pipe.fan_out(sinks, offset, data, padded, done)
+
+
+class _InOrder:
+    """The writes of an ordered sink (an upload), run one at a time in file order."""
+
+    def __init__(self, pipe: Pipeline) -> None:
+        self.pipe = pipe
+        self._lock = threading.Lock()
+        self._next = 0
+        self._pending: dict[int, tuple[int, tuple[Any, ...]]] = {}
+        self._running = False
+        self._skip = False
+
+    def put(self, offset: int, length: int, job: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._pending[offset] = (length, job)
+            if self._running:
+                return
+            self._running = True
+        io_pool().submit(self._drain)
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                got = self._pending.pop(self._next, None) if not self._skip else None
+                if got is None:
+                    self._running = False
+                    return
+                self._next += got[0]
+            self.pipe.write(*got[1])
+
+    def skip_all(self) -> None:
+        """The save stopped: every write still waiting for its turn ends unwritten."""
+        with self._lock:
+            self._skip = True
+            pending, self._pending = list(self._pending.values()), {}
+        for _, (owner, _sink, _o, _d, _p, done) in pending:
+            self.pipe.write(owner, _Skipped(), 0, memoryview(b""), None, done)
+
+
+class _Skipped:
+    """A sink that takes nothing (a skipped write still ends like any other)."""
+
+    def write(self, offset: int, data: memoryview, padded: memoryview | None = None) -> None:
+        return None
+
+
+def run(pipe: Pipeline, end: Callable[[Written], None], *, threads: int | None = None) -> Iterator[str]:
+    """Drives ``pipe``: begin, feed (``threads`` copy threads), transforms and sinks, then
+    ``end`` with what this rank wrote (the commit); yields ``STAGED`` once the state is
+    copied. On any failure, aborts (``Pipeline.abort``) and re-raises. A gated pipeline
+    stages first and begins after (the caller's stall does not wait for the begin)."""
+    try:
+        if not pipe.gated:
+            pipe.begin()
+        pipe.stage(threads)
+        yield STAGED
+        if pipe.gated:
+            pipe.begin()
+            pipe.open_gate()
+        end(pipe.finish())
+    except BaseException as e:
+        pipe.abort(e)
+        raise
+    finally:
+        pipe.close()
+
+
+def commit_save(prep: PreparedSave, written: Written) -> None:
+    """The end of a save's run: the coordinator publishes the index once every rank's
+    files are durable (a collective save through ``commit.two_phase``, safe on a
+    background thread); an incremental save's baseline then moves to it.
+
+    Raises:
+        CheckpointError: the commit failed (collective saves: on every rank).
+        CheckpointTimeoutError: another rank did not answer within the timeout.
+    """
+    local = local_entries(prep, written.sums, written.coded)
+    if prep.channel is None:
+        commit.finish(prep.txn, index_of(prep, [local]))
+    else:
+        two_phase.commit_save(prep, local)
+    if prep.baseline is not None and prep.split is not None:  # committed: the next save compares with it
+        prep.baseline.advance(prep.txn.final, prep.plans, written.sums, prep.split, prep.comm.rank,
+                              written.coded)
+
+
+__all__ = ["Pipeline", "STAGED", "Written", "commit_save", "run"]

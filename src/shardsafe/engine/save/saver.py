@@ -1,0 +1,337 @@
+"""``Saver``: the engine behind a ``Checkpointer``: one save at a time, its buffers kept.
+
+``submit`` takes a ``SaveRequest``, plans it on the caller's thread (with Python's
+collector paused: ``_gc_pause``), builds its ``Pipeline`` and drives it with ``run``:
+
+- a sync save runs it on the caller's thread, through the bounce buffers
+  (``PoolFeed``; with a budget, the budget's slots);
+- an async save with ``staging="blocking"`` stages on the caller's thread (whole
+  images from the staging arena, or, under ``max_staging_bytes``, the budget's slots),
+  then hands the rest of the run to a writer thread; with ``"background"`` the writer
+  thread runs all of it. The writer thread is a plain thread, not an I/O-pool worker
+  (it waits for I/O-pool work, and a pool worker waiting for its own pool can deadlock).
+
+Invariants:
+- at most one save of a Saver is in flight; a new save first waits for it;
+- a background failure reaches the caller: ``SaveHandle.result()``, else the next
+  save raises it, else ``close()``; at interpreter exit pending saves are finished
+  and failures nobody collected are logged as errors (``_drain_at_exit``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures.thread  # noqa: F401 - registers its exit hook before ours (see _drain_at_exit)
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from ..._collector import paused as _gc_pause
+from ...comm import Comm, ExternalRank, SingleProcessComm, get_comm
+from ...errors import CheckpointError
+from ...plan.flatten import TensorItem
+from .. import cuda
+from ..buffers import BouncePool, StagingArena, round_up
+from ..commit import Transaction
+from ..commit.entries import Entries
+from ..io_pool import io_threads
+from .feeds import ImageFeed, PoolFeed
+from .handle import SaveHandle, SaveProgress
+from .options import SaveOptions, sync_bounce
+from .prepare import PreparedSave, local_entries, prepare, prepare_part
+from .replica import PreparedReplica, Replica, prepare_replica
+from .request import SaveRequest
+from .run import STAGED, Pipeline, Written, commit_save, run
+from .units import BLOCK_SIZE
+
+log = logging.getLogger("shardsafe")
+
+SLOW_WAIT_S = 1.0  # a new save waiting longer than this for the previous one logs a warning
+BACKGROUND_COPY_THREADS = 1  # background staging overlaps the caller's compute: one thread
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """A save that was started: its handle and each replica's (in request order)."""
+
+    handle: SaveHandle
+    replicas: tuple[SaveHandle, ...]
+
+
+class Saver:
+    """Runs the saves of one ``Checkpointer`` (see the module docstring).
+
+    Args:
+        options: The validated options.
+        comm: The group of every save (None: the initialised torch.distributed world).
+    """
+
+    def __init__(self, options: SaveOptions, comm: Comm | None = None) -> None:
+        self.options, self.comm = options, comm
+        self.arena = StagingArena(pin=cuda.available() if options.pin_memory is None else options.pin_memory)
+        self._bounce = BouncePool(options.unit_size, io_threads())
+        self._lock = threading.Lock()  # one save at a time, whichever thread calls
+        self._inflight: list[SaveProgress] = []
+        self._thread: threading.Thread | None = None
+        self.closed = False
+        _LIVE.add(self)
+
+    @property
+    def retained_bytes(self) -> int:
+        """Host memory kept between saves: staging buffers plus bounce buffers."""
+        return self.arena.nbytes + self._bounce.nbytes
+
+    # ------------------------------------------------------------------ saves
+    def submit(self, req: SaveRequest) -> Submitted:
+        """Runs ``req``: returns once it is committed (sync) or staged (async).
+
+        Raises:
+            TypeError: a value cannot be saved (before anything is written).
+            ValueError: an option is invalid.
+            CheckpointError: the previous save failed and nobody collected the error, the
+                path must not be overwritten, or (sync) the save failed.
+            BaseException: (sync, or a failed blocking staging) what made the save fail.
+        """
+        opts = self.options.with_call(compression=req.compression,
+                                      max_staging_bytes=req.max_staging_bytes if req.staging else None)
+        with self._lock:
+            self._check_open()
+            self._wait_previous()
+            with _gc_pause():  # per-tensor bookkeeping on the caller's thread (see _collector)
+                prep = prepare(req.state, req.path, self._comm(req), overwrite=req.overwrite,
+                               metadata=req.metadata, storage_options=req.storage_options, timeout=req.timeout,
+                               baseline=req.baseline, compression=opts.compression)
+                replicas = self._replicas(prep, req.replicas)
+            progress = SaveProgress(req.path, prep.nbytes)
+            out = Submitted(progress.handle, tuple(r.progress.handle for r in req.replicas))
+            pipe = self._pipeline(prep, replicas, opts, req)
+            steps = run(pipe, lambda w: commit_save(prep, w),
+                        threads=BACKGROUND_COPY_THREADS if req.staging == "background" else None)
+            if req.staging is None:
+                for _ in steps:
+                    pass
+                progress.settle(None)
+                return out
+            everyone = [progress] + [r.progress for r in replicas]
+            if req.staging == "background":
+                self._start(steps, everyone, staged=False)
+                return out
+            try:
+                next(steps)  # the caller's thread stages
+            except BaseException as e:
+                progress.collected = True  # the caller gets it right here
+                progress.settle(e)
+                raise
+            for p in everyone:
+                p.mark_staged()
+            self._start(steps, everyone, staged=True)
+            return out
+
+    def write_part(self, items: Sequence[TensorItem], txn: Transaction, comm: ExternalRank,
+                   compression: str | None) -> Entries:
+        """Writes this rank's files of a save another system plans and commits
+        (``shardsafe.dcp.Writer``, ``shardsafe cp --compression``), synchronously, into
+        ``txn``'s working directory (which exists); returns the entries of what it wrote
+        (durable). Commits nothing and removes nothing: on failure the files are closed
+        and the error raised (the coordinator never commits then)."""
+        with self._lock:
+            self._check_open()
+            self._wait_previous()
+            prep = prepare_part(items, txn, comm, compression)
+            pipe = self._pipeline(prep, [], self.options, None, part=True)
+            box: list[Written] = []
+            for _ in run(pipe, box.append):
+                pass
+            return local_entries(prep, box[0].sums, box[0].coded)
+
+    def _comm(self, req: SaveRequest) -> Comm:
+        if req.collective is False:
+            return SingleProcessComm()
+        if req.process_group is not None:
+            return get_comm(req.process_group)
+        return self.comm or get_comm()
+
+    @staticmethod
+    def _replicas(prep: PreparedSave, replicas: Sequence[Replica]) -> list[PreparedReplica]:
+        out = []
+        for r in replicas:
+            try:
+                out.append(prepare_replica(prep, r))
+            except (TypeError, ValueError, OSError, CheckpointError) as e:
+                r.progress.settle(e)  # the replica fails alone; the save goes on
+        return out
+
+    def _pipeline(self, prep: PreparedSave, replicas: list[PreparedReplica], opts: SaveOptions,
+                  req: SaveRequest | None, *, part: bool = False) -> Pipeline:
+        """The pipeline of one save, with its feed: the budget's slots; else for a sync
+        save (or a part) bounce buffers, for an async one whole images in the arena."""
+        unit = opts.unit_size
+        window = opts.coding_window
+        sync = req is None or req.staging is None
+        if opts.slots is not None:
+            pool = self.arena.slots(unit, opts.slots)
+            self._bounce.close()  # idle bounce buffers: the budget bounds every host buffer
+            return Pipeline(prep, replicas, PoolFeed(pool), unit_size=unit, block_unit=unit, window=window,
+                            part=part)
+        if sync:
+            size, count = sync_bounce(prep.nbytes, unit, prep.compression)
+            if (self._bounce.size, self._bounce.count) != (size, count):  # another size class of state
+                self._bounce.close()
+                self._bounce = BouncePool(size, count, pin=self.arena.pin)
+            return Pipeline(prep, replicas, PoolFeed(self._bounce), unit_size=size, block_unit=size,
+                            window=window, part=part)
+        block_unit = round_up(unit, BLOCK_SIZE)
+        pipe = Pipeline(prep, replicas, None, unit_size=unit, block_unit=block_unit, window=window,
+                        gated=req.staging == "blocking" and not opts.overlap_writes, part=part)
+        pipe.feed_factory = lambda sizes: ImageFeed(self.arena.get(sizes))
+        return pipe
+
+    def _start(self, steps: Iterator[str], everyone: list[SaveProgress], *, staged: bool) -> None:
+        """Starts the writer thread that drives the rest of ``steps`` (registered until the
+        save is known to be fine)."""
+        with _UNSETTLED_LOCK:
+            _UNSETTLED.update(everyone)
+        self._inflight = everyone
+        self._thread = threading.Thread(target=_drive, args=(steps, everyone, staged),
+                                        name="shardsafe-writer", daemon=False)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ waiting, closing
+    def wait(self, timeout: float | None = None) -> None:
+        """Waits for the save in flight (if any) and raises its error if it failed."""
+        if self._inflight:
+            self._inflight[0].handle.result(timeout)
+
+    def close(self) -> None:
+        """Waits for the save in flight, frees the buffers, and raises an uncollected failure."""
+        if self.closed:
+            return
+        with self._lock:
+            try:
+                self._wait_previous()
+            finally:
+                self.closed = True
+                self.arena.release()
+                self._bounce.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise CheckpointError("this Checkpointer is closed")
+
+    def _wait_previous(self) -> None:
+        """Waits for the save in flight; raises its failure (or a replica's) if nobody has
+        seen it yet."""
+        progresses = self._inflight
+        if not progresses:
+            return
+        p = progresses[0]
+        if not p.settled.wait(SLOW_WAIT_S):
+            log.warning("save waits for the previous async save to %s, still in flight after %.0f s "
+                        "(saving more often than the disk can absorb?)", p.path, SLOW_WAIT_S)
+            p.settled.wait()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._inflight = []
+        for p in progresses:
+            err = p.take_failure()
+            if err is not None:
+                raise CheckpointError(f"the previous async save to {p.path!r} failed: "
+                                      f"{type(err).__name__}: {err}") from err
+
+    def reset_in_child(self) -> None:
+        """After ``fork``: fresh locks and buffers, and no save in flight.
+
+        The parent's writer thread, staging helpers and a save call of another thread do
+        not exist in the child; their locks may be held and their saves never settle.
+        The child's copies of the saves in flight are settled with an error (the save is
+        the parent's), and the buffers are new (the parent may be using the inherited ones).
+        """
+        for p in self._inflight:
+            p.orphan_in_child()
+        self._lock = threading.Lock()
+        self._inflight = []
+        self._thread = None
+        self.arena = StagingArena(pin=self.arena.pin)
+        self._bounce = BouncePool(self.options.unit_size, io_threads())
+
+
+def _drive(steps: Iterator[str], everyone: list[SaveProgress], staged: bool) -> None:
+    """Body of the writer thread: the rest of the run; every outcome goes to the progresses
+    (the save's first; each replica's is settled by the run itself)."""
+    save = everyone[0]
+    try:
+        for step in steps:
+            if step == STAGED and not staged:
+                for p in everyone:
+                    p.mark_staged()
+    # Everything the save raises is delivered to the caller through its handle (result(),
+    # the next save, close(), or the exit hook); nothing here swallows it.
+    except BaseException as e:  # noqa: BLE001
+        save.settle(e)
+        log.debug("async save to %s failed: %s", save.path, e)
+        return
+    save.settle(None)
+    with _UNSETTLED_LOCK:
+        for p in everyone:
+            if p.error is None:
+                _UNSETTLED.discard(p)
+
+
+# Saves started and not yet known to be fine: the exit hook finishes them (even when their
+# Saver is gone) and logs the failures nobody collected.
+_UNSETTLED: set[SaveProgress] = set()
+_UNSETTLED_LOCK = threading.Lock()
+# Every Saver alive, so that a forked child can reset them.
+_LIVE: weakref.WeakSet[Saver] = weakref.WeakSet()
+
+
+def _reset_in_child() -> None:
+    """``os.register_at_fork`` hook: the child of a fork can save and load at once.
+
+    Without it a child forked after a save or load (multiprocessing's default start
+    method on Linux) waits forever on the parent's pools, locks and in-flight save.
+    """
+    global _UNSETTLED_LOCK
+    _UNSETTLED_LOCK = threading.Lock()
+    for p in list(_UNSETTLED):
+        p.orphan_in_child()
+    _UNSETTLED.clear()
+    for s in list(_LIVE):
+        s.reset_in_child()
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
+
+
+def _drain_at_exit() -> None:
+    """Finishes saves still in flight when the main thread ends; logs uncollected failures.
+
+    Registered with ``threading._register_atexit`` so it runs before the I/O pool's own
+    exit hook (hooks run newest first) and the pool still accepts the save's jobs.
+    """
+    with _UNSETTLED_LOCK:
+        pending = list(_UNSETTLED)
+        _UNSETTLED.clear()
+    for p in pending:
+        if not p.settled.is_set():
+            log.info("waiting for the async save to %s to finish before exit", p.path)
+            p.settled.wait()
+        err = p.take_failure()
+        if err is not None:
+            log.error("async save to %s failed and nobody called result(): %s: %s", p.path,
+                      type(err).__name__, err)
+
+
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:
+    _register(_drain_at_exit)
+else:  # pragma: no cover - CPython always has it (3.9+)
+    import atexit
+
+    atexit.register(_drain_at_exit)
+
+
+__all__ = ["Saver", "Submitted"]

@@ -1,0 +1,141 @@
+"""Transforms: the middle stage of the save pipeline, between the feed and the sinks.
+
+- ``Checksum`` (data files): the CRC32C of every checksum block, from the unit's copy
+  of the bytes, so the checksums describe what reaches the file even if another thread
+  changes the state meanwhile. A block that spans units is checksummed piece by piece
+  and the pieces are joined with ``crc32c_combine``. Cheap (CRC32C runs at memory
+  speed and releases the GIL), so it runs in the thread that produced the unit, while
+  the bytes are still warm.
+- ``Compress`` (block files): each checksum block of the unit is coded on its own
+  (``format.blockfile.code_block``) on the transform pool, at most ``window`` blocks at
+  once (a memory budget bounds the blocks being coded too); the coded blocks go to the
+  stream's ``Assembler`` (``engine.save.assembly``), which lays them out in file order.
+
+Skipping unchanged chunks (incremental saves) is decided at planning time
+(``engine.save.incremental``): the chunks it skips never become units.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ... import knobs
+from ...format.blockfile import RAW, CodedBlock, code_block
+from ...format.checksum import crc32c
+from ...format.crc_combine import crc32c_combine
+from .feeds import Unit
+from .units import BlockSums, FileUnits
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def transform_pool() -> ThreadPoolExecutor:
+    """The process-wide pool that runs transforms (``SHARDSAFE_COPY_THREADS`` threads:
+    the CPUs, at most 4), apart from the I/O pool so that coding never holds back writes."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(knobs.copy_threads(), thread_name_prefix="shardsafe-transform")
+        return _pool
+
+
+def _reset_in_child() -> None:
+    global _pool, _pool_lock
+    _pool_lock = threading.Lock()
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
+
+
+class Checksum:
+    """The block checksums of one data file, filled unit by unit (any order, any thread)."""
+
+    inline = True  # cheap: runs on the thread that produced the unit
+
+    def __init__(self, units: FileUnits) -> None:
+        self.units = units
+        self._sums = np.zeros(units.nblocks_total, dtype=np.uint32)
+        self._pieces: dict[int, list[tuple[int, int, int]]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, unit: Unit) -> None:
+        """Checksums the blocks, or pieces of blocks, that ``unit`` holds."""
+        u, start = self.units, unit.start
+        data = unit.view(start, unit.stop)
+        ids = u.blocks_touching(start, unit.stop)
+        b0, b1 = u.block_start[ids], u.block_stop[ids]
+        lo, hi = np.maximum(b0, start), np.minimum(b1, unit.stop)
+        whole = (lo == b0) & (hi == b1)
+        found = []
+        for b, s, e, w in zip(ids.tolist(), (lo - start).tolist(), (hi - start).tolist(), whole.tolist()):
+            if w:
+                self._sums[b] = crc32c(data[s:e])
+            else:
+                found.append((b, (s + start, crc32c(data[s:e]), e - s)))
+        if found:
+            with self._lock:
+                for b, piece in found:
+                    self._pieces.setdefault(b, []).append(piece)
+
+    def result(self) -> BlockSums:
+        """The checksums of every block, once every unit was seen (pieces joined in file order)."""
+        u = self.units
+        for b, pieces in self._pieces.items():
+            start, stop = int(u.block_start[b]), int(u.block_stop[b])
+            crc, pos = crc32c(b""), start
+            for s, c, n in sorted(pieces):
+                if s != pos:
+                    raise RuntimeError(f"{u.plan.name}: block {b} was not fully staged (gap at byte {pos})")
+                crc = c if pos == start else crc32c_combine(crc, c, n)
+                pos += n
+            if pos != stop:
+                raise RuntimeError(f"{u.plan.name}: block {b} ends at {pos}, not {stop}")
+            self._sums[b] = crc
+        self._pieces = {}
+        return BlockSums(self._sums, u.block_first)
+
+
+class Compress:
+    """Codes the checksum blocks of a block file's units (laid out by ``assembly.block_layout``:
+    no block spans two units), at most ``window`` blocks at once."""
+
+    inline = False  # costly: runs on the transform pool
+
+    def __init__(self, units: FileUnits, compression: str, window: int) -> None:
+        self.units, self.compression = units, compression
+        self._slots = threading.BoundedSemaphore(max(1, window))
+        item, first = units.block_item.tolist(), units.block_first.tolist()
+        start, stop = units.block_start.tolist(), units.block_stop.tolist()
+        self.blocks: list[list[tuple[int, int, int, int]]] = []  # per unit: (block id, item, start, length)
+        for k in range(units.nunits):
+            self.blocks.append([(b, item[b], start[b], stop[b] - start[b]) for b in units.blocks_ending_in(k).tolist()])
+        self.first = first
+
+    def __call__(self, unit: Unit) -> list[tuple[int, CodedBlock]]:
+        """``(block id, coded block)`` of every block of ``unit``; a raw block's data is a
+        view of the unit (valid until the unit is released), a coded one owns its bytes."""
+        out = []
+        items = self.units.plan.items
+        for b, i, start, n in self.blocks[unit.k]:
+            with self._slots:
+                out.append((b, _code(unit.view(start, start + n), items[i].dtype, self.compression)))
+        return out
+
+
+def _code(raw: memoryview, dtype: str, compression: str) -> CodedBlock:
+    if len(raw) == 0:
+        crc = crc32c(b"")
+        return CodedBlock(RAW, b"", crc, crc)
+    c = code_block(raw, dtype, compression)  # type: ignore[arg-type]
+    if c.codec != RAW and isinstance(c.data, memoryview):  # the coder's per-thread scratch
+        return CodedBlock(c.codec, bytes(c.data), c.raw_crc, c.stored_crc)
+    return c
+
+
+__all__ = ["Checksum", "Compress", "transform_pool"]
