@@ -16,13 +16,14 @@ from .. import knobs
 from ..comm import Comm, next_namespace
 from ..comm.rounds import Answer, join, leader_exchange, leave
 from ..errors import CheckpointError
-from ..format import index as fmt
+from ..format.index.objects import Index
+from ..format.index.versions import decode_index
 from ..storage import Storage
 from . import commit
 
 
 def read_index_collective(storage: Storage, spath: str, comm: Comm,
-                          timeout: float | None = None) -> fmt.Index:
+                          timeout: float | None = None) -> Index:
     """Rank 0 reads and validates the index once and broadcasts its bytes; all decode.
 
     When rank 0 fails, every other rank reads the index itself, so it raises the very
@@ -51,7 +52,7 @@ def read_index_collective(storage: Storage, spath: str, comm: Comm,
     if len(data) != decision["bytes"]:
         raise CheckpointError(f"received {len(data)} index bytes from rank 0, it announced "
                               f"{decision['bytes']}")
-    return fmt.decode_index(data)
+    return decode_index(data)
 
 
 def _agree(comm: Comm, verdict: dict[str, Any], wait: float) -> dict[str, Any]:
