@@ -34,7 +34,7 @@ import shardsafe
 from shardsafe.cli import build_parser
 from shardsafe.dcp import Reader
 from shardsafe.format.checksum import crc32c
-from shardsafe.format.index import decode_index, encode_index
+from shardsafe.format.index.versions import decode_index, encode_index
 from shardsafe.manager import CheckpointManager
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from shardsafe.format.index import decode_index, encode_index
+from shardsafe.format.index.versions import decode_index, encode_index
 
 INDEX = "index.json"
 
