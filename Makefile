@@ -4,21 +4,21 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-# the planes codecs' transform in C (compression="auto"); format/planes_kernel.py loads it
-# and, where it is missing (no C compiler), codec.py runs the same transform in numpy
-KERNEL := src/shardsafe/format/_planes.so
-KFLAGS := -O3 -std=c99 -fPIC -shared
+# The planes codecs' transform in C (compression="auto"): the extension module
+# shardsafe.format._planes, which setup.py builds with the package (pip install -e below).
+# KERNEL rebuilds it in place when its source changes; without a C compiler the build
+# warns and codec.py runs the same transform in numpy (`shardsafe --version` says which).
+KERNEL := $(VENV)/.kernel-stamp
 
-.PHONY: demo demo-distributed test test-stress bench docs setup kernel clean
+.PHONY: demo demo-distributed test test-stress bench docs setup kernel clean gpu-check gpu-wheels
 
 setup: $(STAMP) $(KERNEL)
 
 kernel: $(KERNEL)
 
-$(KERNEL): src/shardsafe/format/_planes.c
-	@{ $(CC) $(KFLAGS) -o $@.tmp $< || $(CC) $(KFLAGS) -DSHARDSAFE_NO_CLONES -o $@.tmp $<; } \
-	  && mv $@.tmp $@ \
-	  || { rm -f $@ $@.tmp; echo "note: could not compile $<; compression='auto' uses numpy (slower)"; }
+$(KERNEL): $(STAMP) src/shardsafe/format/_planes.c setup.py
+	$(BIN)/python setup.py --quiet build_ext --inplace
+	touch $@
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,9 +43,26 @@ test-stress: $(STAMP) $(KERNEL)
 bench: $(STAMP) $(KERNEL)
 	$(BIN)/shardsafe bench
 
+# The GPU check (docs/development.md, "GPU check"): the CUDA tests and the GPU benchmark,
+# everything recorded into GPU_OUT. Needs no virtual environment and no network, so that it
+# runs as is on a lent GPU machine; without a GPU it says so and exits 0.
+GPU_OUT ?= gpu-out
+gpu-check:
+	scripts/gpu-check $(GPU_OUT)
+
+# Wheels (CPython 3.12, x86-64 Linux) of what shardsafe and its CUDA tests need and the GPU
+# image lacks, into .gpu-wheels/ (git ignores it) to be carried there; needs a network.
+GPU_WHEELS := crc32c==2.9.post0 zstandard==0.25.0
+gpu-wheels:
+	rm -rf .gpu-wheels.tmp
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d .gpu-wheels.tmp $(GPU_WHEELS)
+	rm -rf .gpu-wheels && mv .gpu-wheels.tmp .gpu-wheels && ls -l .gpu-wheels
+
 # the documentation site (docs/ and mkdocs.yml) into site/; any warning fails the build
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) build dist site src/*.egg-info $(KERNEL)
+	rm -rf $(VENV) build dist site src/*.egg-info src/shardsafe/format/_planes*.so .gpu-wheels gpu-out

@@ -8,7 +8,7 @@ from typing import Any
 from .._collector import paused
 from ..engine.commit import read_index
 from ..engine.load.loader import LoadResult, load_path
-from ..format.index import Index
+from ..format.index.objects import Index
 from ..plan.flatten import Stateful, is_stateful
 from ..storage import storage_for
 

@@ -13,22 +13,20 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from itertools import chain
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from ...errors import CheckpointError
 from ...format.blockfile import DATA_START as BLOCK_FILE_DATA_START
 from ...format.blockfile import RAW, BlockCoding, CodedBlock, block_raw_sizes
-from ...format.chunk_table import ChunkTable, Split, detect_split
+from ...format.index.chunk_table import ChunkTable, Split, detect_split
 from ...format.codec import CODECS
 from ...format.dtypes import lookup
-from ...format.index import Index, encode_index
-from ...format.index_common import FileEntry, split_reference
-from ...format.index_v2 import ColumnarIndex, TensorInfo
+from ...format.index.rows import FileEntry, split_reference
+from ...format.index.model import ColumnarIndex, TensorInfo
 from ...format.tree import render_path
 from ...plan.flatten import TensorItem
 from ...plan.layout import FilePlan
@@ -89,12 +87,6 @@ class Entries:
     codec: np.ndarray
     stored: np.ndarray
     stored_sums: np.ndarray
-
-
-def check_metadata(metadata: Mapping[str, Any]) -> None:
-    """Raises TypeError/ValueError unless ``metadata`` can be stored in an index (JSON)."""
-    encode_index(Index(tree={"t": "dict", "k": [], "v": []}, tensors=(), files=(), block_size=1 << 24,
-                       metadata=dict(metadata)))
 
 
 def from_plans(plans: Sequence[FilePlan], checksums: Sequence[Sequence[Sequence[int]]], rank: int,

@@ -25,9 +25,13 @@ from collections.abc import Iterable
 
 from ...errors import CorruptCheckpointError
 from ...format import INDEX_NAME
-from ...format.index import MAX_INDEX_BYTES, decode_index
+from ...format.index.rules import MAX_INDEX_BYTES
+from ...format.index.versions import decode_index
 from ...storage.base import Storage
-from .transaction import is_committed, list_entries, split_path, uncommit
+from .transaction import is_committed
+from .transaction import list_entries
+from .transaction import split_path
+from .transaction import uncommit
 
 log = logging.getLogger("shardsafe")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ...comm import distributed_active, get_comm
 from ...errors import CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
-from ...format.index import Index
+from ...format.index.objects import Index
 from ...per_rank import loading
 from ...plan.flatten import Stateful
 from ...storage import LocalStorage, storage_for

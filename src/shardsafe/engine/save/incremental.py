@@ -40,12 +40,13 @@ from typing import Any
 
 from ... import tensors
 from ...format.blockfile import DATA_START as BLOCK_FILE_DATA_START
-from ...format.index_common import FileEntry
+from ...format.index.rows import FileEntry
 from ...format.tree import KeyPath
 from ...plan.flatten import TensorItem
 from ...plan.layout import FilePlan
 from ..commit.transaction import split_path
-from ..commit.entries import ChunkRef, CodedFile
+from ..commit.entries import ChunkRef
+from ..commit.entries import CodedFile
 from ..io_pool import io_pool, wait_all
 
 

@@ -44,7 +44,7 @@ from ...plan.union import Table
 from ...plan.writers import PlanError
 from ...storage import Storage
 from .. import commit
-from ..commit.entries import check_metadata
+from ...format.index.container import check_metadata
 
 
 @dataclass(slots=True)

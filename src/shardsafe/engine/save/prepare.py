@@ -24,14 +24,15 @@ from typing import Any
 from ... import knobs
 from ..._version import __version__
 from ...comm import Channel, Comm, ExternalRank
-from ...format import index_v3
+from ...format.index.container import check_metadata
+from ...format.index.versions import WRITE_VERSION, encode_columnar
 from ...format.tree import Node
 from ...plan.flatten import TensorItem, flatten
 from ...plan.layout import FilePlan, block_file_name, data_file_name, plan_file
 from ...plan.localize import localize
 from ...storage import Storage, storage_for
 from .. import commit
-from ..commit.entries import CodedFile, Entries, check_metadata, columnar_index, from_block_files, from_plans, join
+from ..commit.entries import CodedFile, Entries, columnar_index, from_block_files, from_plans, join
 from . import plan_exchange
 from .incremental import Baseline, Delta
 from .units import BLOCK_SIZE
@@ -163,14 +164,14 @@ def local_entries(prep: PreparedSave, sums: Sequence[Sequence[Sequence[int]]],
 
 def build_index(items: Sequence[TensorItem], tree: Node, world_size: int, metadata: Mapping[str, Any],
                 parts: Sequence[Entries]) -> bytes:
-    """The index bytes (format v3) from every rank's entries, built as columns throughout.
+    """The index bytes (format ``WRITE_VERSION``) from every rank's entries, built as columns throughout.
 
     Raises:
         CheckpointError: the ranks' chunks do not hold exactly each tensor's elements.
     """
     index = columnar_index(items, parts, BLOCK_SIZE, tree=tree, world_size=world_size, created=time.time(),
                            metadata=dict(metadata), library=f"shardsafe {__version__}")
-    return index_v3.encode(index)
+    return encode_columnar(index, WRITE_VERSION)
 
 
 def index_of(prep: PreparedSave, parts: Sequence[Entries]) -> bytes:

@@ -35,7 +35,8 @@ from ...plan.localize import localize
 from ...storage import storage_for
 from ...storage.base import Storage
 from .. import commit
-from ..commit.entries import CodedFile, check_metadata
+from ...format.index.container import check_metadata
+from ..commit.entries import CodedFile
 from .handle import SaveProgress
 from .prepare import PreparedSave, index_of, local_entries, split_coded
 from .sinks import FileSink, open_sink
