@@ -124,11 +124,6 @@ class Checkpointer:
             staging=staging, max_staging_bytes=max_staging_bytes)).handle
 
     @property
-    def options(self) -> SaveOptions:
-        """The validated options of every save."""
-        return self._saver.options
-
-    @property
     def closed(self) -> bool:
         """True once ``close()`` was called (a closed Checkpointer refuses new saves)."""
         return self._saver.closed

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from .._collector import paused
+from .._gc_pause import paused
 from ..engine.commit import read_index
 from ..engine.load.loader import LoadResult, load_path
 from ..format.index.objects import Index

@@ -183,14 +183,19 @@ class PoolFeed:
                 start, stop = s.units.span(k)
                 try:
                     if s.live():
-                        copy_unit(s.units, k, s.sources, buf.array, base=start)
-                        copy_device_parts(s.units, k, s.sources, buf.array, base=start)
+                        self.copy(s, k, buf, start)
                 except BaseException:
                     self.pool.release(buf)
                     raise
                 emit(Unit(s, k, start, stop, buf, start))
 
         _run_threads(run, min(threads or knobs.copy_threads(), len(work), self.pool.count))
+
+    def copy(self, stream: Fed, k: int, buf: HostBuffer, start: int) -> None:
+        """Copies unit ``k`` of ``stream`` (image offset ``start``) into ``buf`` (a feed whose
+        sources arrive late, such as a re-encoding copy's, copies them as they come)."""
+        copy_unit(stream.units, k, stream.sources, buf.array, base=start)
+        copy_device_parts(stream.units, k, stream.sources, buf.array, base=start)
 
     def release(self, unit: Unit) -> None:
         self.pool.release(unit.buf)  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from ..._collector import paused as _gc_pause
+from ..._gc_pause import paused as _gc_pause
 from ...comm import Comm, ExternalRank, SingleProcessComm, get_comm
 from ...errors import CheckpointError
 from ...plan.flatten import TensorItem
@@ -99,7 +99,7 @@ class Saver:
         with self._lock:
             self._check_open()
             self._wait_previous()
-            with _gc_pause():  # per-tensor bookkeeping on the caller's thread (see _collector)
+            with _gc_pause():  # per-tensor bookkeeping on the caller's thread (see shardsafe._gc_pause)
                 prep = prepare(req.state, req.path, self._comm(req), overwrite=req.overwrite,
                                metadata=req.metadata, storage_options=req.storage_options, timeout=req.timeout,
                                baseline=req.baseline, compression=opts.compression)

@@ -1,15 +1,15 @@
 """Copy a checkpoint with another coding (``shardsafe cp --compression``), in bounded memory.
 
-The tensors are read in batches of at most ``BATCH`` bytes with the engine's reader
-(``ChunkReader``: every block verified, compressed blocks decoded), and each batch is
-written with the engine's writer as its own data file (and block file, when compressed)
-of the destination's working directory (``pipeline.prepare_part``,
-``Checkpointer.write_part``); the index, with the source's tree and metadata, is
-published once every batch is durable (``pipeline.commit_parts``). Each source chunk
-stays a chunk, cut along its first dimension where it is larger than a batch, so memory
-stays near ``BATCH`` (twice that while a batch is compressed) whatever the checkpoint
-holds. A batch's files are named as a rank's (``data-r<batch>-000``): the index records
-which batch wrote them.
+A re-encoding copy is a save whose state is read from another checkpoint: one run of
+the save pipeline (``engine.save.run``) whose feed, ``SourceFeed``, takes the items'
+bytes from the source instead of from training memory. The tensors are read batch by
+batch with the engine's reader (``ChunkReader``: every block verified, compressed blocks
+decoded) into two reused buffers of ``BATCH`` bytes, and from there copied unit by unit
+into the pipeline's buffers, coded and written like any save's: the copy is one data file
+and one block file, and its memory is two batches plus the pipeline's units, whatever
+the checkpoint holds. Each source chunk stays a chunk, cut along its first dimension
+where it is larger than a batch. The index, with the source's tree and metadata, is
+published once the files are durable.
 
 The copy's index metadata records what it was made from (``COPY_KEY``: the SHA-256 of the
 source's index and the coding), so copying the same source the same way again finds the
@@ -20,12 +20,16 @@ cannot rename (replacing it there deletes the source first).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import math
+import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-from ... import tensors
+import numpy as np
+
 from ...comm import ExternalRank
 from ...errors import CheckpointError
 from ...format.codec import check_compression
@@ -34,17 +38,22 @@ from ...format.index.objects import Index, TensorEntry
 from ...plan.flatten import TensorItem
 from ...storage.base import Storage
 from .. import commit
+from ..buffers import BouncePool, HostBuffer
 from ..load.reader import ChunkReader, ReadJob
-from ..save.options import SaveOptions
-from ..save.prepare import build_index
-from ..save.saver import Saver
+from ..save.feeds import Emit, PoolFeed, Stopped
+from ..save.prepare import build_index, local_entries, prepare_part
+from ..save.run import Pipeline, Written, run
+from ..save.units import BLOCK_SIZE, HEADER, UNIT_SIZE
 from .verbatim import CopyResult, abandon, same_location
 
-BATCH = 128 << 20  # raw bytes read, then written, at a time
+BATCH = 16 << 20  # raw bytes read from the source at a time (two batches are held)
+UNITS = 3  # the pipeline's unit buffers (UNIT_SIZE each)
 COPY_KEY = "shardsafe.copy"  # index metadata of a re-coded copy: {"source": sha256, "compression": ...}
 
+Slab = tuple[int, tuple[int, ...], tuple[int, ...]]  # (tensor, offsets, shape)
 
-def _slabs(t: int, entry: TensorEntry, limit: int) -> Iterator[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+
+def _slabs(t: int, entry: TensorEntry, limit: int) -> Iterator[Slab]:
     """``(tensor, offsets, shape)`` of every chunk of ``entry``, cut along its first dimension
     into slabs of at most ``limit`` bytes (at least one row each)."""
     itemsize = lookup(entry.dtype).itemsize
@@ -59,29 +68,125 @@ def _slabs(t: int, entry: TensorEntry, limit: int) -> Iterator[tuple[int, tuple[
             yield t, (c.offsets[0] + r, *c.offsets[1:]), (n, *c.shape[1:])
 
 
-def _batches(index: Index, limit: int) -> Iterator[list[tuple[int, tuple[int, ...], tuple[int, ...]]]]:
-    batch: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
-    size = 0
-    for t, entry in enumerate(index.tensors):
-        itemsize = lookup(entry.dtype).itemsize
-        for slab in _slabs(t, entry, limit):
-            n = math.prod(slab[2]) * itemsize
-            if batch and size + n > limit:
-                yield batch
-                batch, size = [], 0
-            batch.append(slab)
-            size += n
-    if batch:
-        yield batch
+class SourceFeed(PoolFeed):
+    """A ``PoolFeed`` whose items' bytes come from the source checkpoint, read batch by batch
+    into two buffers as the units that need them come up.
+
+    The items are grouped into batches of at most ``limit`` bytes in the order the feed
+    stages them (each stream's file order); batch ``b`` is read into buffer ``b % 2`` once
+    every unit that uses batch ``b - 2`` has moved past it.
+
+    Args:
+        pool: The pipeline's unit buffers.
+        reader: The source's reader.
+        buffers: The two batch buffers (``limit`` bytes each).
+        on_bytes: Called with the bytes of each batch once read (progress).
+    """
+
+    def __init__(self, pool: BouncePool, reader: ChunkReader, buffers: Sequence[HostBuffer],
+                 on_bytes: Callable[[int], None] | None) -> None:
+        super().__init__(pool)
+        self.reader, self.buffers, self.on_bytes = reader, list(buffers), on_bytes
+        self.limit = min(b.nbytes for b in buffers)
+        self.batches: list[list[ReadJob]] = []
+        self.where: dict[int, tuple[int, int]] = {}  # id(item) -> (batch, address)
+        self._cond = threading.Condition()
+        self._loaded = -1  # batches [0, loaded] are in their buffers
+        self._loading = False
+        self._waiting: list[int] = []  # units of each batch not yet past it
+
+    def stage(self, streams: Sequence[Any], emit: Emit, stopped: Stopped, threads: int | None = None) -> None:
+        at = self.limit
+        for s in streams:
+            items = s.units.plan.items
+            for i in np.argsort(s.units.offsets, kind="stable").tolist():
+                it = items[i]
+                if at + it.nbytes > self.limit or not self.batches:
+                    self.batches.append([])
+                    at = 0
+                b = len(self.batches) - 1
+                dest = self.buffers[b % 2].array[at : at + it.nbytes]
+                self.batches[-1].append(ReadJob(self.reader.index.tensors[it.id], dest, it.offsets,
+                                                it.local_shape))
+                self.where[id(it)] = (b, dest.ctypes.data)
+                at += it.nbytes
+        self._waiting = [0] * len(self.batches)
+        for s in streams:
+            items = s.units.plan.items
+            for k in range(s.units.nunits):
+                for b in {self.where[id(items[i])][0] for i in s.units.parts(k).item if i != HEADER}:
+                    self._waiting[b] += 1
+        super().stage(streams, emit, stopped, threads)
+
+    def copy(self, stream: Any, k: int, buf: HostBuffer, start: int) -> None:
+        """Copies unit ``k`` part by part, each batch read when its first part comes up and
+        let go once the unit has moved past it (a unit may span more batches than there
+        are buffers)."""
+        units = stream.units
+        items, header = units.plan.items, units.plan.layout.header
+        base = buf.array.ctypes.data - start
+        current: int | None = None
+        for item, src, dst, n in zip(*units.parts(k)):
+            if item == HEADER:
+                buf.array[dst - start : dst - start + n] = np.frombuffer(header, np.uint8, n, src)
+                continue
+            b, addr = self.where[id(items[item])]
+            if b != current:
+                if current is not None:
+                    self._done(current)
+                self._load_through(b)
+                current = b
+            ctypes.memmove(base + dst, addr + src, n)
+        if current is not None:
+            self._done(current)
+
+    def _done(self, b: int) -> None:
+        with self._cond:
+            self._waiting[b] -= 1
+            self._cond.notify_all()
+
+    def _load_through(self, b: int) -> None:
+        """Waits until batch ``b`` is in its buffer, reading batches in order meanwhile."""
+        while True:
+            with self._cond:
+                if self._loaded >= b:
+                    return
+                nxt = self._loaded + 1
+                if self._loading or (nxt >= 2 and self._waiting[nxt - 2]):
+                    self._cond.wait()
+                    continue
+                self._loading = True
+            try:
+                self.reader.run(self.batches[nxt])
+            finally:
+                with self._cond:
+                    self._loading = False
+                    self._cond.notify_all()
+            with self._cond:
+                self._loaded = nxt
+                self._cond.notify_all()
+            if self.on_bytes is not None:
+                self.on_bytes(sum(j.dest.size for j in self.batches[nxt]))
+
+
+def _items(index: Index, limit: int) -> list[TensorItem]:
+    """The copy's items: each chunk of the source, cut into slabs of at most ``limit`` bytes."""
+    out = []
+    for t, e in enumerate(index.tensors):
+        itemsize = lookup(e.dtype).itemsize
+        for _, offsets, shape in _slabs(t, e, limit):
+            out.append(TensorItem(t, e.key, None, e.kind, e.dtype, tuple(e.shape), offsets, replicated=False,
+                                  local_shape=shape, nbytes=math.prod(shape) * itemsize))
+    return out
 
 
 def recode_checkpoint(src: Storage, src_path: str, dst: Storage, dst_path: str, *,
                       compression: str | None, overwrite: bool = False,
                       on_bytes: Callable[[int], None] | None = None, limit: int = BATCH) -> CopyResult:
     """Copies the committed checkpoint at ``src_path`` to ``dst_path`` coded with
-    ``compression`` (None: raw). ``nbytes`` of the result counts tensor data; a
-    destination that is a copy of this very source coded the same way is left as it is
-    (``skipped``) unless ``overwrite``.
+    ``compression`` (None: raw), reading ``limit`` bytes at a time. ``nbytes`` of the
+    result counts tensor data; a destination that is a copy of this very source coded
+    the same way is left as it is (``skipped``) unless ``overwrite``.
 
     Raises:
         CheckpointNotFoundError: no committed checkpoint at ``src_path``.
@@ -98,39 +203,31 @@ def recode_checkpoint(src: Storage, src_path: str, dst: Storage, dst_path: str, 
                               f"checkpoint without deleting it first; copy it to another path")
     if not overwrite and _copied_from(dst, dst_path) == made_from:
         return CopyResult(0, 0, skipped=True)
-    reader = ChunkReader(src, src_path, index)
     table = [TensorItem(t, e.key, None, e.kind, e.dtype, tuple(e.shape), (0,) * len(e.shape), replicated=False)
              for t, e in enumerate(index.tensors)]
-    batches = list(_batches(index, limit))
+    buffers = [HostBuffer(limit, prefault=False) for _ in range(2)]
+    pool = BouncePool(UNIT_SIZE, UNITS)
     txn = commit.plan_transaction(dst, dst_path, overwrite=overwrite, token=uuid.uuid4().hex[:16])
     commit.begin(txn)
-    total = 0
     try:
-        parts = []
-        writer = Saver(SaveOptions())
-        try:
-            for b, batch in enumerate(batches):
-                items, jobs = [], []
-                for t, offsets, shape in batch:
-                    e = index.tensors[t]
-                    value, dest = tensors.empty(e.kind, e.dtype, shape)
-                    jobs.append(ReadJob(e, dest, offsets, shape))
-                    items.append(TensorItem(t, e.key, value, e.kind, e.dtype, tuple(e.shape), offsets,
-                                            replicated=False))
-                reader.run(jobs)
-                parts.append(writer.write_part(items, txn, ExternalRank(b, len(batches)), compression))
-                nbytes = sum(it.nbytes for it in items)
-                total += nbytes
-                if on_bytes is not None:
-                    on_bytes(nbytes)
-        finally:
-            writer.close()
+        items = _items(index, limit)
+        prep = prepare_part(items, txn, ExternalRank(0, index.world_size), compression)
+        feed = SourceFeed(pool, ChunkReader(src, src_path, index), buffers, on_bytes)
+        pipe = Pipeline(prep, [], feed, unit_size=UNIT_SIZE, block_unit=BLOCK_SIZE, window=2, part=True)
+        box: list[Written] = []
+        for _ in run(pipe, box.append):
+            pass
+        parts = [local_entries(prep, box[0].sums, box[0].coded)]
         commit.finish(txn, build_index(table, index.tree, index.world_size,
                                        {**index.metadata, COPY_KEY: made_from}, parts))
     except BaseException:
         abandon(txn)
         raise
-    return CopyResult(len(commit.read_index(dst, dst_path).files), total)
+    finally:
+        pool.close()
+        for b in buffers:
+            b.close()
+    return CopyResult(len(commit.read_index(dst, dst_path).files), sum(it.nbytes for it in items))
 
 
 def _copied_from(storage: Storage, path: str) -> object:
