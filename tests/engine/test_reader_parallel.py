@@ -13,7 +13,7 @@ from helpers import flip_byte
 import shardsafe
 from shardsafe.engine.load import reader as reader_mod
 from shardsafe.engine.commit import read_index
-from shardsafe.engine.load.reader import ChunkReader, ReadJob, _byte_span, _coalesce
+from shardsafe.engine.load.reader import ChunkReader, ReadJob, _byte_span
 from shardsafe.plan.load_plan import pieces_for
 from shardsafe.storage.local import LocalStorage
 
@@ -89,15 +89,25 @@ def test_byte_span_of_a_2d_region():
     assert _byte_span(p, c.shape, 4) == ((2 * 6 + 1) * 4, (4 * 6 + 2 + 1) * 4)
 
 
-def test_coalesce_groups_neighbours_only():
-    from shardsafe.engine.load.reader import _Small
-    from shardsafe.format.index.rows import ChunkEntry
+def test_small_chunks_of_a_load_are_read_together(tmp_path, monkeypatch):
+    """Neighbouring small chunks of one file are one read (``plan.load_plan.coalesce``)."""
+    state = {f"t{i}": torch.full((100,), float(i)) for i in range(50)}
+    path = str(tmp_path / "small")
+    shardsafe.save(state, path)
+    reads: list[int] = []
+    read_into = LocalStorage.read_into
 
-    def s(file, off, n):
-        return _Small(ChunkEntry(file, off, n, (0,), (n,), (0,)), np.empty(0), "k")
+    def spy(self, p, offset, out):  # noqa: ANN001, ANN202
+        reads.append(len(out))
+        return read_into(self, p, offset, out)
 
-    groups = _coalesce([s("a", 0, 10), s("a", 10, 10), s("b", 20, 5), s("a", 1 << 20, 4)], 1 << 20)
-    assert [[x.chunk.offset for x in g] for g in groups] == [[0, 10], [1 << 20], [20]]
+    monkeypatch.setattr(LocalStorage, "read_into", spy)
+    # contiguous targets (read by table row and address) and strided ones (read jobs)
+    for target in ({k: torch.zeros(100) for k in state}, {k: torch.zeros(100, 2)[:, 0] for k in state}):
+        reads.clear()
+        shardsafe.load(path, target)
+        assert len(reads) == 1 and reads[0] >= 50 * 400
+        assert all(torch.equal(target[k], state[k]) for k in state)
 
 
 def test_mmap_load_is_zero_copy_verified_and_copy_on_write(saved):

@@ -67,7 +67,11 @@ class Problem:
 
 def plan_reads(index: Index, max_read: int = MAX_READ) -> list[ReadRange]:
     """Groups every checksum block of ``index`` into coalesced reads (pure)."""
-    groups = coalesce(index_spans(index), lambda b: (b.chunk.file, b.offset, b.length), max_read)
+    spans = index_spans(index)
+    ids = {f.name: i for i, f in enumerate(index.files)}
+    order, bounds = coalesce([ids[b.chunk.file] for b in spans], [b.offset for b in spans],
+                             [b.length for b in spans], max_read)
+    groups = [[spans[i] for i in order[a:b]] for a, b in zip(bounds.tolist(), bounds[1:].tolist())]
     return [ReadRange(g[0].chunk.file, g[0].offset, max(b.offset + b.length for b in g), g)
             for g in groups]
 

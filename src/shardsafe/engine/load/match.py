@@ -94,7 +94,9 @@ def _kind(node: Node) -> str:
 
 class _Matcher:
     def __init__(self, index: Index) -> None:
+        assert index.infos is not None, "a decoded index has its tensor table as columns"
         self.index = index
+        self.infos = index.infos
         self.m = Matching()
         self.memo: dict[int, Any] = {}  # tensor id -> new tensor (tied tensors come back tied)
         self.read_into: dict[int, set[Any]] = {}  # tensor id -> alias keys of targets read into
@@ -212,17 +214,13 @@ class _Matcher:
             return target
         else:
             done.add(key)
-        entry = self.index.tensors[i] if self.index.infos is None else None
-        self.m.reads.append(TensorTarget(entry, target, tid=i))
+        self.m.reads.append(TensorTarget(None, target, tid=i))
         return target
 
     def _header(self, i: int) -> tuple[str, tuple[int, ...]]:
-        """Dtype and global shape of tensor ``i`` (from the columns when the index has them)."""
-        infos = self.index.infos
-        if infos is not None:
-            return infos[i].dtype, infos[i].shape
-        e = self.index.tensors[i]
-        return e.dtype, e.shape
+        """Dtype and global shape of tensor ``i``, from the index's columns."""
+        info = self.infos[i]
+        return info.dtype, info.shape
 
 
 def match(index: Index, target: MutableMapping[str, Any] | Stateful) -> Matching:
@@ -239,9 +237,3 @@ def match(index: Index, target: MutableMapping[str, Any] | Stateful) -> Matching
     else:
         matcher.mapping(target, index.tree, (), open_=False)
     return matcher.m
-
-
-def build_new(index: Index) -> tuple[Any, list[TensorTarget]]:
-    """A new nested structure for ``load(path)``, with tensors allocated but not yet read."""
-    matcher = _Matcher(index)
-    return matcher.fresh(index.tree, ()), matcher.m.reads

@@ -1,10 +1,10 @@
 """The result of ``load(path)``: a new nested structure whose tensors are allocated, not yet read.
 
-Works on the columns of a v2 index: a tensor stored as one raw chunk (every tensor of a
-single-process save) is allocated and described to the reader by its table row and the
-address of its memory, with no per-tensor index object; anything else (sharded or
-compressed tensors, version 1 indexes) is described by its ``TensorEntry`` for the
-reader's general path.
+Works on the columns every decoded index has (whatever its version): a tensor stored as
+one raw chunk (every tensor of a single-process save) is allocated and described to the
+reader by its table row and the address of its memory, with no per-tensor index object;
+anything else (sharded or compressed tensors) is described by its ``TensorEntry`` for
+the reader's general path.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ...format.blockfile import RAW
 from ...format.index.chunk_table import ChunkTable
 from ...format.index.objects import Index
 from ...storage.memory import HUGE
-from .match import TensorTarget, build_new
+from .match import TensorTarget
 
 
 @dataclass(slots=True)
@@ -58,10 +58,8 @@ def whole_raw(table: ChunkTable) -> np.ndarray:
 def build(index: Index) -> tuple[Any, Allocated]:
     """The new structure of ``index`` and what its tensors need read."""
     infos, table = index.infos, index.table
+    assert infos is not None and table is not None, "a decoded index has its tables as columns"
     out = Allocated()
-    if infos is None or table is None:  # version 1: every tensor by its entry
-        value, out.others = build_new(index)
-        return value, out
     whole_a = whole_raw(table)
     first = np.minimum(table.tensor_start[:-1], max(table.num_chunks - 1, 0))
     nbytes = np.where(whole_a, table.nbytes[first] if table.num_chunks else 0, 0).tolist()

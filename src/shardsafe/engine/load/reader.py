@@ -180,8 +180,13 @@ class ChunkReader:
                         tasks.append((self._read_block, (p.chunk, j, job.dest, key)))
                 else:
                     small.append(_Small(p.chunk, job.dest, key))
-        for group in _coalesce(small, GROUP_MAX):
-            tasks.append((self._read_small, (group,)))
+        if small:
+            ids = {f.name: i for i, f in enumerate(self.index.files)}
+            order, bounds = coalesce([ids.get(s.chunk.file, -1) for s in small], [s.chunk.offset for s in small],
+                                     [s.chunk.nbytes for s in small], GROUP_MAX, MAX_GAP)
+            order_l, bounds_l = order.tolist(), bounds.tolist()
+            for a, b in zip(bounds_l, bounds_l[1:]):
+                tasks.append((self._read_small, ([small[i] for i in order_l[a:b]],)))
         return tasks
 
     # ------------------------------------------------------------------ whole chunks, by address
@@ -193,7 +198,8 @@ class ChunkReader:
         the caller until the tasks ran (``tensor_of[i]`` names the tensor, for errors).
         Planned on the table's columns: chunks of at least ``SPLIT_MIN`` bytes are read
         block by block straight into their destination; smaller ones are grouped by file
-        position into reads of about ``GROUP_MAX`` bytes into a scratch buffer, each then
+        position (``plan.load_plan.coalesce``) into reads of at most ``GROUP_MAX`` bytes
+        into a scratch buffer, each then
         verified and copied out with ``memmove``. ``fresh``: the destinations are new
         memory; each block's pages are faulted in with one call before it is read into
         (``storage.memory.populate``; ~1.4x faster than faulting them one by one).
@@ -217,25 +223,17 @@ class ChunkReader:
             verify(self._chunk(r), memoryview(b""), self.block, self._key(t))
         small = ~big & ~empty
         rows, dests_a, tensor_of = rows[small], dests_a[small], tensor_of[small]
-        file, off, nb = ct.file[rows], ct.offset[rows], ct.nbytes[rows]
-        order = np.lexsort((off, file))
-        rows, dests_a, tensor_of, file, off, nb = (a[order] for a in (rows, dests_a, tensor_of, file, off, nb))
         if not len(rows):
             return tasks
-        # a new group where the file changes or a gap opens; long runs are cut every GROUP_MAX bytes
-        end = off + nb
-        brk = np.ones(len(rows), dtype=bool)
-        brk[1:] = (file[1:] != file[:-1]) | (off[1:] - end[:-1] > MAX_GAP) | (off[1:] < end[:-1])
-        seg = np.cumsum(brk) - 1
-        seg_start = off[brk][seg]
-        group = seg * (1 << 40) + (end - seg_start) // GROUP_MAX
-        cut = np.flatnonzero(np.diff(group)) + 1
+        file, off, nb = ct.file[rows], ct.offset[rows], ct.nbytes[rows]
+        order, bounds = coalesce(file, off, nb, GROUP_MAX, MAX_GAP)
+        rows, dests_a, tensor_of, file, off, nb = (a[order] for a in (rows, dests_a, tensor_of, file, off, nb))
         sums = ct.checksums[ct.block_start[rows]]
         cols = [a.tolist() for a in (rows, dests_a, tensor_of, off, nb, sums)]
-        bounds = [0, *cut.tolist(), len(rows)]
+        bounds_l = bounds.tolist()
         names = [self.index.files[f].name for f in file[bounds[:-1]].tolist()]
         for g, name in enumerate(names):
-            a, b = bounds[g], bounds[g + 1]
+            a, b = bounds_l[g], bounds_l[g + 1]
             tasks.append((self._read_group, (name, *(c[a:b] for c in cols))))
         return tasks
 
@@ -279,11 +277,6 @@ class ChunkReader:
         for job in jobs:
             if job.done is not None:
                 job.done()
-
-
-def _coalesce(small: list[_Small], limit: int) -> list[list[_Small]]:
-    """Groups small chunks of the same file that lie close together, up to ``limit`` bytes."""
-    return coalesce(small, lambda s: (s.chunk.file, s.chunk.offset, s.chunk.nbytes), limit, MAX_GAP)
 
 
 def _byte_span(p: Piece, shape: Sequence[int], itemsize: int) -> tuple[int, int]:

@@ -31,10 +31,11 @@ def read_targets(reader: ChunkReader, targets: list[TensorTarget], new: Allocate
     jobs: list[ReadJob] = []
     direct = new or Allocated()
     table = reader.index.table
-    whole = whole_raw(table).tolist() if table is not None else None
-    starts = table.tensor_start.tolist() if table is not None else None
+    assert table is not None, "a decoded index has its chunk table as columns"
+    whole = whole_raw(table).tolist()
+    starts = table.tensor_start.tolist()
     for tt in targets:
-        if tt.dest is None and tt.offsets is None and whole is not None and tt.tid >= 0 and whole[tt.tid]:
+        if tt.dest is None and tt.offsets is None and tt.tid >= 0 and whole[tt.tid]:
             addr = _address(tt.target)
             if addr is not None:
                 direct.tensors.append(tt.tid)
