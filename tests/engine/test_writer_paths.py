@@ -162,7 +162,7 @@ def test_cuda_staging_imports_and_is_skipped_without_cuda(tmp_path):
         assert torch.equal(shardsafe.load(str(tmp_path / "c"))["t"], expect)
         return
     assert not cuda.available() and not cuda.pin(np.zeros(4096, dtype=np.uint8))
-    assert HostBuffer(4096, pin=True).pinned is False
+    assert HostBuffer(4096).pin_for(0) is False
     pytest.skip("no CUDA device: the pinned/side-stream path was only imported")
 
 

@@ -86,21 +86,31 @@ class HostBuffer:
     OS on ``close()``. ``array`` has exactly ``nbytes`` bytes; the mapping is padded to
     a multiple of 4096 (``capacity``) so a writer may send the last range padded.
 
+    Page-locking is on demand (``pin_for``): only a save that copies from a GPU pays for
+    it (and for a CUDA context), once per buffer, under that GPU.
+
     Args:
         nbytes: Usable size.
         prefault: Touch every page now so later copies run at memcpy speed.
-        pin: Register the memory with CUDA (page-locked) for asynchronous device copies;
-            ignored without CUDA.
     """
 
-    def __init__(self, nbytes: int, *, prefault: bool = True, pin: bool = False) -> None:
+    def __init__(self, nbytes: int, *, prefault: bool = True) -> None:
         self.nbytes = nbytes
         self.capacity = max(round_up(nbytes), ALIGN)
         self._map, self._full = anonymous(self.capacity)
         self.array = self._full[:nbytes]
         if prefault:
             self._full[::PAGE] = 0
-        self.pinned = bool(pin and cuda.available() and cuda.pin(self._full))
+        self.pinned = False
+        self._pin_device: int | None = None  # the device it was pinned under (or refused on)
+
+    def pin_for(self, device: int) -> bool:
+        """Page-locks the buffer for copies from CUDA ``device`` (once: a refusal, which
+        warns, is not retried); whether it is page-locked."""
+        if self._pin_device is None and not self._map.closed:
+            self._pin_device = device
+            self.pinned = cuda.pin(self._full, device)
+        return self.pinned
 
     def view(self, start: int = 0, stop: int | None = None) -> memoryview:
         """A memoryview of ``[start, stop)``; ``stop`` may reach into the padding."""
@@ -115,7 +125,7 @@ class HostBuffer:
         if self._map.closed:
             return
         if self.pinned:
-            cuda.unpin(self._full)
+            cuda.unpin(self._full, self._pin_device)
             self.pinned = False
         self.array = self._full = np.empty(0, dtype=np.uint8)
         try:
@@ -137,6 +147,10 @@ class HostSlice:
         """A memoryview of ``[start, stop)``; ``stop`` may reach into the padding."""
         return self.parent.view(self.start + start, self.start + (self.capacity if stop is None else stop))
 
+    def pin_for(self, device: int) -> bool:
+        """Page-locks the whole slab this image is carved from (see ``HostBuffer.pin_for``)."""
+        return self.parent.pin_for(device)
+
 
 class StagingArena:
     """Staging memory kept for reuse: one slab of file images, or unit slots under a budget.
@@ -155,7 +169,7 @@ class StagingArena:
     """
 
     def __init__(self, *, pin: bool = False) -> None:
-        self.pin = pin
+        self.pin = pin  # whether feeds may page-lock its buffers (they do for saves of GPU state)
         self._lock = threading.Lock()
         self._sizes: tuple[int, ...] | None = None
         self._slab: HostBuffer | None = None
@@ -175,7 +189,7 @@ class StagingArena:
             if slab is None or need > slab.nbytes or 2 * need < slab.nbytes:
                 self._free()
                 log.debug("allocating a staging slab of %d bytes for %d image(s)", need, len(key))
-                slab = self._slab = HostBuffer(need, pin=self.pin)
+                slab = self._slab = HostBuffer(need)
                 self._peak = max(self._peak, need)
                 self.allocations += 1
             self._buffers, at = [], 0
@@ -253,7 +267,7 @@ class BouncePool:
     Args:
         size: Bytes per buffer.
         count: Most buffers that ever exist at once.
-        pin: Page-lock the buffers for CUDA copies (ignored without CUDA).
+        pin: Whether feeds may page-lock the buffers for CUDA copies (``HostBuffer.pin_for``).
     """
 
     POLL_S = 0.05  # how often a cancellable acquire re-checks whether it should give up
@@ -286,7 +300,7 @@ class BouncePool:
             self._made += 1
             self._peak = max(self._peak, self._made)
         try:
-            return HostBuffer(self.size, pin=self.pin)
+            return HostBuffer(self.size)
         except BaseException:
             with self._cond:
                 self._made -= 1

@@ -16,10 +16,13 @@ it and write it, and give it back (``release``) when every sink has it.
   (under one lock), so the oldest unit in flight always has one and ordered sinks
   (block files, uploads) always progress.
 
-CUDA tensors fit the same seam: their bytes are copied device-to-host on a side stream
-into the same (pinned) buffers (``sources.copy_device_parts``; ``ImageFeed`` queues
-them for the whole state first, overlapping the host copies), and a unit is handed on
-only once its device copies have landed.
+CUDA tensors fit the same seam: their bytes are copied device-to-host on side streams
+that wait for the caller's stream at the call (the save's ``cuda.Fence``), into the same
+buffers, page-locked (under the tensors' GPU) the first time a save of GPU state uses
+them. ``PoolFeed`` copies each unit's device parts and waits for them before handing the
+unit on. ``ImageFeed`` queues the whole state's device copies first (overlapping the
+host copies), makes the caller's streams wait for them on the GPU, and returns without
+waiting: ``settle`` (the writer's thread) hands those units on once they have landed.
 
 Copies run on the calling thread plus helpers of the copy pool (numpy and torch copies
 release the GIL); the copy pool is separate from the I/O pool, so staging never queues
@@ -42,7 +45,7 @@ from ... import knobs
 from .. import cuda
 from ..buffers import BouncePool, HostBuffer, HostSlice
 from ..io_pool import wait_all
-from .sources import Sources, copy_device_parts, copy_unit
+from .sources import Sources, copy_device_parts, copy_unit, pin_device
 from .units import FileUnits
 
 _pool_lock = threading.Lock()
@@ -115,21 +118,39 @@ Stopped = Callable[[], BaseException | None]
 
 
 class ImageFeed:
-    """Copies every stream into its own image (``images[i]`` holds stream ``i`` whole)."""
+    """Copies every stream into its own image (``images[i]`` holds stream ``i`` whole).
 
-    def __init__(self, images: Sequence[HostBuffer | HostSlice]) -> None:
+    Args:
+        images: One per stream.
+        pin: Page-lock the images' memory when a stream has CUDA items.
+        fence: Where the caller's streams were at the call (None: no CUDA tensors).
+    """
+
+    def __init__(self, images: Sequence[HostBuffer | HostSlice], *, pin: bool = False,
+                 fence: cuda.Fence | None = None) -> None:
         self.images = list(images)
+        self.pin, self.fence = pin, fence
+        self._landing: tuple[cuda.DeviceCopier, list[Unit]] | None = None
 
     def stage(self, streams: Sequence[Fed], emit: Emit, stopped: Stopped, threads: int | None = None) -> None:
-        """Stages every unit of every live stream, emitting each once its bytes are final."""
+        """Stages every unit of every live stream, emitting each once its bytes are final
+        (units with device copies: by ``settle``)."""
         copier = None
+        done: list[Unit] = []
         for s, img in zip(streams, self.images):
-            for i in s.sources.device if s.live() else ():
-                copier = copier or cuda.DeviceCopier()
+            if not s.sources.device or not s.live():
+                continue
+            if self.pin:
+                img.pin_for(pin_device(s.sources, s.units.plan))
+            for i in s.sources.device:
+                if copier is None:  # from here on, settle() must wait for them, even after a failure
+                    copier = cuda.DeviceCopier(self.fence)
+                    self._landing = (copier, done)
                 off, n = int(s.units.offsets[i]), int(s.units.nbytes[i])
                 copier.copy(s.units.plan.items[i].value, img.array[off : off + n])
+        if copier is not None:
+            copier.hold_callers()  # the caller's next kernels run after the copies, on the GPU
         work = [(s, img, k) for s, img in zip(streams, self.images) if s.live() for k in range(s.units.nunits)]
-        done: list[Unit] = []
         cursor = itertools.count()  # next() on a count is atomic under the GIL
 
         def run() -> None:
@@ -144,7 +165,18 @@ class ImageFeed:
                     done.append(unit)
 
         _run_threads(run, min(threads or knobs.copy_threads(), len(work)))
-        if copier is not None:
+
+    def settle(self, emit: Emit) -> None:
+        """Waits (asleep) for the device copies ``stage`` queued, then emits their units.
+
+        An async save's caller returns before this: its streams wait for the copies on the
+        GPU (``DeviceCopier.hold_callers``); the writer's thread calls this. A save that
+        fails calls it too (emitting nothing), so that no copy still lands in an image the
+        next save reuses.
+        """
+        landing, self._landing = self._landing, None
+        if landing is not None:
+            copier, done = landing
             copier.wait()
             for unit in done:
                 emit(unit)
@@ -157,8 +189,8 @@ class PoolFeed:
     """Copies each unit into a buffer of ``pool`` (every stream's units at most
     ``pool.size`` bytes), given back by ``release``."""
 
-    def __init__(self, pool: BouncePool) -> None:
-        self.pool = pool
+    def __init__(self, pool: BouncePool, *, fence: cuda.Fence | None = None) -> None:
+        self.pool, self.fence = pool, fence
 
     def stage(self, streams: Sequence[Fed], emit: Emit, stopped: Stopped, threads: int | None = None) -> None:
         """Stages every unit of every live stream, in order, waiting for free buffers."""
@@ -195,7 +227,14 @@ class PoolFeed:
         """Copies unit ``k`` of ``stream`` (image offset ``start``) into ``buf`` (a feed whose
         sources arrive late, such as a re-encoding copy's, copies them as they come)."""
         copy_unit(stream.units, k, stream.sources, buf.array, base=start)
-        copy_device_parts(stream.units, k, stream.sources, buf.array, base=start)
+        if stream.sources.device:
+            if self.pool.pin:
+                buf.pin_for(pin_device(stream.sources, stream.units.plan))
+            copy_device_parts(stream.units, k, stream.sources, buf.array, base=start, fence=self.fence)
+
+    def settle(self, emit: Emit) -> None:
+        """Nothing is in flight once ``stage`` returns: each unit's device copies landed
+        before it was handed on."""
 
     def release(self, unit: Unit) -> None:
         self.pool.release(unit.buf)  # type: ignore[arg-type]

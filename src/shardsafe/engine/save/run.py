@@ -134,6 +134,16 @@ class Pipeline:
         if err is not None:
             raise err
 
+    def settle(self) -> None:
+        """Hands on the units whose device copies were still landing when staging returned
+        (the caller's streams wait for those copies on the GPU, not its thread)."""
+        assert self.feed is not None
+        try:
+            self.feed.settle(self._emit)
+        except BaseException as e:
+            self._fatal = self._fatal or e
+            raise
+
     def open_gate(self) -> None:
         """Hands on the units held back while staging (``gated``)."""
         with self._cond:
@@ -308,6 +318,8 @@ class Pipeline:
         collective save it also tells the other ranks, so nothing commits and nobody
         waits for this rank."""
         self._fatal = self._fatal or error
+        if self.feed is not None:
+            self.feed.settle(self._release)  # copies still landing in the feed's buffers
         with self._cond:
             queued, self._queued, self.gated = self._queued, [], False
             ordered = list(self._ordered.values())
@@ -411,6 +423,7 @@ def run(pipe: Pipeline, end: Callable[[Written], None], *, threads: int | None =
             pipe.begin()
         pipe.stage(threads)
         yield STAGED
+        pipe.settle()
         if pipe.gated:
             pipe.begin()
             pipe.open_gate()

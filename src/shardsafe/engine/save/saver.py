@@ -71,7 +71,7 @@ class Saver:
     def __init__(self, options: SaveOptions, comm: Comm | None = None) -> None:
         self.options, self.comm = options, comm
         self.arena = StagingArena(pin=cuda.available() if options.pin_memory is None else options.pin_memory)
-        self._bounce = BouncePool(options.unit_size, io_threads())
+        self._bounce = BouncePool(options.unit_size, io_threads(), pin=self.arena.pin)
         self._lock = threading.Lock()  # one save at a time, whichever thread calls
         self._inflight: list[SaveProgress] = []
         self._thread: threading.Thread | None = None
@@ -166,26 +166,31 @@ class Saver:
     def _pipeline(self, prep: PreparedSave, replicas: list[PreparedReplica], opts: SaveOptions,
                   req: SaveRequest | None, *, part: bool = False) -> Pipeline:
         """The pipeline of one save, with its feed: the budget's slots; else for a sync
-        save (or a part) bounce buffers, for an async one whole images in the arena."""
+        save (or a part) bounce buffers, for an async one whole images in the arena.
+
+        Runs on the caller's thread: the feed's ``cuda.Fence`` marks where the caller's
+        streams are now, which is what every device copy of the save waits for.
+        """
         unit = opts.unit_size
         window = opts.coding_window
         sync = req is None or req.staging is None
+        fence = cuda.Fence.capture(it.value for it in prep.items)
         if opts.slots is not None:
             pool = self.arena.slots(unit, opts.slots)
             self._bounce.close()  # idle bounce buffers: the budget bounds every host buffer
-            return Pipeline(prep, replicas, PoolFeed(pool), unit_size=unit, block_unit=unit, window=window,
-                            part=part)
+            return Pipeline(prep, replicas, PoolFeed(pool, fence=fence), unit_size=unit, block_unit=unit,
+                            window=window, part=part)
         if sync:
             size, count = sync_bounce(prep.nbytes, unit, prep.compression)
             if (self._bounce.size, self._bounce.count) != (size, count):  # another size class of state
                 self._bounce.close()
                 self._bounce = BouncePool(size, count, pin=self.arena.pin)
-            return Pipeline(prep, replicas, PoolFeed(self._bounce), unit_size=size, block_unit=size,
+            return Pipeline(prep, replicas, PoolFeed(self._bounce, fence=fence), unit_size=size, block_unit=size,
                             window=window, part=part)
         block_unit = round_up(unit, BLOCK_SIZE)
         pipe = Pipeline(prep, replicas, None, unit_size=unit, block_unit=block_unit, window=window,
                         gated=req.staging == "blocking" and not opts.overlap_writes, part=part)
-        pipe.feed_factory = lambda sizes: ImageFeed(self.arena.get(sizes))
+        pipe.feed_factory = lambda sizes: ImageFeed(self.arena.get(sizes), pin=self.arena.pin, fence=fence)
         return pipe
 
     def _start(self, steps: Iterator[str], everyone: list[SaveProgress], *, staged: bool) -> None:
@@ -255,7 +260,7 @@ class Saver:
         self._inflight = []
         self._thread = None
         self.arena = StagingArena(pin=self.arena.pin)
-        self._bounce = BouncePool(self.options.unit_size, io_threads())
+        self._bounce = BouncePool(self.options.unit_size, io_threads(), pin=self.arena.pin)
 
 
 def _drive(steps: Iterator[str], everyone: list[SaveProgress], staged: bool) -> None:

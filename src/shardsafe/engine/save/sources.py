@@ -61,18 +61,26 @@ def copy_unit(units: FileUnits, k: int, sources: Sources, out: np.ndarray, base:
             move(dst0 + dst, addr[item] + src, n)
 
 
-def copy_device_parts(units: FileUnits, k: int, sources: Sources, out: np.ndarray, base: int = 0) -> None:
-    """Copies the CUDA parts of unit ``k`` into ``out[dst - base]`` and waits for them."""
+def pin_device(sources: Sources, plan: FilePlan) -> int:
+    """The CUDA device whose tensors a stream with CUDA items copies into host buffers (the
+    first CUDA item's): the buffers are page-locked under it."""
+    return cuda.device_index(plan.items[sources.device[0]].value)
+
+
+def copy_device_parts(units: FileUnits, k: int, sources: Sources, out: np.ndarray, base: int = 0,
+                      fence: cuda.Fence | None = None) -> None:
+    """Copies the CUDA parts of unit ``k`` into ``out[dst - base]`` and waits for them (the
+    side stream first waits for ``fence``: the caller's stream at the call)."""
     if not sources.device:
         return
     copier = None
     addr = sources.addr
     for item, src, dst, n in zip(*units.parts(k)):
         if item != HEADER and addr[item] == 0:
-            copier = copier or cuda.DeviceCopier()
+            copier = copier or cuda.DeviceCopier(fence)
             copier.copy(units.plan.items[item].value, out[dst - base : dst - base + n], start=src)
     if copier is not None:
         copier.wait()
 
 
-__all__ = ["Sources", "copy_device_parts", "copy_unit"]
+__all__ = ["Sources", "copy_device_parts", "copy_unit", "pin_device"]
