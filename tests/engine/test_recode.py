@@ -1,0 +1,68 @@
+"""A re-encoding copy (``shardsafe cp --compression``) runs through the save pipeline: its
+memory does not grow with the checkpoint's size, and its bytes come back exact."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import shardsafe
+from shardsafe.cli import main
+from shardsafe.engine.commit import read_index
+from shardsafe.storage import LocalStorage
+
+MiB = 1 << 20
+
+PEAK = ("import sys; from shardsafe.cli import main; "
+        "assert main(['cp', *sys.argv[1:]]) == 0; "
+        "print(int(dict(l.split(':', 1) for l in open('/proc/self/status'))['VmHWM'].split()[0]))")  # KiB
+# (VmHWM, not ru_maxrss: a child's ru_maxrss starts from its parent's, whose state is large)
+
+
+def _peak_rss(env: dict, *args: str) -> int:
+    """The peak resident memory of a fresh process running ``shardsafe cp *args`` (KiB)."""
+    p = subprocess.run([sys.executable, "-c", PEAK, *args], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return int(p.stdout.split()[-1])
+
+
+def _bf16_state(nbytes: int) -> dict:
+    g = torch.Generator().manual_seed(0)
+    return {f"w{i}": (torch.randn(16 * MiB // 2, generator=g) * 0.02).to(torch.bfloat16)
+            for i in range(nbytes // (16 * MiB))}
+
+
+@pytest.mark.stress
+def test_a_recoding_copy_takes_memory_that_does_not_grow_with_the_checkpoint(tmp_path, subprocess_env) -> None:
+    # the same copies of a 64 MiB and a 320 MiB checkpoint (both fill the copy's buffers):
+    # a copy holding the source's bytes (or the destination's) takes 256 MiB more for the
+    # larger one; the pipeline's own buffers take the same for both
+    peaks = {}
+    for size in (64 * MiB, 320 * MiB):
+        state = _bf16_state(size)
+        src, auto = str(tmp_path / f"src{size}"), str(tmp_path / f"auto{size}")
+        shardsafe.save(state, src)
+        peaks[size] = (_peak_rss(subprocess_env, src, auto, "--compression", "auto"),
+                       _peak_rss(subprocess_env, auto, str(tmp_path / f"raw{size}"), "--compression", "none"))
+    small, large = peaks[64 * MiB], peaks[320 * MiB]
+    for coding, a, b in zip(("auto", "none"), small, large):
+        assert b - a < 64 * 1024, (coding, a // 1024, b // 1024)  # KiB; MiB in the message
+    got = shardsafe.load(str(tmp_path / f"raw{320 * MiB}"))
+    assert all(torch.equal(got[k], v) for k, v in state.items())
+
+
+def test_a_recoded_copy_is_one_data_file_and_one_block_file(tmp_path) -> None:
+    state = {"w": (torch.randn(3000, 1000) * 0.02).to(torch.bfloat16), "b": torch.arange(10), "s": 3}
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    shardsafe.save(state, src)
+    assert main(["cp", src, dst, "--compression", "auto"]) == 0
+    assert sorted(os.listdir(dst)) == ["data-r00000-000.blocks", "data-r00000-000.safetensors", "index.json"]
+    index = read_index(LocalStorage(), dst)
+    assert {f.rank for f in index.files} == {0}
+    got = shardsafe.load(dst)
+    assert torch.equal(got["w"], state["w"]) and torch.equal(got["b"], state["b"]) and got["s"] == 3
+    assert main(["verify", dst]) == 0
