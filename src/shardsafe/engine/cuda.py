@@ -231,10 +231,12 @@ class Fence:
         CUDA: no CUDA tensor exists before torch has initialised CUDA."""
         if not available() or not tensors.torch.cuda.is_initialized():
             return None
-        devices = {device_index(v) for v in values if is_device_tensor(v)}
+        torch = tensors.torch
+        tensor = torch.Tensor
+        # per item: two C-level attribute reads (states hold 10^4-10^5 tensors)
+        devices = {device_index(v) for v in values if isinstance(v, tensor) and v.is_cuda}
         if not devices:
             return None
-        torch = tensors.torch
         marks = {}
         for d in sorted(devices):
             stream = torch.cuda.current_stream(d)
