@@ -28,6 +28,15 @@ def raw(*, ss_stall=0.2, dcp_stall=0.5, pinned=50.0, base=0.020, during=0.0205, 
             "loads": {SHARDSAFE_LOAD: [2.0, 2.2], DCP_LOAD: [4.0]}, "skipped": []}
 
 
+def test_staging_rate_counts_until_the_copies_landed_not_until_the_call_returned() -> None:
+    r = raw(ss_stall=0.01)
+    r["saves"][SHARDSAFE]["copied"] = [0.3, 0.32, 0.31]
+    s = summarize(r)
+    assert s[SHARDSAFE]["blocked_s"] == pytest.approx(0.015)
+    assert s[SHARDSAFE]["staging_gbs"] == pytest.approx(8 / 0.31)
+    assert s[DCP]["staging_gbs"] == pytest.approx(8 / 0.5)  # no copied time recorded: the blocked time
+
+
 def test_summary_arithmetic() -> None:
     s = summarize(raw())
     assert s[SHARDSAFE]["blocked_s"] == pytest.approx(0.205)

@@ -169,12 +169,20 @@ class Systems:
 
 
 def timed_save(systems: Systems, system: str, state: dict[str, torch.Tensor], path: str) -> dict[str, float]:
-    """One background save, waited for: blocked and durable seconds."""
+    """One background save, waited for: blocked, copied and durable seconds.
+
+    *copied*: until the device is idle after the call, i.e. the state's device-to-host
+    copies have landed (shardsafe's blocking staging returns before they have: the
+    caller's stream waits for them on the GPU instead of its thread).
+    """
     settle()
+    device = next(iter(state.values())).device
     t0 = time.perf_counter()
     stall, _, wait = systems.start(system, state, path)
+    sync(device)
+    copied = time.perf_counter() - t0
     wait()
-    return {"stall": stall, "durable": time.perf_counter() - t0}
+    return {"stall": stall, "copied": copied, "durable": time.perf_counter() - t0}
 
 
 def save_while_training(systems: Systems, system: str, state: dict[str, torch.Tensor], path: str,

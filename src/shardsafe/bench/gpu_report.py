@@ -55,17 +55,18 @@ def _metric(raw: Mapping[str, Any], section: str, system: str, key: str | None =
 
 def summarize(raw: Mapping[str, Any]) -> dict[str, dict[str, float | None]]:
     """Per system: median blocked and durable seconds, staging GB/s (state bytes over the
-    blocked time: for a staging that copies the device state into host memory, its
-    device-to-host rate), step-time overhead while its background save wrote (a
+    time until the device state was copied into host memory, its device-to-host rate;
+    the blocked time where a run recorded no copied time), step-time overhead while its background save wrote (a
     fraction: 0.05 is 5% slower steps than with no save), and load seconds and GB/s."""
     nbytes = raw.get("config", {}).get("nbytes", 0)
     base = median(raw.get("training", {}).get(BASELINE))
     out: dict[str, dict[str, float | None]] = {}
     for system in (SHARDSAFE, DCP, TORCH):
         stall = _metric(raw, "saves", system, "stall")
+        copied = _metric(raw, "saves", system, "copied")
         during = median(raw.get("training", {}).get(system))
         out[system] = {"blocked_s": stall, "durable_s": _metric(raw, "saves", system, "durable"),
-                       "staging_gbs": ratio(nbytes / 1e9, stall),
+                       "staging_gbs": ratio(nbytes / 1e9, stall if copied is None else copied),
                        "step_overhead": None if during is None or not base else during / base - 1}
     for system in (SHARDSAFE_LOAD, DCP_LOAD):
         t = median(raw.get("loads", {}).get(system))
@@ -126,7 +127,7 @@ def _saves_table(raw: Mapping[str, Any], s: Mapping[str, Mapping[str, float | No
                     f"{_f(m['durable_s'])} | {step} |")
     rows += ["", f"Training step with no save: {_f(base and base * 1e3, '{:.1f}')} ms (median). "
              "*blocked*: how long the call held the training thread; *staging GB/s*: state bytes "
-             "over that time; torch.save blocks until durable and is not run in the background."]
+             "over the time until they were copied off the GPU; torch.save blocks until durable and is not run in the background."]
     return rows
 
 
