@@ -107,7 +107,7 @@ def test_blocking_async_save_returns_before_its_device_copies_land(tmp_path, dev
 
 def test_only_saves_of_gpu_state_page_lock_and_a_refusal_falls_back(tmp_path, device, caplog) -> None:
     """A CPU state's save leaves the staging image pageable (no registration, no context).
-    The same layout on the GPU page-locks it; here CUDA refuses (part of it is registered
+    The same layout on the GPU page-locks it; here CUDA refuses (a page of it is registered
     already): a warning, pageable staging, exact values, and no CUDA error left for this
     thread's next kernels."""
     cpu_state = {"w": torch.arange(MiB, dtype=torch.float32)}
@@ -118,7 +118,8 @@ def test_only_saves_of_gpu_state_page_lock_and_a_refusal_falls_back(tmp_path, de
         (image,) = ckpt._saver.arena.buffers
         slab = image.parent
         assert not slab.pinned
-        err = cudart.cudaHostRegister(int(slab.array.ctypes.data), MiB, 0)  # by someone else
+        # by someone else: the image's first page (the header's: no device copy lands there)
+        err = cudart.cudaHostRegister(int(slab.array.ctypes.data), 4096, 0)
         assert int(getattr(err, "value", err)) == 0
         try:
             with caplog.at_level(logging.WARNING, logger="shardsafe"):
