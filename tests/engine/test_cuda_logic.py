@@ -108,21 +108,24 @@ def test_byte_range_of_a_contiguous_tensor_is_a_view():
 MAPS = """\
 7f1c2a000000-7f1c2a200000 r--p 00000000 103:02 1234  /usr/lib/python3.12/site-packages/torch/lib/libtorch_cuda.so
 7f1c2b000000-7f1c2b010000 r-xp 00000000 103:02 5678  /venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13
+7f1c2b010000-7f1c2b012000 rw-p 00010000 103:02 5678  /venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13
 7f1c2c000000-7f1c2c001000 rw-p 00000000 00:00 0
 """
 
 
 @pytest.mark.parametrize("maps,want", [
-    (MAPS, "/venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13"),
+    (MAPS, ["/venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13"]),
     ("7f00-7f10 r-xp 00000000 08:01 42 /opt/torch/lib/libcudart-9335f6a2.so.12\n",
-     "/opt/torch/lib/libcudart-9335f6a2.so.12"),
-    ("7f00-7f10 r-xp 00000000 08:01 42 /opt/my libs/libcudart.so.12.4.127\n", "/opt/my libs/libcudart.so.12.4.127"),
+     ["/opt/torch/lib/libcudart-9335f6a2.so.12"]),
+    ("7f00-7f10 r-xp 00000000 08:01 42 /opt/my libs/libcudart.so.12.4.127\n", ["/opt/my libs/libcudart.so.12.4.127"]),
     ("7f00-7f10 r-xp 00000000 08:01 42 /usr/lib/libcudart_static_helper.so\n"
-     "7f00-7f10 r-xp 00000000 08:01 42 /usr/lib/libcudnn.so.9\n", None),
-    ("", None),
+     "7f00-7f10 r-xp 00000000 08:01 42 /usr/lib/libcudnn.so.9\n", []),
+    (MAPS + "7f1d00000000-7f1d00100000 r-xp 00000000 103:02 9 /opt/cupy/lib/libcudart.so.12\n",
+     ["/venv/lib/python3.12/site-packages/nvidia/cu13/lib/libcudart.so.13", "/opt/cupy/lib/libcudart.so.12"]),
+    ("", []),
 ])
-def test_the_cuda_runtime_is_found_in_a_process_maps(maps, want):
-    assert cuda.cudart_path(maps) == want
+def test_the_cuda_runtimes_are_found_in_a_process_maps(maps, want):
+    assert cuda.cudart_paths(maps) == want
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")

@@ -63,28 +63,32 @@ def device_index(x: Any) -> int:
 
 
 # ---------------------------------------------------------------------- page-locking
-def cudart_path(maps: str) -> str | None:
-    """The CUDA runtime library mapped into a process, from its ``/proc/<pid>/maps`` text
-    (None when none is: a runtime linked statically into torch)."""
+def cudart_paths(maps: str) -> list[str]:
+    """The CUDA runtime libraries mapped into a process, from its ``/proc/<pid>/maps`` text,
+    in order of first appearance (none: a runtime linked statically into torch)."""
+    out: list[str] = []
     for line in maps.splitlines():
         fields = line.split(None, 5)
-        if len(fields) == 6 and _CUDART.match(os.path.basename(fields[5].strip())):
-            return fields[5].strip()
-    return None
+        if len(fields) == 6:
+            path = fields[5].strip()
+            if _CUDART.match(os.path.basename(path)) and path not in out:
+                out.append(path)
+    return out
 
 
 _runtime: list[Any] = []  # [the loaded runtime's CDLL, or None], once looked up
 
 
 def _loaded_runtime() -> Any:
-    """torch's own libcudart, through ctypes (RTLD_NOLOAD: never a second copy), or None."""
+    """torch's own libcudart, through ctypes (RTLD_NOLOAD: never a second copy), or None
+    when it cannot be told for sure (none mapped, or several: another library's own)."""
     if not _runtime:
         lib = None
         try:
             with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-                path = cudart_path(f.read())
-            if path is not None:
-                lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+                paths = cudart_paths(f.read())
+            if len(paths) == 1:
+                lib = ctypes.CDLL(paths[0], mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
                 lib.cudaGetLastError.restype = ctypes.c_int
         except (OSError, AttributeError) as e:
             log.debug("the CUDA runtime is not reachable through ctypes (%s)", e)
@@ -98,8 +102,9 @@ def clear_last_error(device: int) -> None:
 
     PyTorch's ``cudart()`` bindings return a call's error without reading it back, and
     the runtime keeps it until ``cudaGetLastError``: the next kernel launch of this thread
-    would report it as its own failure. Where torch's runtime is a shared library it is
-    called directly; else one tiny kernel's launch check reads (and clears) the error.
+    would report it as its own failure. Where torch's runtime is the one shared library
+    of the process it is called directly; else one tiny kernel's launch check, which is
+    torch's own ``cudaGetLastError``, reads (and clears) the error.
     """
     lib = _loaded_runtime()
     if lib is not None:
@@ -321,5 +326,5 @@ class DeviceCopier:
         self._done.clear()
 
 
-__all__ = ["DeviceCopier", "Fence", "available", "byte_range", "clear_last_error", "cudart_path",
+__all__ = ["DeviceCopier", "Fence", "available", "byte_range", "clear_last_error", "cudart_paths",
            "device_index", "element_blocks", "is_device_tensor", "pin", "unpin"]
