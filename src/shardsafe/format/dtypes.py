@@ -45,6 +45,13 @@ _TABLE = (
     DType("float8_e5m2fnuz", 1, "F8_E5M2FNUZ", None),
     DType("float8_e8m0fnu", 1, None, None),
     DType("float4_e2m1fn_x2", 1, None, None),
+    # JAX's (ml_dtypes') narrow types, one element per byte
+    DType("float8_e3m4", 1, None, None),
+    DType("float8_e4m3", 1, None, None),
+    DType("float8_e4m3b11fnuz", 1, None, None),
+    DType("float4_e2m1fn", 1, None, None),
+    DType("int4", 1, None, None),
+    DType("uint4", 1, None, None),
     DType("complex32", 4, None, None),
     DType("complex64", 8, "C64", "complex64"),
     DType("complex128", 16, None, "complex128"),

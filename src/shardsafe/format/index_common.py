@@ -27,7 +27,7 @@ MAX_DIM = 1 << 62
 # Bound on prod(max(dim, 1)) * itemsize: a zero-size tensor must not smuggle in dimensions
 # that overflow numpy's size arithmetic or look absurd to any reader.
 MAX_EXTENT_BYTES = 1 << 62
-TENSOR_KINDS = ("torch", "numpy")
+TENSOR_KINDS = ("torch", "numpy", "jax")
 # fullmatch, not match + "$": "$" also matches before a trailing newline
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # A reference (incremental saves, docs/FORMAT.md section 13): "<sibling directory>/<file>",
