@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, MutableMapping
@@ -23,6 +24,7 @@ from ..format.index import Index
 from ..jax import restore as jax_restore
 from ..per_rank import loading
 from ..plan.flatten import Stateful, is_stateful
+from ..plan.regroup import regroup
 from ..storage import LocalStorage, storage_for
 from . import new_state
 from .match import TensorTarget, match
@@ -209,7 +211,11 @@ def _load_from(storage: Any, spath: str, index: Index, path: str,
             raise ValueError("mmap=True applies to load(path) of a local checkpoint, without a state")
         return load_mapped(spath, index)
     reader = ChunkReader(storage, spath, index)
-    if state is not None and jax_restore.holds_jax(state):
+    jax_target = state is not None and jax_restore.holds_jax(state)
+    if jax_target or (state is not None and _saved_from_jax(index)):  # names nested one way, flat the other
+        tree = regroup(index.tree, state)
+        index = index if tree is index.tree else dataclasses.replace(index, tree=tree)
+    if jax_target:
         return _restore_jax(reader, index, path, state, strict)
     if state is None:
         with allocating(lambda: _total(index, path)):
@@ -228,6 +234,10 @@ def _load_from(storage: Any, spath: str, index: Index, path: str,
         read_targets(reader, m.reads)
     m.apply()
     return LoadResult(m.missing, m.unexpected, m.mismatched)
+
+
+def _saved_from_jax(index: Index) -> bool:
+    return any(t.kind == "jax" for t in (index.infos if index.infos is not None else index.tensors))
 
 
 def _restore_jax(reader: ChunkReader, index: Index, path: str, target: Any, strict: bool) -> Any:
