@@ -94,7 +94,7 @@ def cpu_dtype_table() -> dict[Any, tuple[str, int]]:
     torch has (quantized dtypes are absent, so a hit also means "not quantized")."""
     if not _CPU_DTYPES and HAVE_TORCH:
         for name in DTYPES:
-            dt = getattr(torch, name, None)
+            dt = getattr(torch, name, None) if DTYPES[name].torch else None
             if isinstance(dt, torch.dtype):
                 _CPU_DTYPES[dt] = (name, DTYPES[name].itemsize)
     return _CPU_DTYPES

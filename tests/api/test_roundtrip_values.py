@@ -17,9 +17,8 @@ from roundtrip_helpers import random_tensor
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 
-# the format's dtypes that only ml_dtypes (JAX) has; tests/jax round-trips them
-ML_DTYPES_ONLY = {"float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float4_e2m1fn"}
-TORCH_DTYPES = [getattr(torch, n) for n in sorted(DTYPES) if n not in ML_DTYPES_ONLY]
+# (the format's ml_dtypes-only types, JAX's, round-trip in tests/jax)
+TORCH_DTYPES = [getattr(torch, n) for n in sorted(DTYPES) if DTYPES[n].torch]
 SHAPES = [(), (0,), (3, 0, 2), (5,), (4, 7)]
 
 

@@ -104,6 +104,9 @@ def run(mib: int, repeat: int, directory: str) -> dict[str, dict[str, float]]:
         orbax.save(p, state)
         return orbax.wait_until_finished
 
+    for save, p in ((ss_save, ss), (orbax_save, op)):  # warm-up: first calls, compilations
+        _save_pair(save, p)
+    _ready((shardsafe.load(ss, same), orbax.restore(op, same)))
     for _ in range(repeat):
         b, d = _save_pair(ss_save, ss)
         add("shardsafe", blocking=b, durable=d)

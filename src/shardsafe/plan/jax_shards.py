@@ -15,6 +15,20 @@ from .. import jax_values
 from .flatten import TensorItem
 
 
+class JaxShard(TensorItem):
+    """An item holding one shard of a ``jax.Array`` on the host: a private device-to-host
+    copy, or on the CPU backend a view of the array's own buffer. Either way nothing the
+    caller does can change it (JAX arrays are immutable, and a buffer a view refers to
+    is not donated), so a save may copy it out of the caller's way, after returning."""
+
+    __slots__ = ()
+
+
+def immutable(items: Sequence[TensorItem]) -> bool:
+    """Whether every item is a ``JaxShard`` (the caller cannot change what is saved)."""
+    return all(type(it) is JaxShard for it in items)
+
+
 def write_items(items: Sequence[TensorItem]) -> list[TensorItem]:
     """``items`` with each ``jax.Array`` item replaced by its written shards (same ``id``)."""
     jax_items = [it for it in items if it.kind == "jax" and jax_values.is_array(it.value)]
@@ -27,6 +41,6 @@ def write_items(items: Sequence[TensorItem]) -> list[TensorItem]:
         if per is None:
             out.append(it)
             continue
-        out.extend(TensorItem(it.id, it.path, host, "jax", it.dtype, it.shape, offsets, False)
+        out.extend(JaxShard(it.id, it.path, host, "jax", it.dtype, it.shape, offsets, False)
                    for offsets, host in per)
     return out
