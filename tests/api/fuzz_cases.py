@@ -27,7 +27,7 @@ import torch
 import shardsafe
 from shardsafe.cli import build_parser
 from shardsafe.format.checksum import crc32c
-from shardsafe.format.index import decode_index, encode_index
+from shardsafe.format.index.versions import decode_index, encode_index
 from shardsafe.manager import CheckpointManager
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -31,7 +31,7 @@ from ..api.match import TensorTarget
 from ..engine.commit import read_index
 from ..engine.reader import ChunkReader
 from ..errors import CheckpointError
-from ..format.index import Index
+from ..format.index.objects import Index
 from ..storage import storage_for
 from ..tensors import torch_dtype_name
 from . import translate

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 
-from ..format.index import Index
+from ..format.index.objects import Index
 from ..format.tree import KeyPath, Node, build, encode_key, encode_plain
 from ..plan.flatten import TensorItem
 from ..tensors import torch_dtype_name

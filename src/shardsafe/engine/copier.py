@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from ..errors import CheckpointError, CorruptCheckpointError
 from ..format import INDEX_NAME
 from ..format.block_verify import BlockSpan, BlockStream, index_spans
-from ..format.index import FileEntry, Index
+from ..format.index.objects import Index
+from ..format.index.rows import FileEntry
 from ..storage.base import Storage
 from ..storage.local import LocalStorage
 from . import commit

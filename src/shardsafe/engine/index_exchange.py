@@ -11,13 +11,14 @@ from .. import knobs
 from ..comm import Comm, next_namespace
 from ..comm.rounds import broadcast_from_leader, join, leave
 from ..errors import CheckpointError
-from ..format import index as fmt
+from ..format.index.objects import Index
+from ..format.index.versions import decode_index
 from ..storage import Storage
 from . import commit
 
 
 def read_index_collective(storage: Storage, spath: str, comm: Comm,
-                          timeout: float | None = None) -> fmt.Index:
+                          timeout: float | None = None) -> Index:
     """Rank 0 reads and validates the index once and sends its bytes; all decode.
 
     When rank 0 fails, every other rank reads the index itself, so it raises the very
@@ -47,4 +48,4 @@ def read_index_collective(storage: Storage, spath: str, comm: Comm,
         return index
     if data[:1] != b"R":
         return commit.read_index(storage, spath)
-    return fmt.decode_index(data[1:])
+    return decode_index(data[1:])

@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import jax_values, tensors
 from ..engine.buffers import new_tensor
-from ..format.index import Index
+from ..format.index.objects import Index
 from ..format.tree import KeyPath, Node, build, dict_items, render_path
 
 Build = Callable[[], Any]

@@ -23,7 +23,7 @@ from typing import Any
 from ..api.load import load_checked
 from ..engine.detach import detach
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
-from ..format.index import Index
+from ..format.index.objects import Index
 from .steps import MANAGER_KEY, StepDirectory
 
 log = logging.getLogger("shardsafe")
