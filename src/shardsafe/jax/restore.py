@@ -205,7 +205,8 @@ class _Planner:
             placed.append((device, b))
 
         def done() -> Any:
-            arrays = [jax.device_put(boxes[b], d) for d, b in placed]
+            # the host boxes are this restore's own: a device may use one as its buffer
+            arrays = [jax.device_put(boxes[b], d, may_alias=True) for d, b in placed]
             return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
 
         return done
