@@ -58,7 +58,10 @@ def dtype_of(x: Any) -> DType:
         if x.dtype.kind == "V":  # ml_dtypes' types are numpy "void" kinds with their own names
             return lookup(jax_values.dtype_name(x.dtype, "numpy array"))
         return from_numpy(x.dtype)
-    return lookup(torch_dtype_name(x.dtype))
+    d = lookup(torch_dtype_name(x.dtype))
+    if not d.torch:  # torch's sub-byte shells (int4, uint4) have no byte layout of their own
+        raise ValueError(f"torch dtype {x.dtype} is not the format's {d.name}")
+    return d
 
 
 def check_supported(x: Any) -> None:

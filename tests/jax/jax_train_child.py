@@ -3,9 +3,10 @@
     python jax_train_child.py DIR PROGRESS LAST_STEP [KILL_AT]
 
 Trains a sharded state (4x2 mesh of emulated CPU devices) from the manager's newest
-step to LAST_STEP, saving through a CheckpointManager (async, every 2 steps, a local
-tier every step, 2 kept); with KILL_AT it SIGKILLs itself right after saving that step.
-Appends "resumed N" and, at the end, "final <digest>" to PROGRESS.
+step to LAST_STEP, saving through a CheckpointManager (``options``); with KILL_AT it
+SIGKILLs itself right after saving that step. Appends "resumed N <tier>" and, at the
+end, "final <digest>" to PROGRESS. The test imports ``update``, ``digest`` and
+``options`` to resume and to train the uninterrupted reference in its own process.
 """
 
 from __future__ import annotations
@@ -40,14 +41,18 @@ def digest(state: dict) -> str:
     return h.hexdigest()[:16]
 
 
+def options(directory: object) -> dict:
+    """The manager's options: async saves every 2 steps, 2 kept, a local tier every step."""
+    return {"save_interval_steps": 2, "max_to_keep": 2, "local_directory": os.path.join(directory, "local"),
+            "local_save_interval_steps": 1}
+
+
 def main() -> None:
     directory, progress, last = sys.argv[1], sys.argv[2], int(sys.argv[3])
     kill_at = int(sys.argv[4]) if len(sys.argv) > 4 else -1
     mesh = jax.make_mesh((4, 2), ("dp", "tp"))
     state = {"train": train_state(mesh), "step": 0}
-    mgr = shardsafe.CheckpointManager(directory, save_interval_steps=2, max_to_keep=2,
-                                      local_directory=os.path.join(directory, "local"),
-                                      local_save_interval_steps=1)
+    mgr = shardsafe.CheckpointManager(directory, **options(directory))
     start = mgr.restore(state) or 0
     with open(progress, "a") as f:
         f.write(f"resumed {start} {mgr.last_restore.tier if mgr.last_restore else '-'}\n")

@@ -191,8 +191,12 @@ class _Planner:
             return lambda: target
         sharding = getattr(target, "sharding", None)
         jax = jax_values.imported()
-        if sharding is None:  # a ShapeDtypeStruct without one: the default device
-            sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        if sharding is None or getattr(target, "committed", True) is False:
+            # no sharding, or an uncommitted array (``jnp.asarray``): an uncommitted array on
+            # the default device, which a jitted step may move where its other inputs are
+            host, _dest = new_tensor("jax", dtype, shape)
+            self.out.reads.append(BoxRead(tid, host, None))
+            return lambda: jax.device_put(host, may_alias=True)
         boxes: dict[tuple[tuple[int, ...], tuple[int, ...]], Any] = {}
         placed = []
         for device, index in sharding.addressable_devices_indices_map(shape).items():
