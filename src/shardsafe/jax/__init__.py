@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import jax_values
-from ..format.tree import render_path
+from ..format.tree import render_path as _render_path
 
 
 def state_dict_names(tree: Any) -> list[str]:
@@ -35,7 +35,7 @@ def state_dict_names(tree: Any) -> list[str]:
         for entry in path:
             keys.append(jax_values.key_of(entry, node))
             node = _child(node, entry)
-        out.append(render_path(tuple(keys)))
+        out.append(_render_path(tuple(keys)))
     return out
 
 
