@@ -21,7 +21,7 @@ MiB = 1 << 20
 
 @pytest.mark.parametrize("backend", ["nccl", "cpu:gloo,cuda:nccl"])
 def test_dtensor_on_a_one_gpu_mesh(tmp_path, backend) -> None:
-    outputs = run_script(os.path.join(HERE, "dtensor_gpu_worker.py"), 1, str(tmp_path), backend, timeout=240)
+    outputs = run_script(os.path.join(HERE, "dtensor_gpu_worker.py"), 1, str(tmp_path), backend, timeout=120)
     assert outputs[0].rstrip().endswith("ok"), outputs[0][-2000:]
 
 

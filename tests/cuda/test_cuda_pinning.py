@@ -18,11 +18,12 @@ from shardsafe.storage.memory import anonymous
 MiB = 1 << 20
 
 
-def test_a_refused_registration_warns_and_leaves_no_cuda_error_behind(caplog, device) -> None:
+def test_a_refused_registration_warns_and_leaves_no_cuda_error_behind(tmp_path, caplog, device) -> None:
     """A range part of which is registered already is refused (CUDA's documented
     ``cudaErrorHostMemoryAlreadyRegistered``): ``pin`` says so with a warning and returns
-    False; the next kernels of this thread run (a failed runtime call must not stay behind
-    as the thread's last CUDA error, which PyTorch's next launch check would raise)."""
+    False; the next kernels of this thread run, and so does a save of GPU state from it (a
+    failed runtime call must not stay behind as the thread's last CUDA error, which
+    PyTorch's next kernel-launch check would raise)."""
     _map, buf = anonymous(4 * MiB, huge=False)
     cudart = torch.cuda.cudart()
     err = cudart.cudaHostRegister(int(buf.ctypes.data), MiB, 0)  # the first MiB, by someone else
@@ -34,6 +35,10 @@ def test_a_refused_registration_warns_and_leaves_no_cuda_error_behind(caplog, de
         x = torch.arange(1 << 20, device=device, dtype=torch.float32)
         y = (x.view(1024, 1024).t().contiguous() * 2).sum()  # kernel launches, each checked
         assert y.item() == float(x.sum().item() * 2)
+        state = {"t": x.view(1024, 1024).t()}  # staging runs a kernel (contiguous) on this thread
+        with shardsafe.Checkpointer() as ckpt:
+            ckpt.async_save(state, str(tmp_path / "ckpt")).result()
+        assert torch.equal(shardsafe.load(str(tmp_path / "ckpt"))["t"], state["t"].cpu())
     finally:
         cudart.cudaHostUnregister(int(buf.ctypes.data))
 
