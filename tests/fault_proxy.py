@@ -15,9 +15,9 @@ its ``Faults`` (decided by one seeded generator), it instead:
   (accepting nothing more from the client, whose sends then block), at a random point
   of the request or the response; then drops the connection.
 
-``outage(seconds)`` plays a server killed and restarted: every open connection is
-reset, new ones are refused (the port is closed), and after ``seconds`` it listens
-again on the same port. ``counts`` says what was injected. Everything runs on one
+``outage(seconds)`` (or ``Faults.outage_on``, at a given request) plays a server killed
+and restarted: every open connection is reset, new ones are refused (the port is
+closed), and after ``seconds`` it listens again on the same port. ``counts`` says what was injected. Everything runs on one
 asyncio loop in a daemon thread; the proxy keeps no state of its own beyond that.
 """
 
@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 KINDS = ("throttle", "reset", "early_eof", "stall")
+RECEIVE_BUFFER = 64 << 10  # bytes the proxy takes from a client before it stops reading
 SLOW_DOWN = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code>"
              b"<Message>Please reduce your request rate.</Message></Error>")
 
@@ -52,6 +53,12 @@ class Faults:
     stall_seconds: float = 120.0
     retry_after: int = 1
     only: Callable[[str, str], bool] | None = None
+    outage_on: Callable[[str, str], bool] | None = None
+    """A request it accepts starts an ``outage`` of ``outage_seconds`` (that request is lost)."""
+    outage_seconds: float = 2.0
+    phase: float | None = None
+    """Where a reset, stall or early EOF strikes: below 0.5 while the request arrives (at
+    that fraction of twice its body), from 0.5 while the response goes out; None: at random."""
 
     def pick(self, rng: random.Random, method: str, target: str) -> str | None:
         if self.only is not None and not self.only(method, target):
@@ -104,26 +111,42 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
+        """Closes every connection, ends the relaying (stalls included) and the thread."""
         if not self._thread.is_alive():
             return
         self._call(self._close_all())
+        self._call(self._cancel_tasks())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()
 
     def outage(self, seconds: float) -> None:
         """Resets every connection and refuses new ones for ``seconds`` (returns at once)."""
+        self._call(self._outage(seconds))
+
+    async def _outage(self, seconds: float) -> None:
         self.counts["outage"] += 1
-        self._call(self._close_all())
-        self._loop.call_soon_threadsafe(lambda: self._loop.call_later(
-            seconds, lambda: asyncio.ensure_future(self._listen())))
+        await self._close_all()
+        self._loop.call_later(seconds, lambda: asyncio.ensure_future(self._listen()))
 
     def _call(self, coro) -> None:  # noqa: ANN001 - a coroutine
         asyncio.run_coroutine_threadsafe(coro, self._loop).result(30)
 
     async def _listen(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port,
-                                                  reuse_address=True, limit=1 << 20)
-        self.port = self._server.sockets[0].getsockname()[1]
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # a server's receive window, not loopback's many megabytes: a stall that stops
+        # reading a body then blocks the client's sends, as it does across a network
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        sock.bind(("127.0.0.1", self.port))
+        self._server = await asyncio.start_server(self._serve, sock=sock, limit=RECEIVE_BUFFER)
+        self.port = sock.getsockname()[1]
+
+    async def _cancel_tasks(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _close_all(self) -> None:
         if self._server is not None:
@@ -141,12 +164,16 @@ class FaultProxy:
                 if req is None:
                     return
                 self.counts["requests"] += 1
+                down = self.faults.outage_on
+                if down is not None and down(req.method, req.target):
+                    await self._outage(self.faults.outage_seconds)
+                    raise _Dropped
                 kind = self.faults.pick(self._rng, req.method, req.target)
                 if kind is not None:
                     self.counts[kind] += 1
                 await self._one(req, kind, reader, writer)
-        except (_Dropped, ConnectionError, asyncio.IncompleteReadError):
-            pass
+        except (_Dropped, ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # a fault, the client leaving, or the proxy stopping
         finally:
             self._clients.discard(writer)
             if not writer.is_closing():
@@ -155,7 +182,7 @@ class FaultProxy:
     async def _one(self, req: _Request, kind: str | None, reader: asyncio.StreamReader,
                    writer: asyncio.StreamWriter) -> None:
         rng, f = self._rng, self.faults
-        phase = rng.random()  # where in the exchange a reset or stall strikes
+        phase = rng.random() if f.phase is None else f.phase
         if req.expect_continue:
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if kind in ("reset", "stall") and phase < 0.5:
@@ -176,7 +203,7 @@ class FaultProxy:
         if kind == "reset":  # the server acted on the request; the client never hears back
             _reset(writer)
             raise _Dropped
-        cut = len(status_head) + int((phase - 0.5) * 2 * len(body))
+        cut = len(status_head) + int(max(0.0, phase - 0.5) * 2 * len(body))
         data = status_head + body
         if kind == "early_eof":
             writer.write(data[:min(cut, len(data) - 1)])

@@ -169,6 +169,7 @@ class FsspecStorage:
         self._afs = fs if getattr(fs, "async_impl", False) else AsyncFileSystemWrapper(fs, asynchronous=False)
         self._runner = Runner(self._afs.loop, policy or RetryPolicy.from_knobs(), deadline,
                               _watch_of(fs), knobs.store_requests())
+        self._cleanup: Runner | None = None
 
     @classmethod
     def for_url(cls, url: str, storage_options: dict | None = None,
@@ -209,7 +210,17 @@ class FsspecStorage:
         return posixpath.join(posixpath.dirname(path.rstrip("/")), directory, name)
 
     def _call(self, verb: str, path: str, detail: str, make: Callable[[], Awaitable[_T]]) -> _T:
-        return self._runner.run(Request(verb, path, detail), make)
+        return self._runner_for(verb).run(Request(verb, path, detail), make)
+
+    def _runner_for(self, verb: str) -> Runner:
+        """The call's runner; once its deadline has passed, requests that only look or
+        delete (the clean-up of the failed call) share a short window of their own."""
+        deadline = self._runner.deadline
+        if verb in ("PUT", "POST") or deadline is None or not deadline.passed():
+            return self._runner
+        if self._cleanup is None:
+            self._cleanup = self._runner.for_cleanup()
+        return self._cleanup
 
     # ------------------------------------------------------------------ writing
     def open_writer(self, path: str, size: int) -> None:

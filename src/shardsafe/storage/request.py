@@ -125,8 +125,8 @@ class Runner:
                 delay = self.policy.delay(attempt, transient.retry_after)
                 if self.deadline is not None and self.deadline.remaining() < delay:
                     raise self.deadline.error(str(request), request.path, failures) from e
-                log.info("%s of %s: %s; retrying in %.2f s (attempt %d of %d)", request,
-                         request.path, transient.kind, delay, attempt + 2, self.policy.attempts)
+                log.info("%s of %s: %s (%r); retrying in %.2f s (attempt %d of %d)", request,
+                         request.path, transient.kind, e, delay, attempt + 2, self.policy.attempts)
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
