@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-stamp
 KERNEL := src/shardsafe/format/_planes.so
 KFLAGS := -O3 -std=c99 -fPIC -shared
 
-.PHONY: demo demo-distributed test test-stress bench docs setup kernel clean
+.PHONY: demo demo-distributed test test-stress bench docs setup kernel clean gpu-check gpu-wheels
 
 setup: $(STAMP) $(KERNEL)
 
@@ -43,9 +43,26 @@ test-stress: $(STAMP) $(KERNEL)
 bench: $(STAMP) $(KERNEL)
 	$(BIN)/shardsafe bench
 
+# The GPU check (docs/development.md, "GPU check"): the CUDA tests and the GPU benchmark,
+# everything recorded into GPU_OUT. Needs no virtual environment and no network, so that it
+# runs as is on a lent GPU machine; without a GPU it says so and exits 0.
+GPU_OUT ?= gpu-out
+gpu-check:
+	scripts/gpu-check $(GPU_OUT)
+
+# Wheels (CPython 3.12, x86-64 Linux) of what shardsafe and its CUDA tests need and the GPU
+# image lacks, into .gpu-wheels/ (git ignores it) to be carried there; needs a network.
+GPU_WHEELS := crc32c==2.9.post0 zstandard==0.25.0
+gpu-wheels:
+	rm -rf .gpu-wheels.tmp
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d .gpu-wheels.tmp $(GPU_WHEELS)
+	rm -rf .gpu-wheels && mv .gpu-wheels.tmp .gpu-wheels && ls -l .gpu-wheels
+
 # the documentation site (docs/ and mkdocs.yml) into site/; any warning fails the build
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) build dist site src/*.egg-info $(KERNEL)
+	rm -rf $(VENV) build dist site src/*.egg-info $(KERNEL) .gpu-wheels gpu-out

@@ -3,10 +3,14 @@
 Usage: ``python fuzz_cases.py ROOT SEED CASES VERSION``. Each case copies a healthy
 checkpoint, damages it one way (byte flips in data or index, truncation, extension,
 symlinks to an outside file or /dev/zero, a FIFO, a directory, a forged table with a
-re-sealed checksum), then runs load, load(mmap=True), an in-place load, ``verify`` and
-``CheckpointManager.restore`` (whose newest step is the damaged one) and the CLI's ls, info, diff and export on it. Only
-CheckpointError may come out (restore must fall back to the healthy step), each case
-within CASE_SECONDS. Prints one line per violation; exits 1 if there was any.
+re-sealed checksum, a forged DCP record and values holding pickles), then runs load,
+load(mmap=True), an in-place load, ``verify``, ``dcp.load`` through
+``shardsafe.dcp.Reader``, ``CheckpointManager.restore`` (whose newest step is the damaged
+one) and the CLI's ls, info, diff and export on it. Only CheckpointError may come out
+(restore must fall back to the healthy step; DCP reports a reader's error inside its
+CheckpointException), each case within CASE_SECONDS, and no pickle from the checkpoint
+may run (a sentinel file would appear). Prints one line per violation; exits 1 if there
+was any.
 The parent runs this under RLIMIT_AS, which proves the memory bound.
 """
 
@@ -23,15 +27,19 @@ import sys
 import traceback
 
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 import shardsafe
 from shardsafe.cli import build_parser
+from shardsafe.dcp import Reader
 from shardsafe.format.checksum import crc32c
-from shardsafe.format.index import decode_index, encode_index
+from shardsafe.format.index.versions import decode_index, encode_index
 from shardsafe.manager import CheckpointManager
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.join(TESTS, "format"), TESTS]
+sys.path[:0] = [os.path.join(TESTS, "format"), os.path.join(TESTS, "dcp"), TESTS]
+from forge_dcp import bytes_node, payload, random_record, rewrite  # noqa: E402
 from helpers import flip_byte  # noqa: E402
 from v2_forge import seal_v2, split_v2  # noqa: E402
 from v3_forge import seal_v3, split_v3  # noqa: E402
@@ -102,8 +110,14 @@ def _replace(path: str, how: str, outside: str) -> None:
 def damage(ckpt: str, rng: random.Random, version: int, outside: str) -> str:
     """Damages ``ckpt`` one random way; returns a description."""
     kind = rng.choice(["flip-data", "flip-data", "flip-index", "truncate-data", "extend-data",
-                       "truncate-index", "replace-data", "replace-index", "forge", "forge"])
+                       "truncate-index", "replace-data", "replace-index", "forge", "forge", "forge-dcp"])
     target = os.path.join(ckpt, INDEX if kind.endswith("index") else rng.choice(data_files(ckpt)))
+    if kind == "forge-dcp":
+        sentinel = os.path.join(os.path.dirname(ckpt), "SENTINEL")
+        leaves = {"step": bytes_node(payload(sentinel))} if rng.random() < 0.7 else {}
+        record = random_record(rng, sentinel, ["w", "step", "opt.lr", "opt"])
+        rewrite(ckpt, metadata={"dcp": record}, leaves=leaves)
+        return f"forged DCP record {str(record)[:60]!r}, pickles at {sorted(leaves)}"
     if kind.startswith("replace"):
         how = rng.choice(["symlink-outside", "symlink-zero", "fifo", "directory"])
         _replace(target, how, outside)
@@ -154,6 +168,18 @@ def operations(ckpt: str, mgr: str) -> dict:
         target = state()
         shardsafe.load(ckpt, target)
 
+    def dcp_load() -> None:
+        try:
+            dcp.load(state(), storage_reader=Reader(ckpt))
+        except CheckpointException as e:
+            for exc, _ in e.failures.values():
+                if not isinstance(exc, shardsafe.CheckpointError):
+                    # DCP reports a failed read_metadata as an AssertionError of its own
+                    # (with the reader's message): ask the reader itself what it raised
+                    Reader(ckpt).read_metadata()
+                    raise exc
+            raise next(iter(e.failures.values()))[0] from None
+
     def restore() -> None:
         step = CheckpointManager(mgr).restore(state())
         if step not in (1, 2):
@@ -165,6 +191,7 @@ def operations(ckpt: str, mgr: str) -> dict:
             "diff": lambda: _cli("diff", os.path.join(mgr, "step_1"), ckpt),
             "export": lambda: _cli("export", ckpt, os.path.join(mgr, "out.safetensors")),
             "export-pt": lambda: _cli("export", ckpt, os.path.join(mgr, "out.pt")),
+            "dcp-reader": dcp_load,
             "restore": restore}  # last: a writable manager moves the damaged step aside
 
 
@@ -196,6 +223,9 @@ def run_case(base: str, root: str, case: int, rng: random.Random, version: int, 
             bad.append(f"case {case} ({what}) {name}: {type(e).__name__}: {e} | {''.join(tail)!r}")
         finally:
             signal.alarm(0)
+        if os.path.exists(os.path.join(mgr, "SENTINEL")):
+            bad.append(f"case {case} ({what}) {name}: a pickle from the checkpoint ran")
+            os.remove(os.path.join(mgr, "SENTINEL"))
     shutil.rmtree(mgr, ignore_errors=True)
     return bad
 

@@ -11,7 +11,7 @@ import torch
 import shardsafe
 from shardsafe.format.blockfile import MAGIC
 from shardsafe.format.dtypes import DTYPES
-from shardsafe.format.index import decode_index
+from shardsafe.format.index.versions import decode_index
 from shardsafe.plan.layout import block_file_name
 
 from helpers import assert_same, flip_byte

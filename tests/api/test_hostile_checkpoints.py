@@ -33,7 +33,7 @@ def _forge_small(ckpt: str, size: int) -> None:
     """Re-seals the index (correct checksum) so the data file is ``size`` bytes holding ``w`` =
     four float32 zeros at offset 8: what /dev/zero would supply."""
     from shardsafe.format.checksum import crc32c
-    from shardsafe.format.index import decode_index, encode_index
+    from shardsafe.format.index.versions import decode_index, encode_index
 
     with open(os.path.join(ckpt, "index.json"), "rb") as f:  # forged in the v1 JSON form
         raw = json.loads(encode_index(decode_index(f.read()), version=1))
@@ -220,7 +220,7 @@ def test_readers_during_overwrite_see_old_or_new(tmp_path, rounds: int) -> None:
 _SPARSE = textwrap.dedent("""
     import json, os, resource, sys, torch, shardsafe
     from shardsafe.format.checksum import crc32c
-    from shardsafe.format.index import decode_index, encode_index
+    from shardsafe.format.index.versions import decode_index, encode_index
     ckpt = sys.argv[1]
     shardsafe.save({"w": torch.zeros(4, dtype=torch.uint8)}, ckpt)
     with open(os.path.join(ckpt, "index.json"), "rb") as f:  # forged in the v1 JSON form

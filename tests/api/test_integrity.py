@@ -10,7 +10,7 @@ import torch
 from helpers import flip_byte
 
 import shardsafe
-from shardsafe.format.index import decode_index
+from shardsafe.format.index.versions import decode_index
 
 DATA = "data-r00000-000.safetensors"
 

@@ -8,7 +8,7 @@ import sys
 
 from shardsafe.bench.scale import run
 from shardsafe.harness.synthetic_job import build_index
-from shardsafe.format.index_v2 import decode, encode
+from shardsafe.format.index.v2 import decode, encode
 
 
 def test_simulated_job_is_a_valid_fsdp_index() -> None:

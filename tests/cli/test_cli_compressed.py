@@ -15,7 +15,8 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 import shardsafe  # noqa: E402
 from helpers import flip_byte  # noqa: E402
 from shardsafe.engine.commit import read_index  # noqa: E402
-from shardsafe.format.index import Index, TensorEntry, encode_index  # noqa: E402
+from shardsafe.format.index.objects import Index, TensorEntry  # noqa: E402
+from shardsafe.format.index.versions import encode_index  # noqa: E402
 from shardsafe.plan.layout import block_file_name  # noqa: E402
 from shardsafe.storage import LocalStorage  # noqa: E402
 

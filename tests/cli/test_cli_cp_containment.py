@@ -15,7 +15,7 @@ import shardsafe
 from shardsafe.cli import main
 from shardsafe.engine.commit import read_index
 from shardsafe.format import INDEX_NAME
-from shardsafe.format.index import encode_renamed
+from shardsafe.format.index.versions import encode_renamed
 from shardsafe.storage import LocalStorage
 
 

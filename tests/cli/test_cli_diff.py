@@ -92,7 +92,9 @@ def huge_tensor_checkpoint(path: str, nbytes: int = 16 << 30) -> None:
     import os
 
     from shardsafe.format import INDEX_NAME
-    from shardsafe.format.index import ChunkEntry, TensorEntry, decode_index, encode_index
+    from shardsafe.format.index.objects import TensorEntry
+    from shardsafe.format.index.rows import ChunkEntry
+    from shardsafe.format.index.versions import decode_index, encode_index
 
     shardsafe.save({"w": torch.zeros(4, dtype=torch.uint8)}, path)
     with open(os.path.join(path, INDEX_NAME), "rb") as f:

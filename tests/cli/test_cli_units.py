@@ -9,7 +9,8 @@ from shardsafe.cli._common import Entry, scan
 from shardsafe.cli._tensors import leaves, subtree
 from shardsafe.cli.gc import expired
 from shardsafe.cli.verify import plan_reads
-from shardsafe.format.index import ChunkEntry, FileEntry, Index, TensorEntry
+from shardsafe.format.index.objects import Index, TensorEntry
+from shardsafe.format.index.rows import ChunkEntry, FileEntry
 from shardsafe.storage import LocalStorage
 
 BS = 4096

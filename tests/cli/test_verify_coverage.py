@@ -13,7 +13,7 @@ import torch
 
 import shardsafe
 from shardsafe.format.checksum import crc32c
-from shardsafe.format.index import decode_index, encode_index
+from shardsafe.format.index.versions import decode_index, encode_index
 
 DATA = "data-r00000-000.safetensors"
 

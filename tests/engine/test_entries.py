@@ -7,8 +7,8 @@ import pytest
 
 from shardsafe.engine.entries import columnar_index, decode, encode, from_plans
 from shardsafe.errors import CheckpointError
-from shardsafe.format.index import decode_index
-from shardsafe.format.index_v2 import encode as encode_v2
+from shardsafe.format.index.versions import decode_index
+from shardsafe.format.index.v2 import encode as encode_v2
 from shardsafe.plan.flatten import TensorItem
 from shardsafe.plan.layout import data_file_name, plan_file
 

@@ -82,7 +82,7 @@ def test_partial_piece_reads_only_covering_blocks(saved):
 
 
 def test_byte_span_of_a_2d_region():
-    from shardsafe.format.index import ChunkEntry
+    from shardsafe.format.index.rows import ChunkEntry
 
     c = ChunkEntry("f", 0, 4 * 10 * 6, (0, 0), (10, 6), (0,))
     p = pieces_for([c], (2, 1), (3, 2))[0]
@@ -91,7 +91,7 @@ def test_byte_span_of_a_2d_region():
 
 def test_coalesce_groups_neighbours_only():
     from shardsafe.engine.reader import _Small
-    from shardsafe.format.index import ChunkEntry
+    from shardsafe.format.index.rows import ChunkEntry
 
     def s(file, off, n):
         return _Small(ChunkEntry(file, off, n, (0,), (n,), (0,)), np.empty(0), "k")

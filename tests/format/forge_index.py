@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from shardsafe.format.checksum import crc32c
-from shardsafe.format.index import decode_index, encode_index
+from shardsafe.format.index.versions import decode_index, encode_index
 
 
 def v1_bytes(data: bytes) -> bytes:

@@ -10,7 +10,7 @@ from shardsafe.errors import CorruptCheckpointError
 from shardsafe.format.block_verify import BlockStream, chunk_spans, verify_blocks
 from shardsafe.format.blockfile import code_block
 from shardsafe.format.checksum import blocks, crc32c
-from shardsafe.format.index_common import ChunkEntry, StoredBlocks
+from shardsafe.format.index.rows import ChunkEntry, StoredBlocks
 
 BS = 4096
 

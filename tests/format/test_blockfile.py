@@ -12,8 +12,10 @@ from shardsafe.format import codec
 from shardsafe.format.block_verify import decode_block
 from shardsafe.format.blockfile import DATA_START, MAX_CODED_BLOCK, code_block
 from shardsafe.format.checksum import crc32c
-from shardsafe.format.index import ChunkEntry, FileEntry, Index, TensorEntry, decode_index, encode_index
-from shardsafe.format.index_common import StoredBlocks
+from shardsafe.format.index.objects import Index, TensorEntry
+from shardsafe.format.index.rows import ChunkEntry, FileEntry
+from shardsafe.format.index.versions import decode_index, encode_index
+from shardsafe.format.index.rows import StoredBlocks
 
 from v2_forge import seal_v2, split_v2
 

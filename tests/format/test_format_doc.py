@@ -17,8 +17,8 @@ torch = pytest.importorskip("torch")
 
 from shardsafe.format.checksum import crc32c  # noqa: E402
 from shardsafe.format.dtypes import DTYPES  # noqa: E402
-from shardsafe.format.index import decode_index, encode_index  # noqa: E402
-from shardsafe.format.container import version_of  # noqa: E402
+from shardsafe.format.index.versions import decode_index, encode_index  # noqa: E402
+from shardsafe.format.index.container import version_of  # noqa: E402
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "FORMAT.md")
 VOLATILE = ("created", "library", "index_checksum")

@@ -19,7 +19,7 @@ import torch
 import shardsafe
 from shardsafe.engine.commit import read_index
 from shardsafe.errors import CorruptCheckpointError
-from shardsafe.format.index import decode_index
+from shardsafe.format.index.versions import decode_index
 from shardsafe.storage.local import LocalStorage
 
 from forge_index import edited, read_raw, reseal_text, seal, v1_bytes, write_raw
@@ -327,7 +327,7 @@ class NoBigReads(LocalStorage):
 
 
 def test_huge_index_is_refused_before_it_is_read(tmp_path) -> None:
-    from shardsafe.format.index import MAX_INDEX_BYTES
+    from shardsafe.format.index.rules import MAX_INDEX_BYTES
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

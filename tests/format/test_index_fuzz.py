@@ -24,7 +24,9 @@ from hypothesis import strategies as st
 import shardsafe
 from shardsafe.errors import CorruptCheckpointError
 from shardsafe.format.checksum import crc32c
-from shardsafe.format.index import ChunkEntry, FileEntry, Index, TensorEntry, decode_index, encode_index
+from shardsafe.format.index.objects import Index, TensorEntry
+from shardsafe.format.index.rows import ChunkEntry, FileEntry
+from shardsafe.format.index.versions import decode_index, encode_index
 
 from forge_index import deep_copy, dumps, seal
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from shardsafe.format.checksum import software_crc32c
-from shardsafe.format.index import ChunkEntry, FileEntry, Index, TensorEntry, decode_index, encode_index
+from shardsafe.format.index.objects import Index, TensorEntry
+from shardsafe.format.index.rows import ChunkEntry, FileEntry
+from shardsafe.format.index.versions import decode_index, encode_index
 
 DATA = "data-r00000-000.safetensors"
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from shardsafe.errors import CorruptCheckpointError
-from shardsafe.format import index as fmt
+from shardsafe.format.index import versions as fmt
 from shardsafe.format.checksum import crc32c
 
 from v2_forge import one_tensor_v2
@@ -136,7 +136,7 @@ def test_irregular_150x150_grid_decodes_fast() -> None:
 
 _MEASURE = textwrap.dedent("""
     import json, resource, sys, time
-    from shardsafe.format import index as fmt
+    from shardsafe.format.index import versions as fmt
     from shardsafe.errors import CorruptCheckpointError
     data = open(sys.argv[1], "rb").read()
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

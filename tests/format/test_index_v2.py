@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 
 from shardsafe.errors import CorruptCheckpointError
-from shardsafe.format import index_v2
+from shardsafe.format.index import v2 as index_v2
 from shardsafe.format.checksum import crc32c
-from shardsafe.format.container import MAGIC
-from shardsafe.format.chunk_table import Split
-from shardsafe.format.index import ChunkEntry, FileEntry, Index, TensorEntry, decode_index, encode_index
+from shardsafe.format.index.container import MAGIC
+from shardsafe.format.index.chunk_table import Split
+from shardsafe.format.index.objects import Index, TensorEntry
+from shardsafe.format.index.rows import ChunkEntry, FileEntry
+from shardsafe.format.index.versions import decode_index, encode_index
 
 from v2_forge import seal_v2, split_v2
 

@@ -7,7 +7,7 @@ import os
 import re
 import struct
 
-from shardsafe.format.index import decode_index
+from shardsafe.format.index.versions import decode_index
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "FORMAT.md")
 

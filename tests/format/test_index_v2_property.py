@@ -10,7 +10,9 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardsafe.format.index import ChunkEntry, FileEntry, Index, TensorEntry, decode_index, encode_index
+from shardsafe.format.index.objects import Index, TensorEntry
+from shardsafe.format.index.rows import ChunkEntry, FileEntry
+from shardsafe.format.index.versions import decode_index, encode_index
 
 ITEM = {"float32": 4, "int8": 1, "float64": 8}
 

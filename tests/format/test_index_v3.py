@@ -8,8 +8,10 @@ import pytest
 from v3_forge import seal_v3, split_v3
 
 from shardsafe.errors import CorruptCheckpointError
-from shardsafe.format.chunk_table import Split
-from shardsafe.format.index import ChunkEntry, FileEntry, Index, TensorEntry, decode_index, encode_index
+from shardsafe.format.index.chunk_table import Split
+from shardsafe.format.index.objects import Index, TensorEntry
+from shardsafe.format.index.rows import ChunkEntry, FileEntry
+from shardsafe.format.index.versions import decode_index, encode_index
 
 F0, F1 = "d0", "d1"
 

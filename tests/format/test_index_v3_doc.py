@@ -7,7 +7,7 @@ import struct
 
 from test_index_v2_doc import _block, _hexdump_bytes
 
-from shardsafe.format.index import decode_index, encode_index
+from shardsafe.format.index.versions import decode_index, encode_index
 
 DOC_NUMBERS = (3, 32, 742, 144, 924)
 

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from shardsafe.harness.synthetic_job import build_index
-from shardsafe.format.index import ChunkEntry, FileEntry, Index, TensorEntry, decode_index, encode_index
-from shardsafe.format.index_v2 import encode
-from shardsafe.format.lazy_chunks import LazyChunks
+from shardsafe.format.index.objects import Index, TensorEntry
+from shardsafe.format.index.rows import ChunkEntry, FileEntry
+from shardsafe.format.index.versions import decode_index, encode_index
+from shardsafe.format.index.v2 import encode
+from shardsafe.format.index.objects import LazyChunks
 from shardsafe.plan.load_plan import pieces_for
 
 

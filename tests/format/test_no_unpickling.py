@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 from collections.abc import Iterator
 
 import pytest
@@ -24,7 +23,7 @@ def _sources() -> Iterator[tuple[str, str]]:
 
 def test_sources_found() -> None:
     names = [n for n, _ in _sources()]
-    assert "format/index.py" in names and len(names) > 20
+    assert "format/index/versions.py" in names and len(names) > 20
 
 
 PICKLE_ERRORS = {"UnpicklingError", "PicklingError", "PickleError"}
@@ -49,7 +48,11 @@ def test_no_pickle_and_no_unsafe_torch_load(name: str, text: str) -> None:
                 kw = {k.arg: ast.unparse(k.value) for k in node.keywords}
                 assert kw.get("weights_only") == "True", f"{name}:{node.lineno}: {fn} without weights_only=True"
             assert fn not in ("eval", "exec", "__import__"), f"{name}:{node.lineno}: {fn}"
-    assert not re.search(r"allow_pickle\s*=\s*True", text), name  # np.load's own pickle switch
+            # np.load's own pickle switch (shardsafe.dcp.Reader's option of that name is
+            # only ever named in its docs and messages, never passed True by the package)
+            assert not any(k.arg == "allow_pickle" and not (isinstance(k.value, ast.Constant)
+                                                            and k.value.value is False)
+                           for k in node.keywords), f"{name}:{node.lineno}: {fn} with allow_pickle"
 
 
 def _forwards(handler: ast.ExceptHandler) -> bool:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from shardsafe.errors import CorruptCheckpointError
-from shardsafe.format.index import ChunkEntry, FileEntry, Index, TensorEntry, decode_index, encode_index
-from shardsafe.format.index_common import split_reference, valid_file_name
+from shardsafe.format.index.objects import Index, TensorEntry
+from shardsafe.format.index.rows import ChunkEntry, FileEntry
+from shardsafe.format.index.versions import decode_index, encode_index
+from shardsafe.format.index.rows import split_reference, valid_file_name
 
 OWN = "data-r00000-000.safetensors"
 REF = "step_00000010/data-r00000-000.safetensors"

@@ -17,7 +17,7 @@ import torch
 
 from shardsafe.errors import CorruptCheckpointError
 from shardsafe.format.checksum import crc32c
-from shardsafe.format.index import decode_index
+from shardsafe.format.index.versions import decode_index
 from shardsafe.format.tree import TreeError, build, decode_key, decode_plain, encode_key, encode_plain, walk
 from shardsafe.plan.flatten import flatten
 

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import shardsafe  # noqa: E402
-from shardsafe.format.index import decode_index, encode_index  # noqa: E402
+from shardsafe.format.index.versions import decode_index, encode_index  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 CKPT = os.path.join(FIXTURES, "v1_checkpoint")

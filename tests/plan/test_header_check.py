@@ -8,7 +8,8 @@ import json
 import numpy as np
 
 from shardsafe.format.datafile import parse_header
-from shardsafe.format.index import ChunkEntry, FileEntry, Index, TensorEntry
+from shardsafe.format.index.objects import Index, TensorEntry
+from shardsafe.format.index.rows import ChunkEntry, FileEntry
 from shardsafe.plan.flatten import TensorItem
 from shardsafe.plan.header_check import header_problems
 from shardsafe.plan.layout import PARTS_KEY, plan_file

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from shardsafe.format.index import ChunkEntry
+from shardsafe.format.index.rows import ChunkEntry
 from shardsafe.plan.load_plan import CoverageError, pieces_for
 
 

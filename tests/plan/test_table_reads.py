@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from shardsafe.harness.synthetic_job import build_index
-from shardsafe.format.index import ChunkEntry, decode_index, encode_index
-from shardsafe.format.index_v2 import chunk_rows, decode, encode
+from shardsafe.format.index.rows import ChunkEntry
+from shardsafe.format.index.versions import decode_index, encode_index
+from shardsafe.format.index.objects import chunk_entries
+from shardsafe.format.index.v2 import decode, encode
 from shardsafe.plan.load_plan import pieces_for
 from shardsafe.plan.table_reads import even_shard_reads, row_split_tensors
 
@@ -18,7 +20,7 @@ from shardsafe.plan.table_reads import even_shard_reads, row_split_tensors
 def _expected(index, t: int, rank: int, world: int) -> list[tuple[int, int, int, int]]:
     """(file id, byte offset, nbytes, dest byte offset) of rank's shard of tensor t, via pieces_for."""
     info = index.tensors[t]
-    chunks = [ChunkEntry(*row) for row in chunk_rows(index, t)]
+    chunks = chunk_entries(index, t)
     names = {f.name: i for i, f in enumerate(index.files)}
     rows = info.shape[0]
     q = -(-rows // world)

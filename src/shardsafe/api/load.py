@@ -19,7 +19,7 @@ from ..engine.commit import is_committed, read_index
 from ..engine.mmap_load import load_mapped
 from ..engine.reader import ChunkReader, ReadJob
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
-from ..format.index import Index
+from ..format.index.objects import Index
 from ..per_rank import loading
 from ..plan.flatten import Stateful, is_stateful
 from ..storage import Deadline, LocalStorage, storage_for

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import tensors
 from ..engine.buffers import new_tensor
-from ..format.index import Index, TensorEntry
+from ..format.index.objects import Index, TensorEntry
 from ..format.tree import KeyPath, Node, build, dict_items, render_path
 from ..plan.flatten import Stateful, alias_key, is_stateful
 

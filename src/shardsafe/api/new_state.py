@@ -18,8 +18,8 @@ from .. import tensors
 from ..engine.buffers import new_tensor
 from ..format import tree
 from ..format.blockfile import RAW
-from ..format.chunk_table import ChunkTable
-from ..format.index import Index
+from ..format.index.chunk_table import ChunkTable
+from ..format.index.objects import Index
 from ..storage.memory import HUGE
 from .match import TensorTarget, build_new
 

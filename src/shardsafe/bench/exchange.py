@@ -31,7 +31,7 @@ import numpy as np
 from ..comm.rounds import encode_decision
 from ..engine import commit
 from ..format.dtypes import lookup
-from ..format.index_v2 import TensorInfo
+from ..format.index.model import TensorInfo
 from ..format.tree import Node, encode_key_path
 from ..plan.answer import Leader, decide_first, decide_full, read_hellos, read_share, wanted
 from ..plan.report import EMPTY, NO_VALUES, OWN, Boxes, Values, hello, layout_digest, report, shape_of

@@ -38,9 +38,9 @@ import numpy as np
 
 from ..engine.reader import ChunkReader, ReadJob
 from ..format.dtypes import lookup
-from ..format.index import decode_index
-from ..format.index_v2 import ColumnarIndex
-from ..format.index_v3 import decode, encode
+from ..format.index.versions import decode_index
+from ..format.index.model import ColumnarIndex
+from ..format.index.v3 import decode, encode
 from ..plan.table_reads import even_shard_reads, row_split_tensors
 from ..storage.local import LocalStorage
 from ..harness.synthetic_job import build_index, job_tensors
@@ -125,7 +125,7 @@ def run(ranks: int, tensors: int, v1: bool = False, dcp: bool = False, exchange:
 
 def _v1_figures(index: ColumnarIndex, ranks: int) -> dict[str, Any]:
     """The v1 JSON index and the v1 load planner on the same layout."""
-    from ..format.index import encode_index  # bench only: v1 goes through Index objects
+    from ..format.index.versions import encode_index  # bench only: v1 goes through Index objects
     from ..plan.load_plan import pieces_for
 
     data = encode(index)

@@ -21,7 +21,7 @@ import numpy as np
 from .._numbers import human_bytes as human_bytes  # one definition; ls and info format sizes
 from ..engine.commit import TMP_MARKER, is_committed, is_temporary, list_entries, read_index
 from ..errors import CheckpointError, CheckpointNotFoundError
-from ..format.index import Index
+from ..format.index.objects import Index
 from ..manager.steps import MANAGER_KEY, QUARANTINE_SUFFIX, parse_step
 from ..plan.layout import is_data_file_name
 from ..storage import LocalStorage, Storage, storage_for

@@ -13,7 +13,7 @@ from typing import Any
 from .. import tensors
 from ..engine.buffers import allocating
 from ..engine.reader import ChunkReader, ReadJob
-from ..format.index import Index, TensorEntry
+from ..format.index.objects import Index, TensorEntry
 from ..format.tree import KeyPath, Node, decode_plain, dict_items, render_path
 
 

@@ -28,7 +28,7 @@ from ._tensors import as_torch, leaves, read_tensor, require_torch, subtree
 from ..engine.reader import ChunkReader
 from ..format.datafile import safetensors_header
 from ..format.dtypes import lookup
-from ..format.index import Index
+from ..format.index.objects import Index
 from ..format.tree import KeyPath, Node, decode_plain, render_path
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",

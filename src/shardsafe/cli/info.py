@@ -13,7 +13,7 @@ from . import EXIT_OK
 from ._common import (CKPT, add_command, human_bytes, local_time, open_checkpoint, own_bytes,
                       referenced_bytes, storage_options, table)
 from ._tensors import Leaf, leaves
-from ..format.index import Index, TensorEntry
+from ..format.index.objects import Index, TensorEntry
 
 _VALUE_WIDTH = 60  # plain values longer than this are shortened in the table
 

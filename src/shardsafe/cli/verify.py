@@ -29,8 +29,9 @@ from ..errors import CheckpointError, CheckpointNotFoundError
 from ..format.block_verify import BlockSpan, BlockStream, index_spans
 from ..format.blockfile import DATA_START, MAGIC
 from ..format.datafile import parse_header
-from ..format.index import FileEntry, Index
-from ..format.index_common import split_reference
+from ..format.index.objects import Index
+from ..format.index.rows import FileEntry
+from ..format.index.rows import split_reference
 from ..plan.header_check import MAX_HEADER_BYTES, header_problems
 from ..plan.load_plan import coalesce
 from ..storage import Storage, storage_for

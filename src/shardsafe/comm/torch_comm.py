@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from ..errors import CheckpointError
+from . import store_values
 from .base import JsonCollectives
 from .channel import Channel
 
@@ -37,7 +38,8 @@ class StoreChannel:
     connection), so a blocking ``wait`` neither stalls other threads' store traffic
     (the training thread's included) nor makes anyone poll. After a wait times out the
     clone is replaced: the server may still answer that wait later. Stores that cannot
-    be cloned are polled with ``check`` instead.
+    be cloned are polled with ``check`` instead. No value set is longer than
+    ``store_values.MAX_VALUE`` (1 MB): a longer message is set in pieces.
     """
 
     def __init__(self, store: dist.Store, rank: int, world_size: int) -> None:
@@ -45,16 +47,22 @@ class StoreChannel:
         self.rank = rank
         self.world_size = world_size
         self._blocking = True
+        self._pieces: dict[str, int] = {}  # long messages set or read here -> their piece count
         try:
             self.store = store.clone()
         except (AttributeError, RuntimeError, NotImplementedError):
             self.store, self._blocking = store, False
 
     def set(self, key: str, value: bytes) -> None:
+        """Sets ``key``; a value above ``store_values.MAX_VALUE`` bytes goes in pieces."""
+        pairs = store_values.split(key, bytes(value))
         try:
-            self.store.set(key, bytes(value))
+            for k, v in pairs:
+                self.store.set(k, v)
         except dist.DistError as e:
             raise _store_error(e, key) from None
+        if len(pairs) > 1:
+            self._pieces[key] = len(pairs) - 1
 
     def _check(self, keys: Sequence[str]) -> list[bool]:
         try:
@@ -83,12 +91,25 @@ class StoreChannel:
 
     def fetch(self, keys: Sequence[str]) -> list[bytes]:
         try:
-            return [bytes(v) for v in self.store.multi_get(list(keys))] if keys else []
+            out = [bytes(v) for v in self.store.multi_get(list(keys))] if keys else []
+            for i, (k, v) in enumerate(zip(keys, out)):
+                n = store_values.pieces_of(v)
+                if n is not None:
+                    parts = self.store.multi_get([store_values.piece_key(k, j) for j in range(n)])
+                    out[i] = store_values.join(k, v, [bytes(p) for p in parts])
+                    self._pieces[k] = n
+            return out
         except dist.DistError as e:
             raise _store_error(e, keys[0]) from None
 
     def delete(self, key: str) -> None:
+        """Removes ``key`` (and its pieces, when it was a long message)."""
         try:
+            n = self._pieces.pop(key, None)
+            if n is None and self.store.check([key]):  # set by another rank, never read here
+                n = store_values.pieces_of(bytes(self.store.get(key)))
+            for j in range(n or 0):
+                self.store.delete_key(store_values.piece_key(key, j))
             self.store.delete_key(key)
         except dist.DistError as e:
             raise _store_error(e, key) from None

@@ -8,10 +8,10 @@ compressed blocks decoded), straight into DCP's target where it is contiguous ho
 memory of the stored dtype. A damaged block raises ``CorruptCheckpointError`` naming the
 file and the key; DCP hands it to every rank inside its ``CheckpointException``.
 
-Byte items: a checkpoint written by ``Writer`` holds the bytes DCP serialised, returned
-as they are; DCP's planner deserialises them (``DefaultLoadPlanner`` with
-``torch.load(weights_only=False)``, which can run code from the checkpoint). For any
-other checkpoint shardsafe serialises the plain value it decoded with ``torch.save``.
+Byte items (values that are not tensors): DCP's planner deserialises whatever a reader
+returns for one with full unpickling, so ``Reader`` returns only bytes that shardsafe
+serialised itself from a typed value it decoded from the index, and refuses a stored
+pickle by name unless ``allow_pickle=True`` (``byte_items``).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from ..api.match import TensorTarget
 from ..engine.commit import read_index
 from ..engine.reader import ChunkReader
 from ..errors import CheckpointError
-from ..format.index import Index
+from ..format.index.objects import Index
 from ..storage import storage_for
 from ..tensors import torch_dtype_name
-from . import translate
+from . import byte_items, translate
 
 
 class Reader(StorageReader):
@@ -45,17 +45,28 @@ class Reader(StorageReader):
     on every rank fills ``state_dict`` in place (each rank reads only the blocks its
     shards need, and verifies them).
 
+    Values that are not tensors reach DCP as bytes that shardsafe serialised from the
+    typed value in the index, so nothing from the checkpoint is unpickled. A value that a
+    ``Writer`` kept as DCP's pickle (one PyTorch's restricted unpickler refused), a
+    ``bytes`` value that a checkpoint's DCP record does not name as a value, and the byte
+    items of checkpoints written by earlier versions of ``Writer`` are treated as pickles:
+    a load that needs one raises ``CheckpointError`` naming it, unless ``allow_pickle``.
+
     Args:
         path: The checkpoint's directory or fsspec URL (``dcp.load``'s ``checkpoint_id``
             replaces it when given).
         storage_options: Passed to fsspec for URLs.
+        allow_pickle: Hand DCP the stored pickles too. DCP unpickles them with
+            ``torch.load(weights_only=False)``, which can run code from the checkpoint:
+            only for checkpoints you trust.
     """
 
     def __init__(self, path: str | os.PathLike[str], *,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, allow_pickle: bool = False) -> None:
         super().__init__()
         self.path = os.fspath(path)
         self.storage_options = storage_options
+        self.allow_pickle = allow_pickle
         self._index: Index | None = None
         self._view: translate.DcpView | None = None
 
@@ -75,7 +86,7 @@ class Reader(StorageReader):
 
         Raises:
             CheckpointNotFoundError: No committed checkpoint at the path.
-            CorruptCheckpointError: The index is damaged.
+            CorruptCheckpointError: The index (or its DCP record) is damaged.
         """
         storage, spath = storage_for(self.path, self.storage_options)
         self._index = read_index(storage, spath)
@@ -125,15 +136,19 @@ class Reader(StorageReader):
         """What DCP deserialises for the byte item ``fqn``."""
         assert self._view is not None
         value = self._view.values[fqn]
-        if self._view.raw_bytes and isinstance(value, bytes):
+        if fqn in self._view.pickles:
+            if not self.allow_pickle:
+                raise CheckpointError(
+                    f"{self.path!r}: {fqn!r} is stored as bytes that DCP would unpickle with "
+                    f"torch.load(weights_only=False), which can run code from the checkpoint (a "
+                    f"value kept as DCP's pickle, or bytes its DCP record does not name as a "
+                    f"value); pass Reader(path, allow_pickle=True) only for checkpoints you trust")
             return value
         if _holds_tensor(value):
             raise CheckpointError(f"{self.path!r}: {fqn!r} is a {type(value).__name__} holding tensors, "
                                   f"which DCP would load as one serialised value; load it with "
                                   f"shardsafe.load instead")
-        buf = io.BytesIO()
-        torch.save(value, buf)
-        return buf.getvalue()
+        return byte_items.serialise(value)
 
 
 def _holds_tensor(x: Any) -> bool:

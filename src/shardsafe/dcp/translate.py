@@ -28,12 +28,12 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 
-from ..format.index import Index
-from ..format.tree import KeyPath, Node, build, encode_key, encode_plain
+from ..errors import CheckpointError
+from ..format.index.objects import Index
+from ..format.tree import KeyPath, Node, build, encode_key
 from ..plan.flatten import TensorItem
 from ..tensors import torch_dtype_name
-
-DCP_KEY = "dcp"  # the index metadata member a Writer save records DCP's metadata under
+from . import byte_items
 
 
 def key_path(planner_data: Any, fqn: str) -> KeyPath:
@@ -99,15 +99,16 @@ def save_table(plans: Sequence[SavePlan]) -> tuple[SaveTable, list[SavePlan]]:
     return table, kept_plans
 
 
-def build_tree(table: SaveTable, byte_values: Mapping[str, bytes]) -> Node:
-    """The structure tree of a save: tensor nodes and byte values at their key paths.
+def build_tree(table: SaveTable, byte_nodes: Mapping[str, Node]) -> Node:
+    """The structure tree of a save: tensor nodes, and each byte item's node (by FQN) at its
+    key path.
 
     Raises:
         ValueError: a key path runs through a value (DCP's paths never do).
     """
     root: dict[Any, Any] = {}
     leaves: list[tuple[KeyPath, Node]] = [(it.path, {"t": "tensor", "id": it.id}) for it in table.items]
-    leaves += [(path, encode_plain(byte_values[fqn], path)) for fqn, path in table.byte_paths.items()]
+    leaves += [(path, byte_nodes[fqn]) for fqn, path in table.byte_paths.items()]
     for path, node in leaves:
         at = root
         for k in path[:-1]:
@@ -137,18 +138,6 @@ def _node(level: Any, path: KeyPath) -> Node:
             "v": [_node(level[k], path + (k,)) for k in keys]}
 
 
-def record(metadata: Metadata) -> dict[str, Any]:
-    """What a save keeps of DCP's ``Metadata`` (as JSON, never pickled): its version and the
-    tensor properties that differ from the defaults. The rest is in the index already."""
-    props: dict[str, dict[str, bool]] = {}
-    for fqn, md in metadata.state_dict_metadata.items():
-        if isinstance(md, TensorStorageMetadata):
-            p = {k: True for k in ("requires_grad", "pin_memory") if getattr(md.properties, k, False)}
-            if p:
-                props[fqn] = p
-    return {"version": metadata.version, "properties": props}
-
-
 @dataclass(slots=True)
 class DcpView:
     """A checkpoint as DCP sees it: its ``Metadata``, and where each FQN's data is.
@@ -156,19 +145,23 @@ class DcpView:
     Attributes:
         metadata: What ``Reader.read_metadata`` returns.
         tensors: Index of each tensor FQN's entry in ``index.tensors``.
-        values: Each byte FQN's value: the bytes DCP wrote (a ``Writer`` checkpoint), or
-            the plain value to serialise for DCP (any other checkpoint).
-        raw_bytes: The values are DCP's own bytes.
+        values: Each byte FQN's value, as stored (a typed value, or a pickle's bytes).
+        pickles: The byte FQNs whose values are stored pickles (``byte_items.is_pickle``).
     """
 
     metadata: Metadata
     tensors: dict[str, int]
     values: dict[str, Any]
-    raw_bytes: bool
+    pickles: frozenset[str]
 
 
 def view(index: Index, checkpoint_id: str) -> DcpView:
-    """DCP's view of ``index``: every leaf of the structure under the FQN DCP would give it."""
+    """DCP's view of ``index``: every leaf of the structure under the FQN DCP would give it.
+
+    Raises:
+        CorruptCheckpointError: The index's DCP record is malformed.
+    """
+    rec = byte_items.parse_record(index.metadata, checkpoint_id)
     placeholders: dict[int, int] = {}  # id(meta tensor) -> tensor entry
 
     def leaf(_: KeyPath, node: Node) -> Any:
@@ -178,9 +171,11 @@ def view(index: Index, checkpoint_id: str) -> DcpView:
         return t
 
     skeleton = build(index.tree, leaf)
-    flat, mappings = flatten_state_dict(skeleton)
-    recorded = index.metadata.get(DCP_KEY) if isinstance(index.metadata, Mapping) else None
-    props = recorded.get("properties", {}) if isinstance(recorded, Mapping) else {}
+    try:
+        flat, mappings = flatten_state_dict(skeleton)
+    except ValueError as e:  # two keys with one text (1 and "1"): DCP names leaves by text
+        raise CheckpointError(f"{checkpoint_id!r} cannot be presented to DCP: {e}") from None
+    props = rec.properties if rec is not None else {}
     sd_md: dict[str, Any] = {}
     tensors: dict[str, int] = {}
     values: dict[str, Any] = {}
@@ -191,11 +186,11 @@ def view(index: Index, checkpoint_id: str) -> DcpView:
         else:
             values[fqn] = value
             sd_md[fqn] = BytesStorageMetadata()
-    version = recorded.get("version") if isinstance(recorded, Mapping) else None
     md = Metadata(state_dict_metadata=sd_md, planner_data=mappings,
                   storage_meta=StorageMeta(checkpoint_id=checkpoint_id),
-                  version=version if isinstance(version, str) else None)
-    return DcpView(md, tensors, values, isinstance(recorded, Mapping))
+                  version=rec.version if rec is not None else None)
+    pickles = frozenset(f for f, v in values.items() if byte_items.is_pickle(rec, f, v))
+    return DcpView(md, tensors, values, pickles)
 
 
 def _tensor_md(index: Index, tid: int, props: Mapping[str, Any]) -> TensorStorageMetadata:
@@ -209,5 +204,4 @@ def _tensor_md(index: Index, tid: int, props: Mapping[str, Any]) -> TensorStorag
                 for c in e.chunks])
 
 
-__all__ = ["DCP_KEY", "DcpView", "SaveTable", "build_tree", "key_path", "record",
-           "save_table", "view"]
+__all__ = ["DcpView", "SaveTable", "build_tree", "key_path", "save_table", "view"]

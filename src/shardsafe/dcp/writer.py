@@ -9,7 +9,8 @@ rest, as for any shardsafe save:
   (``pipeline.prepare_part``, ``Checkpointer.write_part``): a data file per rank, CRC32C
   per 16 MiB block, optional compression into a block file, fsynced. The rank's chunk
   entries ride back to the coordinator in its first ``WriteResult``; DCP's byte items
-  (values DCP serialised itself) ride in theirs.
+  (values DCP serialised itself), decoded into typed tree nodes where PyTorch's
+  restricted unpickler allows (``byte_items``), ride in theirs.
 - ``finish`` (the coordinator, once every rank's data is durable): the index, with the
   structure tree of DCP's key paths and DCP's metadata as JSON, is published atomically
   (``pipeline.commit_parts``). A save that fails or is killed before leaves nothing
@@ -37,7 +38,7 @@ from ..format.codec import Compression, check_compression
 from ..plan.flatten import TensorItem
 from ..storage import storage_for
 from ..tensors import torch_dtype_name
-from . import translate
+from . import byte_items, translate
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +56,12 @@ class _RankShare:
 
 @dataclass(frozen=True, slots=True)
 class _Written:
-    """A ``WriteResult``'s storage data: the rank's chunk entries (encoded), or a byte item."""
+    """A ``WriteResult``'s storage data: the rank's chunk entries (encoded), or a byte item's
+    tree node (``pickle``: the node holds DCP's bytes, kept as they are)."""
 
     entries: bytes | None = None
-    value: bytes | None = None
+    node: dict[str, Any] | None = None
+    pickle: bool = False
 
 
 class Writer(StorageWriter):
@@ -69,7 +72,10 @@ class Writer(StorageWriter):
     commit, DCP's metadata as JSON (nothing pickled by shardsafe). ``shardsafe.load``,
     ``shardsafe verify``/``info``/``export`` and ``Reader`` read it. DCP's byte items
     (values that are not tensors, which DCP serialises itself with ``torch.save``) are
-    stored as ``bytes`` values.
+    decoded with PyTorch's restricted unpickler (``torch.load(weights_only=True)``) and
+    stored as typed values, as ``shardsafe.save`` stores them (``shardsafe.load`` returns
+    ``step`` as an int); only a value that unpickler refuses, or one holding tensors, is
+    kept as DCP's bytes and marked as a pickle in the index.
 
     Args:
         path: The checkpoint's directory or fsspec URL (``dcp.save``'s ``checkpoint_id``
@@ -137,8 +143,11 @@ class Writer(StorageWriter):
         for wi in plan.items:
             data = planner.resolve_data(wi)
             if wi.type == WriteItemType.BYTE_IO:
-                value = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
-                results.append(WriteResult(wi.index, len(value), _Written(value=value)))
+                raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+                node = byte_items.encode(raw)
+                written = _Written(node=node) if node is not None else _Written(
+                    node=byte_items.opaque(raw), pickle=True)
+                results.append(WriteResult(wi.index, len(raw), written))
                 continue
             items.append(_item(part, wi, data))
             results.append(WriteResult(wi.index, items[-1].nbytes, None))
@@ -157,17 +166,21 @@ class Writer(StorageWriter):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """The coordinator, once every rank's data is durable: publishes the index."""
         assert self._table is not None and self._txn is not None, "prepare_global_plan did not run"
-        parts, values = [], {}
+        parts, nodes, pickles, raw = [], {}, [], []
         for rank_results in results:
             for r in rank_results:
                 w = r.storage_data
                 if isinstance(w, _Written) and w.entries is not None:
                     parts.append(entries.decode(w.entries))
-                elif isinstance(w, _Written) and w.value is not None:
-                    values[r.index.fqn] = w.value
-        tree = translate.build_tree(self._table, values)
+                elif isinstance(w, _Written) and w.node is not None:
+                    nodes[r.index.fqn] = w.node
+                    if w.pickle:
+                        pickles.append(r.index.fqn)
+                    elif w.node.get("t") == "bytes":
+                        raw.append(r.index.fqn)
+        tree = translate.build_tree(self._table, nodes)
         pipeline.commit_parts(self._txn, tree, self._table.items, parts,
-                              {translate.DCP_KEY: translate.record(metadata)}, len(results))
+                              {byte_items.DCP_KEY: byte_items.record(metadata, pickles, raw)}, len(results))
 
 
 def _item(part: _RankShare, wi: Any, data: Any) -> TensorItem:

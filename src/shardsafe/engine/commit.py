@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from ..format import INDEX_NAME
-from ..format.index import MAX_INDEX_BYTES, Index, decode_index
+from ..format.index.objects import Index
+from ..format.index.rules import MAX_INDEX_BYTES
+from ..format.index.versions import decode_index
 from ..format.tree import render_path
 from ..storage.base import Storage
 from .locations import data_file

@@ -46,7 +46,9 @@ from dataclasses import dataclass
 from ..errors import CheckpointError, CorruptCheckpointError
 from ..format import INDEX_NAME
 from ..format.block_verify import BlockSpan, BlockStream, index_spans
-from ..format.index import FileEntry, Index, encode_renamed
+from ..format.index.objects import Index
+from ..format.index.rows import FileEntry
+from ..format.index.versions import encode_renamed
 from ..storage.base import Storage
 from ..storage.local import LocalStorage
 from . import commit

@@ -20,8 +20,8 @@ import shutil
 
 from ..errors import CheckpointError, CorruptCheckpointError
 from ..format import INDEX_NAME
-from ..format.index import encode_renamed
-from ..format.index_common import FILE_NAME, LINK_PREFIX
+from ..format.index.versions import encode_renamed
+from ..format.index.rows import FILE_NAME, LINK_PREFIX
 from ..storage.base import Storage
 from ..storage.files import check_regular
 from ..storage.local import LocalStorage

@@ -22,11 +22,11 @@ import numpy as np
 from ..errors import CheckpointError
 from ..format.blockfile import DATA_START as BLOCK_FILE_DATA_START
 from ..format.blockfile import RAW, BlockCoding, CodedBlock, block_raw_sizes
-from ..format.chunk_table import ChunkTable, Split, detect_split
+from ..format.index.chunk_table import ChunkTable, Split, detect_split
 from ..format.codec import CODECS
 from ..format.dtypes import lookup
-from ..format.index_common import FileEntry, split_reference
-from ..format.index_v2 import ColumnarIndex, TensorInfo
+from ..format.index.rows import FileEntry, split_reference
+from ..format.index.model import ColumnarIndex, TensorInfo
 from ..format.tree import render_path
 from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan

@@ -40,7 +40,7 @@ from typing import Any
 
 from .. import tensors
 from ..format.blockfile import DATA_START as BLOCK_FILE_DATA_START
-from ..format.index_common import FileEntry
+from ..format.index.rows import FileEntry
 from ..format.tree import KeyPath
 from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan

@@ -11,7 +11,7 @@ with separators to the OS or an object store.
 
 from __future__ import annotations
 
-from ..format.index_common import split_reference
+from ..format.index.rows import split_reference
 from ..storage.base import Storage
 
 

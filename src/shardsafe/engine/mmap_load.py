@@ -28,7 +28,8 @@ from ..format.block_verify import decode_block
 from ..format.blockfile import stored_span
 from ..format.checksum import blocks
 from ..format.dtypes import lookup
-from ..format.index import ChunkEntry, Index
+from ..format.index.objects import Index
+from ..format.index.rows import ChunkEntry
 from ..format.tree import KeyPath, Node, build, render_path
 from ..storage.files import open_regular
 from ..storage.local import LocalStorage

@@ -16,8 +16,8 @@ from typing import Any
 
 from .._version import __version__
 from ..comm import Channel, Comm
-from ..format import index as fmt
-from ..format import index_v3
+from ..format.index.container import check_metadata as check_index_json
+from ..format.index.versions import WRITE_VERSION, encode_columnar
 from ..format.tree import Node
 from ..plan.flatten import TensorItem
 from ..plan.layout import FilePlan
@@ -88,8 +88,7 @@ class PreparedSave:
 
 def check_metadata(metadata: Mapping[str, Any]) -> None:
     """Raises TypeError/ValueError unless ``metadata`` can be stored in an index (JSON)."""
-    fmt.encode_index(fmt.Index(tree={"t": "dict", "k": [], "v": []}, tensors=(), files=(),
-                               block_size=BLOCK_SIZE, metadata=dict(metadata)))
+    check_index_json(metadata)
 
 
 def local_entries(prep: PreparedSave, sums: Sequence[list[list[int]]],
@@ -115,7 +114,7 @@ def split_coded(items: Sequence[TensorItem], compression: str | None) -> tuple[l
 
 
 def build_index(prep: PreparedSave, parts: Sequence[Entries]) -> bytes:
-    """The index bytes (format v3) from every rank's entries, built as columns throughout.
+    """The index bytes (format ``WRITE_VERSION``) from every rank's entries, built as columns throughout.
 
     Raises:
         CheckpointError: the ranks' chunks do not hold exactly each tensor's elements.
@@ -123,4 +122,4 @@ def build_index(prep: PreparedSave, parts: Sequence[Entries]) -> bytes:
     index = columnar_index(prep.items, parts, BLOCK_SIZE, tree=prep.tree,
                            world_size=prep.comm.world_size, created=time.time(),
                            metadata=prep.metadata, library=f"shardsafe {__version__}")
-    return index_v3.encode(index)
+    return encode_columnar(index, WRITE_VERSION)

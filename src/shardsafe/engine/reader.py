@@ -35,7 +35,8 @@ from ..format.block_verify import decode_block, verify_blocks
 from ..format.blockfile import stored_span
 from ..format.checksum import crc32c
 from ..format.dtypes import lookup
-from ..format.index import ChunkEntry, Index, TensorEntry
+from ..format.index.objects import Index, TensorEntry
+from ..format.index.rows import ChunkEntry
 from ..format.tree import render_path
 from ..plan.load_plan import CoverageError, Piece, coalesce, pieces_for
 from ..storage.base import Storage

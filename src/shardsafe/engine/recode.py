@@ -30,7 +30,7 @@ from ..comm import ExternalRank
 from ..errors import CheckpointError
 from ..format.codec import check_compression
 from ..format.dtypes import lookup
-from ..format.index import Index, TensorEntry
+from ..format.index.objects import Index, TensorEntry
 from ..plan.flatten import TensorItem
 from ..storage.base import Storage
 from . import commit, pipeline

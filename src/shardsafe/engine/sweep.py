@@ -25,7 +25,8 @@ from collections.abc import Iterable
 
 from ..errors import CorruptCheckpointError
 from ..format import INDEX_NAME
-from ..format.index import MAX_INDEX_BYTES, decode_index
+from ..format.index.rules import MAX_INDEX_BYTES
+from ..format.index.versions import decode_index
 from ..storage.base import Storage
 from .commit import is_committed, list_entries, split_path, uncommit
 

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._numbers import ceil_div
-from ..format.chunk_table import num_blocks
+from ..format.index.chunk_table import num_blocks
 from ..format.datafile import ALIGN
 from ..plan.layout import FilePlan
 

@@ -1,4 +1,6 @@
-"""On-disk format (see docs/FORMAT.md): saves write version 2; version 1 stays readable.
+"""On-disk format (see docs/FORMAT.md): the index (``format.index``: saves write
+``format.index.versions.WRITE_VERSION``, every earlier version stays readable), data and
+block files, checksums, codecs, and the tree of non-tensor values.
 
 Pure: no threads, no I/O, no torch.distributed.
 """

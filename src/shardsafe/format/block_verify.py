@@ -29,8 +29,8 @@ from ..errors import CorruptCheckpointError
 from . import codec
 from .blockfile import stored_span
 from .checksum import blocks, crc32c
-from .index import Index
-from .index_common import ChunkEntry
+from .index.objects import Index
+from .index.rows import ChunkEntry
 from .tree import render_path
 
 

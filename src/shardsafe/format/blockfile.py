@@ -6,8 +6,8 @@ own (``format.codec``), so blocks are coded and decoded in parallel and a partia
 decodes only the blocks it needs. Every block carries two CRC32Cs: of its stored bytes
 (checked before decoding) and of its raw bytes (checked after).
 
-This module holds the index's record of how blocks are stored (``BlockCoding``, the v2
-coding columns) and its validation, and codes one block; ``format.block_verify``
+This module holds the index's record of how blocks are stored (``BlockCoding``, the coding
+columns of the binary index versions) and its validation, and codes one block; ``format.block_verify``
 checks and decodes blocks.
 Pure: no I/O, no threads.
 """
@@ -21,7 +21,8 @@ import numpy as np
 
 from . import codec
 from .checksum import crc32c
-from .index_common import ChunkEntry, bad
+from .index.rows import ChunkEntry
+from .index.rules import bad
 
 MAGIC = b"SSAFEBLK"
 DATA_START = len(MAGIC)  # a block file's data_start; a safetensors file's is a multiple of 4096

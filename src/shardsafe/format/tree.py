@@ -224,9 +224,9 @@ def decode_plain(node: Node, validate_only: bool = False) -> Any:
         return np.frombuffer(raw, dtype=d.numpy)[0]
     if t in ("set", "frozenset"):
         return values.decode_set(node, lambda n: decode_plain(n, validate_only), 0, MAX_DEPTH)
-    if validate_only and t in ("dtype", "device"):
+    if validate_only and t in values.TORCH_TYPES:
         values.validate_extra(node)
-        return (t, v)
+        return (t, tuple(v) if isinstance(v, list) else v)
     if t in values.EXTRA_TYPES:
         for text in (v, node["tz"].get("name") if isinstance(node.get("tz"), dict) else None):
             if isinstance(text, str):

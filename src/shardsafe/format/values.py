@@ -164,15 +164,25 @@ def _decode_datelike(node: Node) -> Any:
 # ----------------------------------------------------------------------------- dispatch
 
 DATELIKE = ("date", "datetime", "time", "timedelta")
-EXTRA_TYPES = ("dtype", "device", "path", *DATELIKE)
+EXTRA_TYPES = ("dtype", "device", "size", "path", *DATELIKE)
+TORCH_TYPES = ("dtype", "device", "size")  # nodes whose value needs torch to be built
+
+SIZE_MAX_DIMS = 64  # more dimensions than any tensor has; a forged size node is refused
+_INT64 = 1 << 63
 
 
 def encode_extra(x: Any, path: KeyPath) -> Node | None:
-    """Encodes a dtype, device, path or date-like value; None if ``x`` is none of those."""
+    """Encodes a dtype, device, ``torch.Size``, path or date-like value; None if ``x`` is
+    none of those."""
     if _is_torch(x, "dtype"):
         return {"t": "dtype", "v": str(x).removeprefix("torch.")}
     if _is_torch(x, "device"):
         return {"t": "device", "v": str(x)}
+    if _is_torch(x, "Size"):
+        if len(x) > SIZE_MAX_DIMS:
+            raise TypeError(f"torch.Size at key path {render_path(path)!r} has more than "
+                            f"{SIZE_MAX_DIMS} dimensions")
+        return {"t": "size", "v": [int(d) for d in x]}
     if type(x).__name__ in _PATH_CLASSES and _PATH_CLASSES[type(x).__name__] is type(x):
         return {"t": "path", "cls": type(x).__name__, "v": str(x)}
     return _encode_datelike(x, path)
@@ -185,6 +195,8 @@ def decode_extra(node: Node) -> Any:
         return _decode_dtype(node.get("v"))
     if t == "device":
         return _decode_device(node.get("v"))
+    if t == "size":
+        return _torch().Size(_size_dims(node.get("v")))
     if t == "path":
         return _decode_path(node)
     return _decode_datelike(node)
@@ -199,8 +211,18 @@ def validate_extra(node: Node) -> None:
     elif t == "device":
         v = node.get("v")
         check(isinstance(v, str) and _DEVICE.fullmatch(v) is not None, f"bad device {v!r}")
+    elif t == "size":
+        _size_dims(node.get("v"))
     else:
         decode_extra(node)
+
+
+def _size_dims(v: Any) -> tuple[int, ...]:
+    """The dimensions of a ``size`` node: at most SIZE_MAX_DIMS int64 integers."""
+    check(isinstance(v, list) and len(v) <= SIZE_MAX_DIMS, f"bad size node value {v!r:.80}")
+    for d in v:
+        check(type(d) is int and -_INT64 <= d < _INT64, f"bad size dimension {d!r:.40}")
+    return tuple(v)
 
 
 # ----------------------------------------------------------------------------- hashable values

@@ -1,6 +1,6 @@
 """The checkpoint of a simulated FSDP job, built without processes: R ranks, T tensors
 (2-D weights and 1-D norms, some with rows that do not divide evenly), each split along
-dimension 0 over the ranks, one data file per rank. ``build_index`` gives its v2 index,
+dimension 0 over the ranks, one data file per rank. ``build_index`` gives its columnar index,
 built with the real chunk table; ``bench.scale`` times the format and the planners on it
 and the format and plan tests use it as a large realistic input.
 """
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..format.chunk_table import ChunkTable, Split, num_blocks
-from ..format.index_v2 import ColumnarIndex, FileInfo, TensorInfo
+from ..format.index.chunk_table import ChunkTable, Split, num_blocks
+from ..format.index.model import ColumnarIndex, TensorInfo
+from ..format.index.rows import FileEntry
 from ..format.tree import Node
 from ..plan.layout import data_file_name
 
@@ -43,7 +44,7 @@ def job_tensors(ranks: int, tensors: int) -> tuple[tuple[TensorInfo, ...], Node]
 
 
 def build_index(ranks: int, tensors: int, seed: int = 0) -> ColumnarIndex:
-    """The v2 index of the simulated job (rank r writes part r of every tensor to file r)."""
+    """The columnar index of the simulated job (rank r writes part r of every tensor to file r)."""
     shapes = job_shapes(ranks, tensors)
     item = np.array([2 if d == "bfloat16" else 4 for _, d in shapes], dtype=np.int64)
     rows = np.array([s[0] for s, _ in shapes], dtype=np.int64)
@@ -64,7 +65,7 @@ def build_index(ranks: int, tensors: int, seed: int = 0) -> ColumnarIndex:
     del nb, keep
     rng = np.random.default_rng(seed)
     sums = rng.integers(0, 1 << 32, int(num_blocks(nbytes, BLOCK).sum()), dtype=np.uint32)
-    files = tuple(FileInfo(data_file_name(i), int(sizes[i]), DATA_START, i) for i in range(ranks))
+    files = tuple(FileEntry(data_file_name(i), int(sizes[i]), DATA_START, i) for i in range(ranks))
     infos, tree = job_tensors(ranks, tensors)
     table = ChunkTable.build(
         [s for s, _ in shapes], item.tolist(), [Split(0, int(st), 0, 1) for st in step],

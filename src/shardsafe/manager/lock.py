@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from ..errors import CheckpointError, CorruptCheckpointError
-from ..format.index_common import reject_constant
+from ..format.index.rules import reject_constant
 from ..storage import LocalStorage
 from ..storage.base import Storage
 

@@ -131,7 +131,8 @@ class CheckpointManager:
         self._last_restore: RestoreInfo | None = None
         self._writers: list[TierWriter] = []
         self._saver: TierSaver | None = None
-        self._schedule = SaveSchedule(opts, self._agree, self._records.newest_time)  # signals: main thread first
+        self._schedule = SaveSchedule(opts, self._agree, lambda: self._agree.leader_decides(
+            self._records.newest_time, what="reading the newest step's save time"))  # signals: main thread first
         built = False
         try:
             run = self._open_directory()
@@ -390,17 +391,18 @@ class CheckpointManager:
         if not self._opts.read_only:
             self.wait_until_finished()
         t0 = time.monotonic()
+        listing = lambda: recovery.listed_once(self._dir, self._agree)  # noqa: E731 - one rank lists
         if step is None and self._local is not None:
-            got = restore_local(self._local, self._agree, state, self.latest_step())
+            got = restore_local(self._local, self._agree, state, max(listing(), default=None))
             if got is not None:  # the newest step every rank could get from its node or a peer
                 self._last_restore = got
                 return got.step
         if step is not None:
-            self._restore_step(state, step, rollback)
+            self._restore_step(state, step, rollback, listing().get(step, step_name(step)))
         else:
             out = recovery.restore_newest(self._dir, self._url, state, fallback=self._opts.restore_fallback,
                                           storage_options=self._opts.storage_options, agree=self._agree.worst,
-                                          timeout=self._agree.timeout)
+                                          timeout=self._agree.timeout, listing=listing)
             if out.step is not None:
                 self._set_aside(out.corrupt, out.step)
             step, rollback = out.step, True
@@ -409,8 +411,7 @@ class CheckpointManager:
             self._local.forget_newer(step)  # training continues from ``step``
         return step
 
-    def _restore_step(self, state: MutableMapping[str, Any], step: int, rollback: bool) -> None:
-        name = self._dir.committed().get(step, step_name(step))
+    def _restore_step(self, state: MutableMapping[str, Any], step: int, rollback: bool, name: str) -> None:
         recovery.load_step(self._dir, self._url, step, name, state, self._opts.storage_options,
                            agree=self._agree.worst, timeout=self._agree.timeout)
         if rollback:

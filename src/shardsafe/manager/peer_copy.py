@@ -28,7 +28,7 @@ from typing import Any
 from ..engine import commit
 from ..errors import CheckpointError, CorruptCheckpointError
 from ..format import INDEX_NAME
-from ..format.index import MAX_INDEX_BYTES
+from ..format.index.rules import MAX_INDEX_BYTES
 from ..storage import storage_for
 from ..storage.base import RangeWriter
 from ..storage.files import check_regular, open_regular

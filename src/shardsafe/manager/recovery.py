@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.load import load_checked
+from ..comm.agreement import Agreement
 from ..engine.detach import detach
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
-from ..format.index import Index
+from ..format.index.objects import Index
 from .steps import MANAGER_KEY, StepDirectory
 
 log = logging.getLogger("shardsafe")
@@ -107,19 +108,35 @@ class Outcome:
     corrupt: dict[int, tuple[str, str]] = field(default_factory=dict)
 
 
+def listed_once(steps: StepDirectory, agreement: Agreement) -> dict[int, str]:
+    """The committed steps (step -> directory name), listed by rank 0 alone and told to
+    every rank: one LIST (and one existence check per step) for the whole job, not one
+    per rank. Collective: every rank calls it at the same point."""
+    if agreement.world_size == 1:
+        return steps.committed()
+    pairs = agreement.leader_decides(lambda: list(steps.committed().items()),
+                                     what=f"listing the steps of {steps.path!r}")
+    return {int(s): str(n) for s, n in pairs}
+
+
 def restore_newest(steps: StepDirectory, base_url: str, state: MutableMapping[str, Any], *,
                    fallback: bool, storage_options: Mapping[str, Any] | None,
-                   agree: Callable[[int], int] | None = None, timeout: float | None = None) -> Outcome:
+                   agree: Callable[[int], int] | None = None, timeout: float | None = None,
+                   listing: Callable[[], dict[int, str]] | None = None) -> Outcome:
     """Loads the newest committed step that verifies into ``state``.
+
+    ``listing`` gives the committed steps (default: ``steps.committed()``; a collective
+    restore passes ``listed_once``, so that one rank lists for all).
 
     Raises:
         CorruptCheckpointError: The newest step is damaged and ``fallback`` is False, or
             every committed step is damaged.
     """
+    committed = listing or steps.committed
     out = Outcome()
     vanished: set[int] = set()
     while True:
-        candidates = {s: n for s, n in steps.committed().items()
+        candidates = {s: n for s, n in committed().items()
                       if s not in out.corrupt and s not in vanished}
         if not candidates:
             break
@@ -130,7 +147,7 @@ def restore_newest(steps: StepDirectory, base_url: str, state: MutableMapping[st
             vanished.add(step)
             continue
         except CorruptCheckpointError as e:
-            if step not in steps.committed():
+            if step not in committed():
                 vanished.add(step)  # deleted while we read it: not damage
                 continue
             if not fallback:

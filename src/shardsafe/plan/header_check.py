@@ -18,8 +18,9 @@ from typing import Any
 
 from ..format.datafile import METADATA_KEY
 from ..format.dtypes import DTYPES, lookup
-from ..format.index import ChunkEntry, FileEntry, Index, TensorEntry
-from ..format.index_common import LINKED_FILE
+from ..format.index.objects import Index, TensorEntry
+from ..format.index.rows import ChunkEntry, FileEntry
+from ..format.index.rows import LINKED_FILE
 from ..format.tree import render_path
 from .layout import PARTS_KEY, part_name
 

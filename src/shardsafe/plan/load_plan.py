@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..format.index import ChunkEntry
+from ..format.index.rows import ChunkEntry
 
 T = TypeVar("T")
 

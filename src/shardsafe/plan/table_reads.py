@@ -1,4 +1,4 @@
-"""Load planning over a columnar chunk table (format v2), vectorised with numpy.
+"""Load planning over the columnar chunk table (``format.index.chunk_table``), vectorised with numpy.
 
 A rank that loads an FSDP-style shard (rows ``[lo, hi)`` of dimension 0 of each tensor)
 from a checkpoint whose tensors were split along dimension 0 needs, per tensor, only the
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..format.chunk_table import ChunkTable
+from ..format.index.chunk_table import ChunkTable
 
 I64 = np.int64
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import knobs
 from ..format.datafile import ALIGN
-from ..format.index import MAX_INDEX_BYTES
+from ..format.index.rules import MAX_INDEX_BYTES
 from .cached_or_direct import read_range
 from .files import check_directory, check_regular, read_regular, with_path
 

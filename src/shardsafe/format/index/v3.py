@@ -1,7 +1,7 @@
 """Index format version 3: version 2 with the tensor table as columns too.
 
-The container (``format.container``) and the chunk columns are version 2's; what changes
-is the tensor table. Version 2 writes a JSON object per tensor (key path, kind, dtype,
+The container (``container``) and the chunk columns are version 2's; what changes is the
+tensor table. Version 2 writes a JSON object per tensor (key path, kind, dtype,
 shape, chunk count, split rule): with 100,000 small tensors, encoding and decoding those
 objects is most of the cost of a save's index and of a load. Version 3 stores them as
 columns (docs/FORMAT.md section 14 is the byte-by-byte spec):
@@ -27,14 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from . import tree
+from .. import tree
+from ..dtypes import DTYPES, lookup
 from .chunk_table import ChunkTable, Split, check_tensor_rows
-from .container import dumps, narrowest, open_container, read_columns, seal
-from .dtypes import DTYPES, lookup
-from .index_common import (MAX_EXTENT_BYTES, MAX_NDIM, TENSOR_KINDS, bad, check_int, decode_files,
-                           header_fields, tree_keys)
-from .index_v2 import (CODED_COLUMNS, COLUMNS, ColumnarIndex, TensorInfo, block_coding, header_members,
-                       stored_columns)
+from .container import (CODED_COLUMNS, COLUMNS, block_coding, dumps, header_members, narrowest, open_container,
+                        read_columns, seal, stored_columns)
+from .model import ColumnarIndex, TensorInfo
+from .rules import MAX_EXTENT_BYTES, MAX_NDIM, TENSOR_KINDS, bad, check_int, decode_files, header_fields, tree_keys
 
 VERSION = 3
 TENSOR_COLUMNS = ("kind", "dtype", "ndim", "shape", "chunks", "split", "split_step", "split_file0",
@@ -70,7 +69,7 @@ def tensor_columns(infos: Sequence[TensorInfo], ct: ChunkTable) -> tuple[list[st
 
 
 def encode(index: ColumnarIndex) -> bytes:
-    """The bytes of a v3 index."""
+    """The bytes of a version 3 index."""
     ct = index.chunks
     dtypes, cols = tensor_columns(index.tensors, ct)
     cols.update(stored_columns(ct))
@@ -164,7 +163,7 @@ def _tensor_table(raw: Any, cols: dict[str, np.ndarray]) -> tuple[
 
 
 def decode(data: bytes) -> ColumnarIndex:
-    """Parses and validates v3 index bytes; raises CorruptCheckpointError naming the problem."""
+    """Parses and validates version 3 index bytes; raises CorruptCheckpointError naming the problem."""
     raw, section = open_container(data, VERSION)
     block_size = check_int(raw.get("block_size"), "block_size", 4096, 1 << 40)
     files = decode_files(raw.get("files"))

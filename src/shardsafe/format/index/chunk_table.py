@@ -1,4 +1,4 @@
-"""The chunk table of index format v2: every chunk of a checkpoint as numpy columns.
+"""The chunk table: every chunk of a checkpoint as numpy columns (every index version).
 
 A ``ChunkTable`` holds one row per chunk, grouped by tensor (tensor 0's chunks first),
 in int64 columns: data file id, absolute byte offset and byte length, plus the CRC32C of
@@ -26,10 +26,9 @@ from operator import attrgetter, getitem, is_not
 
 import numpy as np
 
-from ..errors import CorruptCheckpointError
-from . import INDEX_NAME
-from .blockfile import RAW, BlockCoding, check_coding
-from .tiling import tiling_problem
+from ..blockfile import RAW, BlockCoding, check_coding
+from ..tiling import tiling_problem
+from .rules import bad
 
 I64 = np.int64
 
@@ -79,10 +78,6 @@ def num_blocks(nbytes: np.ndarray, block_size: int) -> np.ndarray:
         out >>= block_size.bit_length() - 1
         return np.maximum(out, 1, out=out)
     return np.maximum(1, -(-nbytes // block_size))
-
-
-def _bad(msg: str) -> CorruptCheckpointError:
-    return CorruptCheckpointError(f"malformed index: {msg}", file=INDEX_NAME)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -195,7 +190,7 @@ class ChunkTable:
             shapes_t = tuple(tuple(int(d) for d in s) for s in shapes)
         nt = len(shapes_t)
         if sum(int(c) for c in counts) != len(offset):  # Python ints: a forged count cannot wrap
-            raise _bad(f"{len(offset)} byte offsets for {sum(int(c) for c in counts)} chunks")
+            raise bad(f"{len(offset)} byte offsets for {sum(int(c) for c in counts)} chunks")
         counts_a = np.asarray(counts, dtype=I64).reshape(nt)
         tensor_start = np.zeros(nt + 1, dtype=I64)
         np.cumsum(counts_a, out=tensor_start[1:])
@@ -206,12 +201,12 @@ class ChunkTable:
         n = int(tensor_start[-1])
         rows_general = _rows_of(tensor_start, ~is_split)
         if len(offset) != n:
-            raise _bad(f"{len(offset)} byte offsets for {n} chunks")
+            raise bad(f"{len(offset)} byte offsets for {n} chunks")
         if len(general_file) != len(rows_general):
-            raise _bad(f"{len(general_file)} file ids for {len(rows_general)} general chunks")
+            raise bad(f"{len(general_file)} file ids for {len(rows_general)} general chunks")
         if len(pos) != general_start[-1] or len(extent) != general_start[-1]:
-            raise _bad(f"positions hold {len(pos)}/{len(extent)} values, the general chunks "
-                       f"need {int(general_start[-1])}")
+            raise bad(f"positions hold {len(pos)}/{len(extent)} values, the general chunks "
+                      f"need {int(general_start[-1])}")
         file = np.empty(n, dtype=I64)
         nbytes = np.zeros(n, dtype=I64)
         file[rows_general] = general_file
@@ -225,8 +220,8 @@ class ChunkTable:
         blocks = num_blocks(nbytes, block_size)
         np.cumsum(blocks, out=table.block_start[1:])
         if int(table.block_start[-1]) != len(table.checksums):
-            raise _bad(f"{len(table.checksums)} checksums, the chunks have "
-                       f"{int(table.block_start[-1])} blocks")
+            raise bad(f"{len(table.checksums)} checksums, the chunks have "
+                      f"{int(table.block_start[-1])} blocks")
         if coding is not None:
             check_coding(coding, table.nbytes, table.block_start, table.tensor_start, table.file,
                          table.checksums, block_size, np.asarray(data_starts, dtype=I64), name)
@@ -310,12 +305,12 @@ def check_tensor_rows(shapes: Sequence[Sequence[int]], splits: Sequence[Split | 
             continue
         d, step, f0, fs = split.dim, split.step, split.file0, split.file_stride
         if not 0 <= d < len(shape) or not 1 <= step <= max(shape[d], 1) or shape[d] < 1:
-            raise _bad(f"tensor {name(t)}: split {[d, step]} does not fit shape {list(shape)}")
+            raise bad(f"tensor {name(t)}: split {[d, step]} does not fit shape {list(shape)}")
         if count != -(-shape[d] // step):
-            raise _bad(f"tensor {name(t)}: split into parts of {step} needs "
-                       f"{-(-shape[d] // step)} chunks, the index says {count}")
+            raise bad(f"tensor {name(t)}: split into parts of {step} needs "
+                      f"{-(-shape[d] // step)} chunks, the index says {count}")
         if f0 < 0 or fs < 0 or f0 + (count - 1) * fs >= num_files:
-            raise _bad(f"tensor {name(t)}: split names files beyond the {num_files} listed")
+            raise bad(f"tensor {name(t)}: split names files beyond the {num_files} listed")
         checked.add(key)
 
 
@@ -333,26 +328,26 @@ def _check_general(table: ChunkTable, name: Callable[[int], str]) -> None:
     pos, ext = table.pos, table.extent
     inside = (pos >= 0) & (ext >= 0) & (ext <= gshape) & (pos <= gshape - ext)
     if not inside.all():
-        bad = int(np.argmin(inside))
-        t = next(t for t in ts if table.general_start[t + 1] > bad)
-        raise _bad(f"tensor {name(t)}: a chunk lies outside shape {list(table.shapes[t])}")
+        outside = int(np.argmin(inside))
+        t = next(t for t in ts if table.general_start[t + 1] > outside)
+        raise bad(f"tensor {name(t)}: a chunk lies outside shape {list(table.shapes[t])}")
     for t in ts:  # extents are bounded by the shape now, so products cannot overflow
         c = table.tensor_chunks(t)
         k = len(c.file)
         vol = np.prod(c.extent, axis=1, dtype=I64) if c.extent.shape[1] else np.ones(k, I64)
         table.nbytes[c.start : c.start + k] = vol * int(table.itemsizes[t])
         if not table.shapes[t] and k > 1:
-            raise _bad(f"tensor {name(t)}: {k} chunks of a scalar overlap")
+            raise bad(f"tensor {name(t)}: {k} chunks of a scalar overlap")
         numel = math.prod(table.shapes[t])
         # each volume is <= numel <= 2^62; a float sum below 2^62 means the int64 one is exact
         held = int(vol.sum()) if float(vol.sum(dtype=np.float64)) < 2.0**62 else None
         if held != numel:
-            raise _bad(f"tensor {name(t)}: chunks hold {held if held is not None else 'over 2^62'} "
-                       f"elements, shape needs {numel}")
+            raise bad(f"tensor {name(t)}: chunks hold {held if held is not None else 'over 2^62'} "
+                      f"elements, shape needs {numel}")
         keep = vol > 0
         problem = tiling_problem(c.pos[keep], c.extent[keep], table.shapes[t])
         if problem is not None:  # boxes inside the shape holding numel elements in all
-            raise _bad(f"tensor {name(t)}: {problem}")
+            raise bad(f"tensor {name(t)}: {problem}")
 
 
 def _check_byte_ranges(table: ChunkTable, sizes: np.ndarray, starts: np.ndarray,
@@ -365,10 +360,10 @@ def _check_byte_ranges(table: ChunkTable, sizes: np.ndarray, starts: np.ndarray,
     def tensor_of(row: int) -> str:
         return name(int(np.searchsorted(table.tensor_start, row, side="right")) - 1)
 
-    bad = np.flatnonzero((file < 0) | (file >= len(sizes)) | (off < 0))
-    if len(bad):
-        raise _bad(f"tensor {tensor_of(int(bad[0]))}: chunk names file id {int(file[bad[0]])} "
-                   f"or offset {int(off[bad[0]])} (there are {len(sizes)} files)")
+    wrong = np.flatnonzero((file < 0) | (file >= len(sizes)) | (off < 0))
+    if len(wrong):
+        raise bad(f"tensor {tensor_of(int(wrong[0]))}: chunk names file id {int(file[wrong[0]])} "
+                  f"or offset {int(off[wrong[0]])} (there are {len(sizes)} files)")
     nonempty = nb > 0  # an empty chunk reads nothing: its offset constrains nothing
     if nonempty.all():
         used, f, o, n = np.arange(len(nb), dtype=I64), file, off, nb
@@ -379,8 +374,8 @@ def _check_byte_ranges(table: ChunkTable, sizes: np.ndarray, starts: np.ndarray,
     outside = (o < first) | (n > sizes[f] - o)
     if outside.any():
         i = int(np.argmax(outside))
-        raise _bad(f"byte range of {tensor_of(int(used[i]))} [{int(o[i])}, +{int(n[i])}) lies outside "
-                   f"the data section of file {int(f[i])}")
+        raise bad(f"byte range of {tensor_of(int(used[i]))} [{int(o[i])}, +{int(n[i])}) lies outside "
+                  f"the data section of file {int(f[i])}")
     # Disjoint intervals, sorted by start, are also sorted by end; conversely if the k-th
     # smallest start is >= the (k-1)-th smallest end for every k, no two intervals overlap
     # (each has positive length). Keys put each file in its own range: file * span + byte.
@@ -401,8 +396,8 @@ def _check_byte_ranges(table: ChunkTable, sizes: np.ndarray, starts: np.ndarray,
     clash = np.flatnonzero((f[1:] == f[:-1]) & (o[1:] < o[:-1] + n[:-1]))
     if len(clash):
         a, b = int(used[order[clash[0]]]), int(used[order[clash[0] + 1]])
-        raise _bad(f"byte range of {tensor_of(b)} in file {int(f[clash[0] + 1])} overlaps "
-                   f"{tensor_of(a)}")
+        raise bad(f"byte range of {tensor_of(b)} in file {int(f[clash[0] + 1])} overlaps "
+                  f"{tensor_of(a)}")
 
 
 def detect_split(shape: Sequence[int], pos: np.ndarray, extent: np.ndarray,

@@ -1,4 +1,5 @@
-"""The binary container of index versions 2 and 3: a header, a JSON part and typed columns.
+"""The binary container of the binary index versions (2 and later): a header, a JSON part
+and typed columns, and the chunk columns every one of them stores.
 
 Layout (docs/FORMAT.md sections 11.1 and 14)::
 
@@ -12,7 +13,9 @@ Layout (docs/FORMAT.md sections 11.1 and 14)::
     A+C 4  u32    CRC32C of every byte before it
 
 The JSON part's ``columns`` member gives each column's element type (unsigned, the
-narrowest that holds its largest value; CRC32C columns always ``<u4``) and length.
+narrowest that holds its largest value; CRC32C columns always ``<u4``) and length. Every
+binary version stores the chunk table as the columns ``COLUMNS`` (plus ``CODED_COLUMNS``
+when some chunk is compressed) and opens its JSON part with ``header_members``.
 """
 
 from __future__ import annotations
@@ -24,14 +27,22 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptCheckpointError
-from . import INDEX_NAME
-from .checksum import ALGORITHM, crc32c
-from .index_common import MAX_DIM, MAX_INDEX_BYTES, bad, check_int, finite_float, reject_constant, unique_members
+from ...errors import CorruptCheckpointError
+from .. import INDEX_NAME
+from ..blockfile import BlockCoding
+from ..checksum import ALGORITHM, crc32c
+from .chunk_table import ChunkTable
+from .model import ColumnarIndex
+from .rules import (MAX_DIM, MAX_INDEX_BYTES, bad, check_int, encode_files, finite_float, reject_constant,
+                    unique_members)
 
 MAGIC = b"SSAFEIDX"
 HEADER = struct.Struct("<8sIIQQ")
 WIDTHS = ("<u1", "<u2", "<u4", "<u8")
+COLUMNS = ("offset", "file", "pos", "extent", "crc32c")
+# Present only in an index with compressed chunks, after COLUMNS (FORMAT.md 12.2): per block,
+# its codec (index into the JSON member "codecs"), stored size and stored CRC32C.
+CODED_COLUMNS = ("codec", "stored", "stored_crc32c")
 
 
 def is_container(data: bytes | memoryview) -> bool:
@@ -59,6 +70,44 @@ def pad8(n: int) -> int:
 def dumps(value: Any) -> str:
     """JSON text as every index writes it (compact, UTF-8 as is, no NaN)."""
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def check_metadata(metadata: Mapping[str, Any]) -> None:
+    """Raises TypeError/ValueError unless ``metadata`` can be written into an index's JSON
+    part as the encoders write it (``dumps``, then UTF-8: no NaN, no lone surrogate)."""
+    dumps(dict(metadata)).encode("utf-8")
+
+
+def header_members(index: ColumnarIndex) -> dict[str, Any]:
+    """The JSON members that open a binary index, in order (library to files)."""
+    return {"library": index.library, "created": index.created, "world_size": index.world_size,
+            "checksum": ALGORITHM, "block_size": index.chunks.block_size, "metadata": index.metadata,
+            "files": encode_files(index.files)}
+
+
+def stored_columns(ct: ChunkTable) -> dict[str, np.ndarray]:
+    """The chunk columns a binary index stores (split tensors keep neither file ids nor positions)."""
+    general = np.zeros(ct.num_chunks, dtype=bool)
+    for t, s in enumerate(ct.splits):
+        if s is None:
+            general[ct.tensor_start[t] : ct.tensor_start[t + 1]] = True
+    cols = {"offset": ct.offset, "file": ct.file[general], "pos": ct.pos, "extent": ct.extent,
+            "crc32c": ct.checksums}
+    if ct.coding is not None:
+        cols.update(codec=ct.coding.codec, stored=ct.coding.stored, stored_crc32c=ct.coding.checksums)
+    return cols
+
+
+def block_coding(raw: dict[str, Any], cols: dict[str, np.ndarray]) -> BlockCoding | None:
+    """The compressed chunks' coding columns (section 12.3), or None in an index without them."""
+    if "codec" not in cols:
+        if "codecs" in raw:
+            raise bad("codecs listed without the coding columns")
+        return None
+    codecs = raw.get("codecs")
+    if not isinstance(codecs, list) or not all(isinstance(c, str) for c in codecs) or len(codecs) > 255:
+        raise bad("codecs must be a list of at most 255 codec names")
+    return BlockCoding(tuple(codecs), cols["codec"], cols["stored"], cols["stored_crc32c"])
 
 
 def seal(js: bytes, columns: Sequence[np.ndarray], kinds: Sequence[str], version: int) -> bytes:

@@ -1,22 +1,21 @@
-"""What index formats 1 and 2 share: limits, strict JSON, file rows, tensor headers, tree checks.
+"""What every index version's decoder checks: limits, strict JSON, file rows, tensor
+headers, the tree (docs/FORMAT.md section 9).
 
-Both decoders (``format.index`` for v1, ``format.index_v2`` for v2) treat their input as
-untrusted and apply the same rules (docs/FORMAT.md section 9) through this module, so a
-rule changed here changes for both versions. Imports only leaf modules of ``format``.
+Every decoder (``v1``, ``v2``, ``v3``) treats its input as untrusted and applies these
+rules, so a rule changed here changes for every version.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from operator import eq
-from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CorruptCheckpointError
-from . import INDEX_NAME, tree
-from .dtypes import DType, lookup
+from ...errors import CorruptCheckpointError
+from .. import INDEX_NAME, tree
+from ..dtypes import DType, lookup
+from .rows import FileEntry, valid_file_name
 
 MAX_INDEX_BYTES = 1 << 30  # engine.commit reads at most this much
 MAX_TREE_DEPTH = 128  # nesting of the state tree (real states: tens)
@@ -28,132 +27,6 @@ MAX_DIM = 1 << 62
 # that overflow numpy's size arithmetic or look absurd to any reader.
 MAX_EXTENT_BYTES = 1 << 62
 TENSOR_KINDS = ("torch", "numpy")
-# fullmatch, not match + "$": "$" also matches before a trailing newline
-FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-# A reference (incremental saves, docs/FORMAT.md section 13): "<sibling directory>/<file>",
-# both parts plain names as above, so neither can be "." or ".." nor hold a separator.
-REFERENCE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,127})/([A-Za-z0-9][A-Za-z0-9._-]{0,127})")
-# A step made self-contained after a rollback (section 13, engine/detach.py) names a hard
-# link of each file it referenced "ref<row>-<file>" (or "ref<row>.<ext>", "ref<row>.<n>"):
-# like a reference, such a file also holds chunks of the step that wrote it.
-LINK_PREFIX = "ref"
-LINKED_FILE = re.compile(LINK_PREFIX + r"[0-9]{5}[-.].*")
-
-
-@dataclass(frozen=True, slots=True)
-class FileEntry:
-    """A data file of the checkpoint (v1 and v2 list the same members).
-
-    Attributes:
-        name: File name relative to the checkpoint directory (no separators).
-        size: Exact size in bytes.
-        data_start: Offset of the first data byte (end of the safetensors header).
-        rank: The rank that wrote it.
-    """
-
-    name: str
-    size: int
-    data_start: int
-    rank: int = 0
-
-    @property
-    def reference(self) -> tuple[str, str] | None:
-        """``(sibling directory, file name)`` when this row references a data file of another
-        checkpoint next to this one (an incremental save); None for the checkpoint's own file."""
-        return split_reference(self.name)
-
-
-def split_reference(name: str) -> tuple[str, str] | None:
-    """``(directory, file)`` of a reference name ``<directory>/<file>``; None for a plain name."""
-    m = REFERENCE.fullmatch(name)
-    return (m.group(1), m.group(2)) if m else None
-
-
-def valid_file_name(name: str) -> bool:
-    """A data file name an index may list: a plain name, or a reference to a sibling's file."""
-    if FILE_NAME.fullmatch(name):
-        return True
-    ref = split_reference(name)
-    return ref is not None and ref[1] != INDEX_NAME
-
-
-@dataclass(frozen=True, slots=True)
-class StoredBlocks:
-    """How a compressed chunk's checksum blocks are stored (docs/FORMAT.md section 12).
-
-    The chunk's bytes in its file are its blocks' stored forms back to back, from the
-    chunk's ``offset``; block ``i`` decodes to the ``i``-th ``block_size`` slice of the
-    chunk's raw bytes.
-
-    Attributes:
-        codecs: Codec name of each block (``"raw"``: stored as is).
-        sizes: Stored size of each block in bytes.
-        checksums: CRC32C of each block's stored bytes (checked before decoding).
-    """
-
-    codecs: tuple[str, ...]
-    sizes: tuple[int, ...]
-    checksums: tuple[int, ...]
-
-    @property
-    def starts(self) -> tuple[int, ...]:
-        """Where each block's stored bytes begin, relative to the chunk's offset."""
-        out, pos = [], 0
-        for n in self.sizes:
-            out.append(pos)
-            pos += n
-        return tuple(out)
-
-    @property
-    def nbytes(self) -> int:
-        """Stored bytes of the whole chunk."""
-        return sum(self.sizes)
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkEntry:
-    """A contiguous, row-major block of a tensor stored in one data file.
-
-    Attributes:
-        file: Name of the data file holding the bytes.
-        offset: Absolute byte offset of the chunk in that file.
-        nbytes: Number of bytes (``prod(shape) * itemsize``).
-        offsets: Position of the chunk in the global tensor, one entry per dimension.
-        shape: Shape of the chunk.
-        checksums: CRC32C of each ``block_size`` slice of the chunk's (decoded) bytes.
-        stored: How the blocks are coded, for a compressed chunk; None for a chunk stored
-            raw (its ``nbytes`` bytes at ``offset``).
-    """
-
-    file: str
-    offset: int
-    nbytes: int
-    offsets: tuple[int, ...]
-    shape: tuple[int, ...]
-    checksums: tuple[int, ...]
-    stored: StoredBlocks | None = None
-
-    @property
-    def stored_nbytes(self) -> int:
-        """Bytes the chunk occupies in its file."""
-        return self.nbytes if self.stored is None else self.stored.nbytes
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class IndexHeader:
-    """What every index version records about the save besides its tensors (keyword-only).
-
-    Attributes:
-        world_size: Ranks that saved.
-        created: Time of the save (seconds since the epoch).
-        metadata: User metadata (JSON).
-        library: Name and version of the writer.
-    """
-
-    world_size: int = 1
-    created: float = 0.0
-    metadata: dict[str, Any] = field(default_factory=dict)
-    library: str = ""
 
 
 def bad(msg: str) -> CorruptCheckpointError:
@@ -213,7 +86,7 @@ def decode_files(raw: Any) -> tuple[FileEntry, ...]:
 
 
 def tensor_key(t: Any) -> tree.KeyPath:
-    """The key path of a tensor row (both versions): strings and integers bare, every
+    """The key path of a JSON tensor row (versions 1 and 2): strings and integers bare, every
     other key as its node (section 6), decoded as ``tree.walk`` yields it, so that it
     can be compared with the tree's paths."""
     if not isinstance(t, dict) or not isinstance(t.get("key"), list):
@@ -225,7 +98,7 @@ def tensor_key(t: Any) -> tree.KeyPath:
 
 
 def tensor_header(t: dict[str, Any], name: str) -> tuple[str, DType, tuple[int, ...]]:
-    """Kind, dtype and global shape of a tensor row (both versions), checked."""
+    """Kind, dtype and global shape of a JSON tensor row (versions 1 and 2), checked."""
     if t.get("kind") not in TENSOR_KINDS:
         raise bad(f"tensor {name}: unknown kind {t.get('kind')!r}")
     try:
