@@ -203,10 +203,11 @@ class FaultProxy:
         if kind == "reset":  # the server acted on the request; the client never hears back
             _reset(writer)
             raise _Dropped
-        cut = len(status_head) + int(max(0.0, phase - 0.5) * 2 * len(body))
         data = status_head + body
+        # at least the last byte is held back: a response without a body is cut in its head
+        cut = min(len(status_head) + int(max(0.0, phase - 0.5) * 2 * len(body)), len(data) - 1)
         if kind == "early_eof":
-            writer.write(data[:min(cut, len(data) - 1)])
+            writer.write(data[:cut])
             await writer.drain()
             writer.close()
             raise _Dropped
