@@ -1,6 +1,6 @@
 """Mechanisms every test directory shares: damaging a file on purpose, comparing states
-bit for bit, SIGKILLing a child process over and over, and running the ``shardsafe``
-command.
+bit for bit, SIGKILLing a child process over and over, running the ``shardsafe``
+command, and asking for the compiled planes kernel.
 
 (Starting the ranks of a multi-process job is in dist_harness.py; the S3 server in
 s3_server.py.)
@@ -15,9 +15,11 @@ import logging
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 import traceback
 from collections.abc import Callable
@@ -167,6 +169,29 @@ def kill_rounds(start: Callable[[int], subprocess.Popen], progress: str,
         assert proc.returncode == -signal.SIGKILL, (proc.returncode, lines[-3:])
         debris += bool(after_kill(lines))
     return debris
+
+
+# ----------------------------------------------------------------------------- the planes kernel
+def c_compiler() -> str | None:
+    """The C compiler a package build here would use (``$CC`` or Python's), if it exists."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    return shutil.which(cc.split()[0])
+
+
+def compiled_kernel() -> Any:
+    """The compiled planes kernel (``format.planes_kernel.loaded()``). Where it is missing,
+    fails if a C compiler exists (the package build must have made it) and skips if none does."""
+    import pytest
+
+    from shardsafe.format import planes_kernel
+
+    kernel = planes_kernel.loaded()
+    if kernel is None:
+        if c_compiler() is not None:
+            pytest.fail(f"the planes kernel is not built although {c_compiler()} exists "
+                        "(pip install / make builds it)")
+        pytest.skip("no C compiler here: the planes kernel cannot be built")
+    return kernel
 
 
 # ----------------------------------------------------------------------------- the command
