@@ -56,8 +56,9 @@ def case_table(c: CaseResult, limits: dict[str, float]) -> str:
              "(cold loads) or memcpy (warm loads) measured in this run."]
     if any(o.system == "torch_checkpointing" for o in c.ops):
         rows += ["", f"*torch_checkpointing* (Meta's torch-checkpointing): {TORCH_CHECKPOINTING_NOTE}; "
-                 "its async save stages in the caller and writes from a separate process "
-                 "(*caller blocked*: until save() returns; its time until staged is in the JSON)."]
+                 "its async save returns at once, stages in a background thread (training must "
+                 "not change the state until then: its lock()) and writes from a separate process; "
+                 "*caller blocked* is until save() returns, the time until staged is in the JSON."]
     return "\n".join(rows)
 
 

@@ -172,6 +172,7 @@ class TorchCheckpointing:
 
     def __init__(self) -> None:
         from torch_checkpointing.checkpoint_manager import CheckpointManager
+        from torch_checkpointing.checkpoint_process import CheckpointProcessConfig
         from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
         from torch_checkpointing.schema import ItemSpec
         from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
@@ -179,7 +180,9 @@ class TorchCheckpointing:
         storage = LocalFileSystemStorageConfig(use_direct_io=False)
         self._sync = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=storage,
                                               default=ItemSpec(requires_copy=True)).build()
-        self._async = CheckpointManager.Config(save=AsyncCheckpointSaverConfig(), storage_config=storage,
+        # its writer process imports torch first: 30 s (its default) is not enough on a busy machine
+        slow_start = AsyncCheckpointSaverConfig(process_config=CheckpointProcessConfig(subprocess_init_timeout_secs=300))
+        self._async = CheckpointManager.Config(save=slow_start, storage_config=storage,
                                                default=ItemSpec(requires_copy=True)).build()
 
     def save(self, state: dict[str, Any], path: str) -> dict[str, float]:
