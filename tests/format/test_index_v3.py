@@ -92,7 +92,7 @@ def _tree_drops_tensor(js, cols) -> None:  # noqa: ANN001
 
 
 FORGED = [
-    ("kind out of range", _set("kind", 0, 2), "kind or dtype"),
+    ("kind out of range", _set("kind", 0, 3), "kind or dtype"),
     ("dtype out of range", _set("dtype", 1, 9), "kind or dtype"),
     ("numpy bfloat16", _set("kind", 4, 1), "numpy cannot hold dtype bfloat16"),
     ("ndim above 64", _set("ndim", 0, 65), "dimensions"),
