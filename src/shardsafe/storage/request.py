@@ -121,7 +121,7 @@ class Runner:
                     raise self._exhausted(request, failures) from e
                 delay = self.policy.delay(attempt, transient.retry_after)
                 if self.deadline is not None and self.deadline.remaining() < delay:
-                    raise self.deadline.error(str(request), request.path, failures) from e
+                    raise self.deadline.error(str(request), request.path, failures, retry_in=delay) from e
                 log.info("%s of %s: %s (%r); retrying in %.2f s (attempt %d of %d)", request,
                          request.path, transient.kind, e, delay, attempt + 2, self.policy.attempts)
                 await asyncio.sleep(delay)
