@@ -25,7 +25,7 @@ from ..jax import restore as jax_restore
 from ..per_rank import loading
 from ..plan.flatten import Stateful, is_stateful
 from ..plan.regroup import regroup
-from ..storage import LocalStorage, storage_for
+from ..storage import Deadline, LocalStorage, storage_for
 from . import new_state
 from .match import TensorTarget, match
 from .new_state import Allocated, whole_raw
@@ -161,7 +161,8 @@ def load_checked(path: str, state: MutableMapping[str, Any] | Stateful | None,
 def _load(path: str, state: MutableMapping[str, Any] | Stateful | None, check: Callable[[Index], None] | None,
           strict: bool, storage_options: dict | None, mmap: bool, process_group: Any,
           collective: bool | None, timeout: float | None) -> Any:
-    storage, spath = storage_for(path, storage_options)
+    storage, spath = storage_for(path, storage_options, deadline=Deadline.for_call(
+        timeout, get_comm(process_group).rank, f"load of {path}"))
     if collective is not False and distributed_active(process_group):
         index = read_index_collective(storage, spath, get_comm(process_group), timeout)
         if check is not None:

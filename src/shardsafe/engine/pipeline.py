@@ -29,7 +29,7 @@ from ..plan.flatten import TensorItem, flatten
 from ..plan.layout import FilePlan, block_file_name, data_file_name, plan_file
 from ..plan.jax_shards import write_items
 from ..plan.localize import localize
-from ..storage import storage_for
+from ..storage import Deadline, storage_for
 from . import commit, plan_exchange, two_phase_commit
 from .block_writer import BlockFileWrite
 from .copies import PreparedCopy, commit_copy, fail_copy
@@ -68,7 +68,8 @@ def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
 def _prepare(state: Mapping[str, Any], path: str, *, overwrite: bool, metadata: Mapping[str, Any] | None,
              storage_options: dict | None, comm: Comm, timeout: float | None,
              baseline: Baseline | None, compression: str | None) -> PreparedSave:
-    storage, spath = storage_for(path, storage_options)
+    storage, spath = storage_for(path, storage_options,
+                                 deadline=Deadline.for_call(timeout, comm.rank, f"save to {path}"))
     md = dict(metadata or {})
     if comm.world_size > 1:
         wait = knobs.timeout() if timeout is None else float(timeout)
