@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from helpers import clone_state, mutate_state, same
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
 import shardsafe
@@ -24,52 +25,20 @@ def _state(seed: int = 0) -> dict[str, Any]:
             "step": 7, "hist": [1, 2.5]}
 
 
-def _clone(sd: Any) -> Any:
-    if isinstance(sd, torch.Tensor):
-        return sd.clone()
-    if isinstance(sd, dict):
-        return {k: _clone(v) for k, v in sd.items()}
-    if isinstance(sd, list):
-        return [_clone(v) for v in sd]
-    return sd
-
-
-def _scribble(sd: Any) -> None:
-    """What training does once staging returned: changes every tensor in place."""
-    if isinstance(sd, torch.Tensor):
-        sd.fill_(-1)
-    elif isinstance(sd, dict):
-        for v in sd.values():
-            _scribble(v)
-    elif isinstance(sd, list):
-        for v in sd:
-            _scribble(v)
-
-
-def _equal(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor):
-        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return a == b
-
-
 @pytest.mark.parametrize("writer", ["shardsafe", "dcp"])
 def test_async_save_with_the_stager_is_training_safe(tmp_path, writer: str) -> None:  # noqa: ANN001
     stager = Stager()
     for step in range(3):  # the same layout each time: the buffers are reused
         path = str(tmp_path / f"step{step}")
         sd = _state(step)
-        want = _clone(sd)
+        want = clone_state(sd)
         w = Writer(path) if writer == "shardsafe" else FileSystemWriter(path)
         fut = dcp.async_save(sd, storage_writer=w, async_stager=stager)
-        _scribble(sd)  # at once: staging is complete when async_save returns
+        mutate_state(sd)  # at once: staging is complete when async_save returns
         fut.result()
         got = _state(99)
         dcp.load(got, storage_reader=Reader(path) if writer == "shardsafe" else FileSystemReader(path))
-        assert _equal(got, want), step
+        assert same(got, want), step
     assert stager.allocations == 1 and stager.nbytes > 256 * 64 * 4
     stager.close()
     assert stager.nbytes == 0
@@ -79,12 +48,12 @@ def test_stage_returns_views_of_reused_memory() -> None:
     stager = Stager()
     sd = _state()
     staged = stager.stage(sd)
-    assert _equal(staged, sd) and staged["model"]["w"].data_ptr() != sd["model"]["w"].data_ptr()
+    assert same(staged, sd) and staged["model"]["w"].data_ptr() != sd["model"]["w"].data_ptr()
     assert staged["hist"] is not sd["hist"] and staged["optim"]["state"][0]["step"].shape == ()
     ptr = staged["model"]["w"].data_ptr()
     del staged  # the save that used it is done
     again = stager.stage(_state(1))
-    assert again["model"]["w"].data_ptr() == ptr and _equal(again, _state(1))
+    assert again["model"]["w"].data_ptr() == ptr and same(again, _state(1))
 
 
 def test_a_save_still_writing_gets_a_second_image_or_waits() -> None:
@@ -93,13 +62,13 @@ def test_a_save_still_writing_gets_a_second_image_or_waits() -> None:
     first = stager.stage(sd)
     second = stager.stage(_state(1))  # first is still held (being written): another image
     assert first["model"]["w"].data_ptr() != second["model"]["w"].data_ptr()
-    assert _equal(first, sd) and stager.peak_nbytes == stager.nbytes
+    assert same(first, sd) and stager.peak_nbytes == stager.nbytes
     one = stager.nbytes // 2
     tight = Stager(max_staging_bytes=one + 4096, timeout=5)
     held = tight.stage(sd)
     threading.Timer(0.3, lambda: held.clear()).start()  # the write ends, DCP drops its copy
     got = tight.stage(_state(2))  # waits for the buffers instead of exceeding the budget
-    assert _equal(got, _state(2)) and tight.peak_nbytes <= one + 4096
+    assert same(got, _state(2)) and tight.peak_nbytes <= one + 4096
     stuck = Stager(max_staging_bytes=one + 4096, timeout=0.2)
     keep = stuck.stage(sd)
     with pytest.raises(shardsafe.CheckpointTimeoutError, match="still used"):

@@ -24,7 +24,8 @@ from typing import Any
 from .. import jax_values, tensors
 from ..engine.buffers import new_tensor
 from ..format.index.objects import Index
-from ..format.tree import KeyPath, Node, build, dict_items, render_path
+from ..format.tree import MAX_DEPTH, KeyPath, Node, build, dict_items, render_path
+from ..plan.flatten import is_stateful
 
 Build = Callable[[], Any]
 
@@ -61,12 +62,24 @@ def holds_jax(state: Any) -> bool:
     """Whether ``state`` is a target for a JAX restore: it holds ``jax.Array`` or
     ``jax.ShapeDtypeStruct`` leaves, or is a JAX pytree node shardsafe has no other rule for."""
     jax = jax_values.imported()
-    if jax is None:
-        return False
-    if jax_values.is_array(state) or jax_values.is_abstract(state):
+    return jax is not None and _holds(state, (jax.Array, jax.ShapeDtypeStruct), 0)
+
+
+def _holds(x: Any, types: tuple[type, ...], depth: int) -> bool:
+    """Walks containers (not ``jax.tree_util``: it sorts dict keys, which mixed key types
+    refuse, and a Stateful object's state is not a JAX target's)."""
+    if isinstance(x, types):
         return True
-    leaves = jax.tree_util.tree_leaves(state)
-    return any(isinstance(x, (jax.Array, jax.ShapeDtypeStruct)) for x in leaves)
+    if depth > MAX_DEPTH or isinstance(x, (str, bytes)) or is_stateful(x):
+        return False
+    if isinstance(x, Mapping):
+        return any(_holds(v, types, depth + 1) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return any(_holds(v, types, depth + 1) for v in x)
+    if x is None or isinstance(x, (int, float, complex)) or tensors.is_tensor(x):
+        return False
+    node_of = jax_values.children(x)
+    return node_of is not None and any(_holds(v, types, depth + 1) for v in node_of[1])
 
 
 def plan(index: Index, target: Any) -> JaxRestore:
