@@ -43,14 +43,17 @@ def flip_byte(path: str | os.PathLike, offset: int, mask: int = 0xFF) -> None:
 
 
 # ----------------------------------------------------------------------------- incremental steps
-def incremental_steps(root: Any, state: dict) -> dict:
-    """Saves ``state`` as steps 1-3 under ``root`` (``step_<N>``), incrementally: steps 2
-    and 3 change only ``state["head"]`` (filled with the step) and reference the rest in
-    step 1's data file. Returns ``state`` as step 3 holds it."""
+def incremental_steps(root: Any, state: dict | None = None) -> dict:
+    """Saves ``state`` (default: a random ``base`` of 128 x 32 and a ``head`` of 4) as steps
+    1-3 under ``root`` (``step_<N>``), incrementally: steps 2 and 3 change only
+    ``state["head"]`` (filled with the step) and reference the rest in step 1's data file.
+    Returns ``state`` as step 3 holds it."""
     from shardsafe.api.checkpointer import Checkpointer, saver_of
     from shardsafe.engine.save.request import SaveRequest
     from shardsafe.engine.save.incremental import Baseline
 
+    if state is None:
+        state = {"base": torch.randn(128, 32), "head": torch.zeros(4)}
     b, c = Baseline(), Checkpointer()
     for s in (1, 2, 3):
         state["head"].fill_(s)
@@ -96,6 +99,33 @@ def assert_same(got: Any, want: Any, path: str = "<root>", *, key_order: bool = 
             assert_same(g, w, f"{path}.{i}", key_order=key_order)
     else:
         assert got == want, path
+
+
+def clone_state(state: Any) -> Any:
+    """A copy of ``state`` whose tensors and arrays are copies too (what a save must have
+    captured, to compare with after the state changed)."""
+    if isinstance(state, torch.Tensor):
+        return state.clone()
+    if isinstance(state, np.ndarray):
+        return state.copy()
+    if isinstance(state, dict):
+        return {k: clone_state(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(clone_state(v) for v in state)
+    return state
+
+
+def mutate_state(state: Any) -> None:
+    """Overwrites every tensor and array of ``state`` in place (a training step after a save
+    was started): every element becomes -7 (or True)."""
+    if isinstance(state, (torch.Tensor, np.ndarray)):
+        state[...] = -7 if state.dtype not in (torch.bool, np.bool_) else True
+    elif isinstance(state, dict):
+        for v in state.values():
+            mutate_state(v)
+    elif isinstance(state, (list, tuple)):
+        for v in state:
+            mutate_state(v)
 
 
 def same(got: Any, want: Any) -> bool:

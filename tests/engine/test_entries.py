@@ -1,4 +1,4 @@
-"""Rank entries as binary columns, and the v2 index rank 0 builds from them (engine.entries)."""
+"""Rank entries as binary columns, and the v2 index rank 0 builds from them (engine.commit.entries)."""
 
 from __future__ import annotations
 

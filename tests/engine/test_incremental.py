@@ -1,4 +1,4 @@
-"""engine.incremental: exact change detection, references that never chain, round trips."""
+"""engine.save.incremental: exact change detection, references that never chain, round trips."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from .._gc_pause import paused
 from ..engine.commit import read_index
 from ..engine.load.loader import LoadResult, load_path
 from ..format.index.objects import Index
+from ..engine.load.jax_restore import holds_jax
 from ..plan.flatten import Stateful, is_stateful
 from ..storage import storage_for
 
@@ -38,7 +39,9 @@ def load(path: str, state: MutableMapping[str, Any] | Stateful | None = None, *,
     a checkpoint saved by N ranks loads onto any other number and sharding. Pass
     ``collective=False`` to load on one rank alone. ``timeout`` (default
     ``SHARDSAFE_TIMEOUT``) bounds the wait for the other ranks: a rank that never calls
-    ``load`` turns into ``CheckpointTimeoutError`` naming it.
+    ``load`` turns into ``CheckpointTimeoutError`` naming it. On an object store it is
+    also the load's deadline, counted from the call (``CheckpointTimeoutError`` naming the
+    rank, the file and the request abandoned).
 
     Raises:
         CheckpointNotFoundError: No committed checkpoint at ``path``.
@@ -56,7 +59,8 @@ def load_checked(path: str, state: MutableMapping[str, Any] | Stateful | None,
     """``load``, first calling ``check(index)`` with the validated index: it raises (a
     ``CheckpointError``) to refuse the checkpoint before anything is read. The manager
     checks that a step's index records the step and run it restores."""
-    if state is not None and not isinstance(state, MutableMapping) and not is_stateful(state):
+    if state is not None and not isinstance(state, MutableMapping) and not is_stateful(state) \
+            and not holds_jax(state):
         raise TypeError(f"state must be a mutable mapping (dict) or a Stateful object (with "
                         f"state_dict() and load_state_dict()) to load into, got {type(state).__name__}")
     with paused():  # building thousands of tensors and entries: no collection meanwhile

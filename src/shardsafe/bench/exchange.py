@@ -1,7 +1,7 @@
 """Bytes and rank 0's work of the planning exchange of a collective save, simulated.
 
 Every simulated rank of the FSDP job of ``bench.scale`` describes itself with the
-functions a real rank runs in ``engine.plan_exchange`` (``plan.report``: ``shape_of``,
+functions a real rank runs in ``engine.save.plan_exchange`` (``plan.report``: ``shape_of``,
 ``layout_digest``, ``hello``, ``report``), fed with columns instead of tensors; rank 0
 answers with the real ``plan.answer.read_hellos``/``decide_first``/``decide_full``,
 which read the messages one rank at a time as ``comm.rounds.leader_exchange`` streams

@@ -5,11 +5,11 @@ FSDP job of R ranks would write (each of T tensors split evenly along dimension 
 the ranks, one data file per rank), builds and encodes the index (in the version saves
 write) with the real encoder, decodes and validates it with the real decoder, and plans
 one rank's load the way ``shardsafe.load`` does (``format.index.decode_index``, then the reader's planner
-``engine.reader.ChunkReader.tasks``, which builds objects only for the chunks that overlap
+``engine.load.reader.ChunkReader.tasks``, which builds objects only for the chunks that overlap
 the rank's shard). ``plan.table_reads`` (fully vectorised) is timed too. It prints a
 table and, last, one JSON line.
 
-The planning exchange of a collective save (``engine.plan_exchange``) is simulated by
+The planning exchange of a collective save (``engine.save.plan_exchange``) is simulated by
 ``bench.exchange`` with the functions the real exchange runs: the bytes every rank
 exchanges on a first save and on a repeat save with the same layout
 (``plan_bytes_first``/``plan_bytes_repeat``: all ranks together, also given as

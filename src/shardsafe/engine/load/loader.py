@@ -8,6 +8,7 @@ not found rather than damaged.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, MutableMapping
@@ -19,13 +20,14 @@ from ...errors import CheckpointNotFoundError, CorruptCheckpointError, StateMism
 from ...format.index.objects import Index
 from ...per_rank import loading
 from ...plan.flatten import Stateful
-from ...storage import LocalStorage, storage_for
+from ...plan.regroup import regroup
+from ...storage import Deadline, LocalStorage, storage_for
 from ..buffers import allocating
 from ..commit import is_committed, read_index
-from . import new_state
+from . import jax_restore, new_state
 from .index_exchange import read_index_collective
 from .mapped import load_mapped
-from .match import match
+from .match import TensorTarget, match
 from .reader import ChunkReader
 from .targets import read_targets
 
@@ -53,7 +55,8 @@ def load_path(path: str, state: MutableMapping[str, Any] | Stateful | None,
               timeout: float | None) -> Any:
     """The new state (``state`` None), or the ``LoadResult`` of an in-place load (see
     ``shardsafe.load``); ``check(index)`` may refuse the checkpoint before any read."""
-    storage, spath = storage_for(path, storage_options)
+    storage, spath = storage_for(path, storage_options, deadline=Deadline.for_call(
+        timeout, get_comm(process_group).rank, f"load of {path}"))
     if collective is not False and distributed_active(process_group):
         index = read_index_collective(storage, spath, get_comm(process_group), timeout)
         if check is not None:
@@ -98,6 +101,12 @@ def _load_from(storage: Any, spath: str, index: Index, path: str,
             raise ValueError("mmap=True applies to load(path) of a local checkpoint, without a state")
         return load_mapped(spath, index)
     reader = ChunkReader(storage, spath, index)
+    jax_target = state is not None and jax_restore.holds_jax(state)
+    if jax_target or (state is not None and _saved_from_jax(index)):  # names nested one way, flat the other
+        tree = regroup(index.tree, state)
+        index = index if tree is index.tree else dataclasses.replace(index, tree=tree)
+    if jax_target:
+        return _restore_jax(reader, index, path, state, strict)
     if state is None:
         with allocating(lambda: _total(index, path)):
             value, new = new_state.build(index)
@@ -115,6 +124,23 @@ def _load_from(storage: Any, spath: str, index: Index, path: str,
         read_targets(reader, m.reads)
     m.apply()
     return LoadResult(m.missing, m.unexpected, m.mismatched)
+
+
+def _saved_from_jax(index: Index) -> bool:
+    return any(t.kind == "jax" for t in (index.infos if index.infos is not None else index.tensors))
+
+
+def _restore_jax(reader: ChunkReader, index: Index, path: str, target: Any, strict: bool) -> Any:
+    """``load`` into a JAX target (``engine.load.jax_restore``): returns the restored pytree."""
+    with allocating(lambda: _total(index, path)):
+        r = jax_restore.plan(index, target)
+        if r.problems and strict:
+            raise StateMismatchError(r.problems)
+        if r.problems:
+            log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(r.problems),
+                        "\n  ".join(r.problems))
+        read_targets(reader, [TensorTarget(None, b.host, offsets=b.offsets, tid=b.tid) for b in r.reads])
+    return r.finish()
 
 
 __all__ = ["ATTEMPTS", "LoadResult", "load_path"]

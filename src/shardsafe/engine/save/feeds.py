@@ -42,6 +42,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ... import knobs
+from ...plan.layout import FilePlan
 from .. import cuda
 from ..buffers import BouncePool, HostBuffer, HostSlice
 from ..io_pool import wait_all
@@ -240,6 +241,28 @@ class PoolFeed:
         self.pool.release(unit.buf)  # type: ignore[arg-type]
 
 
+@dataclass(slots=True, eq=False)
+class _Whole:
+    """A stream staged whole, wanted to the end (``stage_image``)."""
+
+    units: FileUnits
+    sources: Sources
+
+    def live(self) -> bool:
+        return True
+
+
+def stage_image(plan: FilePlan, image: HostBuffer | HostSlice, unit_size: int, block_size: int, *,
+                pin: bool = False) -> None:
+    """Copies the items of ``plan`` into ``image`` (``plan.layout.size`` bytes) with an
+    ``ImageFeed``: units copied in parallel, CUDA items on a side stream that waits for
+    this thread's current stream (``pin``: page-locking ``image`` first); returns once
+    every byte has landed (``shardsafe.dcp.Stager``'s copy, outside any save)."""
+    feed = ImageFeed([image], pin=pin, fence=cuda.Fence.capture(it.value for it in plan.items))
+    feed.stage([_Whole(FileUnits(plan, unit_size, block_size), Sources(plan))], lambda unit: None, lambda: None)
+    feed.settle(lambda unit: None)
+
+
 def _run_threads(run: Callable[[], None], n: int) -> None:
     """Runs ``run`` on this thread and ``n - 1`` copy-pool helpers; re-raises the first error."""
     helpers = [copy_pool().submit(run) for _ in range(max(0, n - 1))]
@@ -249,4 +272,4 @@ def _run_threads(run: Callable[[], None], n: int) -> None:
         wait_all(helpers)
 
 
-__all__ = ["ImageFeed", "PoolFeed", "Unit", "copy_pool"]
+__all__ = ["ImageFeed", "PoolFeed", "Unit", "copy_pool", "stage_image"]

@@ -28,9 +28,10 @@ from ...format.index.container import check_metadata
 from ...format.index.versions import WRITE_VERSION, encode_columnar
 from ...format.tree import Node
 from ...plan.flatten import TensorItem, flatten
+from ...plan.jax_shards import write_items
 from ...plan.layout import FilePlan, block_file_name, data_file_name, plan_file
 from ...plan.localize import localize
-from ...storage import Storage, storage_for
+from ...storage import Deadline, Storage, storage_for
 from .. import commit
 from ..commit.entries import CodedFile, Entries, columnar_index, from_block_files, from_plans, join
 from . import plan_exchange
@@ -102,7 +103,8 @@ def prepare(state: Any, path: str, comm: Comm, *, overwrite: bool, metadata: Map
         CheckpointError: the path holds something that must not be overwritten, or
             (collective saves) another rank failed to prepare.
     """
-    storage, spath = storage_for(path, storage_options)
+    storage, spath = storage_for(path, storage_options,
+                                 deadline=Deadline.for_call(timeout, comm.rank, f"save to {path}"))
     md = dict(metadata or {})
     if comm.world_size > 1:
         wait = knobs.timeout() if timeout is None else float(timeout)
@@ -115,10 +117,11 @@ def prepare(state: Any, path: str, comm: Comm, *, overwrite: bool, metadata: Map
                             compression=compression, coded=_block_plans(comm.rank, coded))
     tree, items = flatten(state)
     localize(items, comm.group_rank)  # DTensors on a one-rank mesh: their local tensor
+    writes = write_items(items)  # jax.Arrays: the shards this process writes
     check_metadata(md)
     txn = commit.plan_transaction(storage, spath, overwrite=overwrite, token=uuid.uuid4().hex[:16])
-    split = baseline.split(items, spath) if baseline is not None else None
-    plain, coded = split_coded(split.write if split is not None else items, compression)
+    split = baseline.split(writes, spath) if baseline is not None else None
+    plain, coded = split_coded(split.write if split is not None else writes, compression)
     return PreparedSave(storage, txn, tree, items, [plan_file(data_file_name(comm.rank), plain)], md, comm,
                         baseline=baseline, split=split, compression=compression,
                         coded=_block_plans(comm.rank, coded))

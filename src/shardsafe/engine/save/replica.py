@@ -30,6 +30,7 @@ from typing import Any
 
 from ...comm import SingleProcessComm
 from ...plan.flatten import TensorItem, alias_key, flatten
+from ...plan.jax_shards import write_items
 from ...plan.layout import FilePlan, block_file_name, data_file_name, plan_file
 from ...plan.localize import localize
 from ...storage import storage_for
@@ -147,7 +148,8 @@ def prepare_replica(save: PreparedSave, replica: Replica) -> PreparedReplica:
     storage, spath = storage_for(replica.path)
     txn = commit.plan_transaction(storage, spath, overwrite=True, token=uuid.uuid4().hex[:16])
     pool: dict[Hashable, list[TensorItem]] = {}
-    for it in reversed(items):  # popped in order: the first of tied items matches first
+    writes = write_items(items)  # jax.Arrays: their shards
+    for it in reversed(writes):  # popped in order: the first of tied items matches first
         k = _key(it)
         if k is not None:
             pool.setdefault(k, []).append(it)
@@ -166,7 +168,7 @@ def prepare_replica(save: PreparedSave, replica: Replica) -> PreparedReplica:
         coded.append(FilePlan(save.coded[j].name, tuple(matched), save.coded[j].layout))
         items_of.update({id(s): c for s, c in zip(save.coded[j].items, matched)})
     left = {id(it) for its in pool.values() for it in its}
-    own = [it for it in items if id(it) in left or _key(it) is None]
+    own = [it for it in writes if id(it) in left or _key(it) is None]
     plain, own_coded = split_coded(own, save.compression)
     rank = save.comm.rank
     if plain:

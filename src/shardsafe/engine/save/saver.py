@@ -32,6 +32,7 @@ from ..._gc_pause import paused as _gc_pause
 from ...comm import Comm, ExternalRank, SingleProcessComm, get_comm
 from ...errors import CheckpointError
 from ...plan.flatten import TensorItem
+from ...plan.jax_shards import immutable
 from .. import cuda
 from ..buffers import BouncePool, StagingArena, round_up
 from ..commit import Transaction
@@ -106,16 +107,19 @@ class Saver:
                 replicas = self._replicas(prep, req.replicas)
             progress = SaveProgress(req.path, prep.nbytes)
             out = Submitted(progress.handle, tuple(r.progress.handle for r in req.replicas))
-            pipe = self._pipeline(prep, replicas, opts, req)
+            # a JAX state's shards cannot change: staging them need not hold the caller
+            background = req.staging == "background" or (
+                req.staging is not None and immutable([it for p in prep.plans + prep.coded for it in p.items]))
+            pipe = self._pipeline(prep, replicas, opts, req, background=background)
             steps = run(pipe, lambda w: commit_save(prep, w),
-                        threads=BACKGROUND_COPY_THREADS if req.staging == "background" else None)
+                        threads=BACKGROUND_COPY_THREADS if background else None)
             if req.staging is None:
                 for _ in steps:
                     pass
                 progress.settle(None)
                 return out
             everyone = [progress] + [r.progress for r in replicas]
-            if req.staging == "background":
+            if background:
                 self._start(steps, everyone, staged=False)
                 return out
             try:
@@ -164,7 +168,7 @@ class Saver:
         return out
 
     def _pipeline(self, prep: PreparedSave, replicas: list[PreparedReplica], opts: SaveOptions,
-                  req: SaveRequest | None, *, part: bool = False) -> Pipeline:
+                  req: SaveRequest | None, *, part: bool = False, background: bool = False) -> Pipeline:
         """The pipeline of one save, with its feed: the budget's slots; else for a sync
         save (or a part) bounce buffers, for an async one whole images in the arena.
 
@@ -189,7 +193,7 @@ class Saver:
                             window=window, part=part)
         block_unit = round_up(unit, BLOCK_SIZE)
         pipe = Pipeline(prep, replicas, None, unit_size=unit, block_unit=block_unit, window=window,
-                        gated=req.staging == "blocking" and not opts.overlap_writes, part=part)
+                        gated=not background and not opts.overlap_writes, part=part)
         pipe.feed_factory = lambda sizes: ImageFeed(self.arena.get(sizes), pin=self.arena.pin, fence=fence)
         return pipe
 
