@@ -23,7 +23,7 @@ PUBLIC = {
     "__version__", "save", "async_save", "load", "delete", "Checkpointer", "SaveHandle", "LoadResult",
     "RNGState", "PerRank", "ModelOptimizerState", "CheckpointManager", "ManagerOptions", "RestoreInfo",
     "CheckpointError", "CorruptCheckpointError", "CheckpointNotFoundError", "StateMismatchError",
-    "CheckpointTimeoutError",
+    "CheckpointTimeoutError", "StorageRequestError",
 }
 HANDLE = {"path", "nbytes", "timings", "wait_staged", "result", "done", "failed", "exception"}
 CHECKPOINTER = {"save", "async_save", "wait", "close", "closed", "retained_bytes"}
