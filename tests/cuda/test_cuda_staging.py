@@ -138,10 +138,11 @@ def test_sync_saves_of_gpu_state_stream_through_page_locked_bounce_buffers(tmp_p
     state = {"w": torch.randn(6 * MiB, device=device), "t": torch.randn(300, 700, device=device).t()}
     with shardsafe.Checkpointer(unit_size=MiB) as ckpt:
         ckpt.save({"c": torch.ones(MiB)}, str(tmp_path / "cpu"))
-        assert not any(b.pinned for b in ckpt._saver._bounce._free)  # a CPU state pins nothing
+        free = ckpt._saver._bounce._free
+        assert free and not any(b.pinned for b in free)  # a CPU state pins nothing
         ckpt.save(state, str(tmp_path / "gpu"))
-        bounce = ckpt._saver._bounce
-        assert bounce._free and all(b.pinned for b in bounce._free)
+        # the buffers the GPU state went through are page-locked (idle ones may not be)
+        assert any(b.pinned for b in ckpt._saver._bounce._free)
     got = shardsafe.load(str(tmp_path / "gpu"))
     for k, v in state.items():
         assert torch.equal(got[k], to_host(v)), k
