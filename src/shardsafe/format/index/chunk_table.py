@@ -96,6 +96,7 @@ class ChunkTable:
         block_start: ``(rows + 1,)`` first checksum of each chunk.
         block_size: Checksum block size in bytes.
         coding: How each block is stored, when some chunk is compressed (else None).
+        whole: Whether the chunks cover every tensor (False: a ``partial`` table).
     """
 
     shapes: tuple[tuple[int, ...], ...]
@@ -112,6 +113,7 @@ class ChunkTable:
     block_start: np.ndarray
     block_size: int
     coding: BlockCoding | None = None
+    whole: bool = True
 
     @property
     def num_chunks(self) -> int:
@@ -260,7 +262,8 @@ class ChunkTable:
         table = ChunkTable(shapes_t, np.asarray(itemsizes, dtype=I64), (None,) * len(shapes_t), tensor_start,
                            np.asarray(file, dtype=I64), np.asarray(offset, dtype=I64), np.asarray(nbytes, dtype=I64),
                            np.asarray(pos, dtype=I64), np.asarray(extent, dtype=I64), general_start,
-                           np.asarray(checksums, dtype=np.uint32), block_start.astype(I64), block_size, coding)
+                           np.asarray(checksums, dtype=np.uint32), block_start.astype(I64), block_size, coding,
+                           whole=False)
         if coding is not None:
             check_coding(coding, table.nbytes, table.block_start, table.tensor_start, table.file,
                          table.checksums, block_size, np.asarray(data_starts, dtype=I64), name)

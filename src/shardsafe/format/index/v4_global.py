@@ -191,11 +191,12 @@ class GlobalPart:
         lay = self.layout
         split: list[tuple[int, int, int]] = []  # (tensor, first and last element along the cut)
         files: list[np.ndarray] = []
+        counts, is_split, dims = lay.counts.tolist(), lay.split.tolist(), lay.dim.tolist()
         for t, offsets, shape in regions:
-            if lay.counts[t] < 2 or any(s <= 0 for s in shape):
+            if counts[t] < 2 or min(shape, default=1) <= 0:
                 continue
-            if lay.split[t]:
-                d = int(lay.dim[t])
+            if is_split[t]:
+                d = dims[t]
                 split.append((t, offsets[d], offsets[d] + shape[d] - 1))
                 continue
             nd = len(shape)
@@ -204,7 +205,7 @@ class GlobalPart:
             o, sh = np.asarray(offsets, dtype=I64), np.asarray(shape, dtype=I64)
             meets = (np.minimum(pos + ext, o + sh) > np.maximum(pos, o)).all(axis=1)
             g = int(np.searchsorted(self.general.row, lay.tensor_start[t]))
-            files.append(self.file[g : g + int(lay.counts[t])][meets])
+            files.append(self.file[g : g + counts[t]][meets])
         if split:
             t, first, last = (np.array(c, dtype=I64) for c in zip(*split))
             lo = first // lay.step[t]

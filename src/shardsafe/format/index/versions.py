@@ -18,7 +18,7 @@ from .model import ColumnarIndex
 from .objects import Index, from_columnar, to_columnar
 from .rows import FileEntry
 
-WRITE_VERSION = v3.VERSION
+WRITE_VERSION = v4.VERSION
 # the binary versions: each one's encoder and decoder (version 1 is JSON: ``v1``)
 _ENCODERS: dict[int, Callable[[ColumnarIndex], bytes]] = {v2.VERSION: v2.encode, v3.VERSION: v3.encode,
                                                            v4.VERSION: v4.encode}
