@@ -235,8 +235,11 @@ def group_rows(tensor_start: np.ndarray, file: np.ndarray,
     multi = np.ones(int(tensor_start[-1]), dtype=bool)
     multi[whole] = False
     rows = np.flatnonzero(multi)
-    file_start = np.concatenate([[0], np.cumsum(part_files)]).astype(I64)
-    part = np.searchsorted(file_start, file[rows], side="right") - 1
+    if (part_files == 1).all():  # one data file per rank: the part is the file
+        part = file[rows]
+    else:
+        file_start = np.concatenate([[0], np.cumsum(part_files)]).astype(I64)
+        part = np.searchsorted(file_start, file[rows], side="right") - 1
     # a stable sort by part: a radix sort on 16-bit keys; wider keys are runs (each tensor's
     # parts ascend along its chunks) that timsort merges
     order = np.argsort(part.astype(np.uint16) if len(part_files) <= 1 << 16 else part, kind="stable")
