@@ -4,10 +4,11 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-# the planes codecs' transform in C (compression="auto"); format/planes_kernel.py loads it
-# and, where it is missing (no C compiler), codec.py runs the same transform in numpy
-KERNEL := src/shardsafe/format/_planes.so
-KFLAGS := -O3 -std=c99 -fPIC -shared
+# The planes codecs' transform in C (compression="auto"): the extension module
+# shardsafe.format._planes, which setup.py builds with the package (pip install -e below).
+# KERNEL rebuilds it in place when its source changes; without a C compiler the build
+# warns and codec.py runs the same transform in numpy (`shardsafe --version` says which).
+KERNEL := $(VENV)/.kernel-stamp
 
 .PHONY: demo demo-distributed test test-stress bench docs setup kernel clean gpu-check gpu-wheels
 
@@ -15,15 +16,14 @@ setup: $(STAMP) $(KERNEL)
 
 kernel: $(KERNEL)
 
-$(KERNEL): src/shardsafe/format/_planes.c
-	@{ $(CC) $(KFLAGS) -o $@.tmp $< || $(CC) $(KFLAGS) -DSHARDSAFE_NO_CLONES -o $@.tmp $<; } \
-	  && mv $@.tmp $@ \
-	  || { rm -f $@ $@.tmp; echo "note: could not compile $<; compression='auto' uses numpy (slower)"; }
+$(KERNEL): $(STAMP) src/shardsafe/format/_planes.c setup.py
+	$(BIN)/python setup.py --quiet build_ext --inplace
+	touch $@
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[torch,s3,dev,lightning,accelerate,zstd,bench,docs]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[torch,s3,dev,lightning,accelerate,torchtitan,zstd,bench,docs,jax]'
 	touch $(STAMP)
 
 demo: $(STAMP) $(KERNEL)
@@ -65,4 +65,4 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) build dist site src/*.egg-info $(KERNEL) .gpu-wheels gpu-out
+	rm -rf $(VENV) build dist site src/*.egg-info src/shardsafe/format/_planes*.so .gpu-wheels gpu-out

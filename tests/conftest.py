@@ -30,6 +30,19 @@ def python() -> str:
 
 
 @pytest.fixture
+def tiny_tmpfs(tmp_path):  # noqa: ANN001, ANN201
+    """A real 1 MiB tmpfs (a full disk or /dev/shm in miniature); skipped where mount is refused."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+@pytest.fixture
 def cli() -> Callable[..., subprocess.CompletedProcess]:
     """``cli("ls", dir, env=..., cwd=...)`` runs the shardsafe command and returns the
     completed process (see ``helpers.run_cli``)."""

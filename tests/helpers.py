@@ -1,6 +1,6 @@
 """Mechanisms every test directory shares: damaging a file on purpose, comparing states
-bit for bit, SIGKILLing a child process over and over, and running the ``shardsafe``
-command.
+bit for bit, SIGKILLing a child process over and over, running the ``shardsafe``
+command, and asking for the compiled planes kernel.
 
 (Starting the ranks of a multi-process job is in dist_harness.py; the S3 server in
 s3_server.py.)
@@ -15,9 +15,11 @@ import logging
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 import traceback
 from collections.abc import Callable
@@ -41,13 +43,16 @@ def flip_byte(path: str | os.PathLike, offset: int, mask: int = 0xFF) -> None:
 
 
 # ----------------------------------------------------------------------------- incremental steps
-def incremental_steps(root: Any, state: dict) -> dict:
-    """Saves ``state`` as steps 1-3 under ``root`` (``step_<N>``), incrementally: steps 2
-    and 3 change only ``state["head"]`` (filled with the step) and reference the rest in
-    step 1's data file. Returns ``state`` as step 3 holds it."""
+def incremental_steps(root: Any, state: dict | None = None) -> dict:
+    """Saves ``state`` (default: a random ``base`` of 128 x 32 and a ``head`` of 4) as steps
+    1-3 under ``root`` (``step_<N>``), incrementally: steps 2 and 3 change only
+    ``state["head"]`` (filled with the step) and reference the rest in step 1's data file.
+    Returns ``state`` as step 3 holds it."""
     from shardsafe.engine.checkpointer import Checkpointer
     from shardsafe.engine.incremental import Baseline
 
+    if state is None:
+        state = {"base": torch.randn(128, 32), "head": torch.zeros(4)}
     b, c = Baseline(), Checkpointer()
     for s in (1, 2, 3):
         state["head"].fill_(s)
@@ -93,6 +98,33 @@ def assert_same(got: Any, want: Any, path: str = "<root>", *, key_order: bool = 
             assert_same(g, w, f"{path}.{i}", key_order=key_order)
     else:
         assert got == want, path
+
+
+def clone_state(state: Any) -> Any:
+    """A copy of ``state`` whose tensors and arrays are copies too (what a save must have
+    captured, to compare with after the state changed)."""
+    if isinstance(state, torch.Tensor):
+        return state.clone()
+    if isinstance(state, np.ndarray):
+        return state.copy()
+    if isinstance(state, dict):
+        return {k: clone_state(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(clone_state(v) for v in state)
+    return state
+
+
+def mutate_state(state: Any) -> None:
+    """Overwrites every tensor and array of ``state`` in place (a training step after a save
+    was started): every element becomes -7 (or True)."""
+    if isinstance(state, (torch.Tensor, np.ndarray)):
+        state[...] = -7 if state.dtype not in (torch.bool, np.bool_) else True
+    elif isinstance(state, dict):
+        for v in state.values():
+            mutate_state(v)
+    elif isinstance(state, (list, tuple)):
+        for v in state:
+            mutate_state(v)
 
 
 def same(got: Any, want: Any) -> bool:
@@ -167,6 +199,29 @@ def kill_rounds(start: Callable[[int], subprocess.Popen], progress: str,
         assert proc.returncode == -signal.SIGKILL, (proc.returncode, lines[-3:])
         debris += bool(after_kill(lines))
     return debris
+
+
+# ----------------------------------------------------------------------------- the planes kernel
+def c_compiler() -> str | None:
+    """The C compiler a package build here would use (``$CC`` or Python's), if it exists."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    return shutil.which(cc.split()[0])
+
+
+def compiled_kernel() -> Any:
+    """The compiled planes kernel (``format.planes_kernel.loaded()``). Where it is missing,
+    fails if a C compiler exists (the package build must have made it) and skips if none does."""
+    import pytest
+
+    from shardsafe.format import planes_kernel
+
+    kernel = planes_kernel.loaded()
+    if kernel is None:
+        if c_compiler() is not None:
+            pytest.fail(f"the planes kernel is not built although {c_compiler()} exists "
+                        "(pip install / make builds it)")
+        pytest.skip("no C compiler here: the planes kernel cannot be built")
+    return kernel
 
 
 # ----------------------------------------------------------------------------- the command

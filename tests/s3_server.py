@@ -3,8 +3,10 @@
 tests/conftest.py registers this module as a plugin, so every test may ask for the fixtures:
 ``s3_server`` (session) runs one ``python -m moto.server`` subprocess; ``s3`` (per test)
 creates a fresh bucket and yields an :class:`S3Location` holding its URL, the
-``storage_options`` for fsspec/s3fs and environment variables for child processes.
-Everything talks to the server through the real s3fs/botocore client over HTTP.
+``storage_options`` for fsspec/s3fs and environment variables for child processes;
+``faulty_s3`` (per test) puts a fault-injecting proxy (tests/fault_proxy.py) in front of
+the server and yields a :class:`FaultyS3`. Everything talks to the server through the
+real s3fs/botocore client over HTTP.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from fault_proxy import FaultProxy
 from shardsafe.harness import moto_server
 
 KEY = "shardsafe-test-key"
@@ -104,3 +107,35 @@ def s3(s3_server: str) -> Iterator[S3Location]:
     loc = S3Location(f"s3://test-{uuid.uuid4().hex[:12]}", opts, s3_server, env)
     loc.filesystem().mkdir(loc.bucket)
     yield loc
+
+
+@dataclass(frozen=True)
+class FaultyS3:
+    """A fresh bucket reached through a fault-injecting proxy.
+
+    Attributes:
+        loc: The bucket through the proxy (what the code under test uses).
+        direct: The same bucket without the proxy (for inspecting it).
+        proxy: The proxy; set ``proxy.faults`` to inject faults.
+    """
+
+    loc: S3Location
+    direct: S3Location
+    proxy: FaultProxy
+
+
+STALL_TIMEOUT = "2"  # seconds without progress before a request is retried, in these tests
+
+
+@pytest.fixture
+def faulty_s3(s3: S3Location, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultyS3]:
+    """``s3`` behind a ``FaultProxy`` (no faults until the test sets them); requests that
+    make no progress for ``STALL_TIMEOUT`` seconds are retried."""
+    monkeypatch.setenv("SHARDSAFE_STALL_TIMEOUT", STALL_TIMEOUT)
+    proxy = FaultProxy(s3.endpoint).start()
+    opts = {**s3.storage_options, "endpoint_url": proxy.endpoint}
+    env = {**s3.env, "AWS_ENDPOINT_URL": proxy.endpoint, "SHARDSAFE_STALL_TIMEOUT": STALL_TIMEOUT}
+    try:
+        yield FaultyS3(S3Location(s3.url, opts, proxy.endpoint, env), s3, proxy)
+    finally:
+        proxy.stop()

@@ -6,7 +6,9 @@ Hierarchy::
     ├── CorruptCheckpointError      bad checksum, truncated/malformed file or index
     ├── CheckpointNotFoundError     no committed checkpoint at the path
     ├── StateMismatchError          checkpoint and target state disagree (keys, shapes, dtypes)
-    └── CheckpointTimeoutError      a collective save/load gave up waiting for other ranks
+    ├── CheckpointTimeoutError      a save/load passed its deadline, or gave up waiting for other ranks
+    └── StorageRequestError         a storage request kept failing until its retries ran out
+                                    (also an OSError)
 
 Unsupported values in a state raise the built-in ``TypeError`` naming the key path.
 """
@@ -71,4 +73,36 @@ class StateMismatchError(CheckpointError):
 
 
 class CheckpointTimeoutError(CheckpointError, TimeoutError):
-    """A collective operation waited longer than its timeout for other ranks."""
+    """A save or load passed its deadline, or a collective operation waited longer than its
+    timeout for other ranks.
+
+    Attributes:
+        rank: The rank whose request passed the deadline, if one did.
+        file: The file that request concerned, if known.
+        request: The request (e.g. ``PUT part 3/8``), if known.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, file: str | None = None,
+                 request: str | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.file = file
+        self.request = request
+
+
+class StorageRequestError(CheckpointError, OSError):
+    """A request to the storage was throttled, reset, cut short or stalled on every one of
+    its attempts (the per-request budget, ``SHARDSAFE_REQUEST_ATTEMPTS``).
+
+    Attributes:
+        rank: The rank that made the request, if known.
+        file: The file the request concerned.
+        request: The request (e.g. ``GET bytes 0-33554431``).
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, file: str | None = None,
+                 request: str | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.file = file
+        self.request = request

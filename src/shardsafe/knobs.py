@@ -24,6 +24,9 @@ TIMEOUT = "SHARDSAFE_TIMEOUT"
 COPY_THREADS = "SHARDSAFE_COPY_THREADS"
 IO_THREADS = "SHARDSAFE_IO_THREADS"
 DIRECT_IO = "SHARDSAFE_DIRECT_IO"
+STALL_TIMEOUT = "SHARDSAFE_STALL_TIMEOUT"
+REQUEST_ATTEMPTS = "SHARDSAFE_REQUEST_ATTEMPTS"
+STORE_REQUESTS = "SHARDSAFE_STORE_REQUESTS"
 
 
 def timeout() -> float:
@@ -47,3 +50,21 @@ def io_threads() -> int:
 def direct_io() -> bool:
     """Whether local files may use ``O_DIRECT`` (``SHARDSAFE_DIRECT_IO``; ``0`` turns it off)."""
     return os.environ.get(DIRECT_IO, "1") != "0"
+
+
+def stall_timeout() -> float:
+    """Seconds an object-store request may make no progress before it is abandoned and
+    retried (``SHARDSAFE_STALL_TIMEOUT``, default 30)."""
+    return max(0.1, float(os.environ.get(STALL_TIMEOUT, "30")))
+
+
+def request_attempts() -> int:
+    """Tries of one object-store request, the first included (``SHARDSAFE_REQUEST_ATTEMPTS``,
+    default 10)."""
+    return max(1, int(os.environ.get(REQUEST_ATTEMPTS, "10")))
+
+
+def store_requests() -> int:
+    """Object-store requests one process keeps in flight at most (``SHARDSAFE_STORE_REQUESTS``,
+    default 16)."""
+    return max(1, int(os.environ.get(STORE_REQUESTS, "16")))

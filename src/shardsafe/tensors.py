@@ -1,7 +1,9 @@
 """What counts as a tensor, and raw byte views of tensors (torch is optional).
 
 Everything that touches ``torch`` for plain tensors lives here, so the rest of the
-package works with numpy alone. DTensor support lives in ``shardsafe.dtensor``.
+package works with numpy alone. DTensor support lives in ``shardsafe.dtensor``, JAX
+support in ``shardsafe.jax_values`` (a ``jax.Array`` is not a tensor here: flatten
+makes an item of it, and ``host_bytes`` reads it whole).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from . import jax_values
 from .format.dtypes import DTYPES, DType, from_numpy, lookup
 
 try:
@@ -32,7 +35,11 @@ def is_tensor(x: Any) -> bool:
 
 
 def kind_of(x: Any) -> str:
-    return "numpy" if isinstance(x, np.ndarray) else "torch"
+    """``torch``, ``numpy``, or ``jax`` for a numpy array of an ml_dtypes type (bfloat16,
+    float8, int4...), which loads back as one only where ml_dtypes is installed."""
+    if isinstance(x, np.ndarray):
+        return "jax" if x.dtype.kind == "V" else "numpy"
+    return "torch"
 
 
 _TORCH_DTYPE_NAMES: dict[Any, str] = {}
@@ -48,8 +55,13 @@ def torch_dtype_name(dt: Any) -> str:
 def dtype_of(x: Any) -> DType:
     """The format DType of a tensor or array; TypeError if unsupported."""
     if isinstance(x, np.ndarray):
+        if x.dtype.kind == "V":  # ml_dtypes' types are numpy "void" kinds with their own names
+            return lookup(jax_values.dtype_name(x.dtype, "numpy array"))
         return from_numpy(x.dtype)
-    return lookup(torch_dtype_name(x.dtype))
+    d = lookup(torch_dtype_name(x.dtype))
+    if not d.torch:  # torch's sub-byte shells (int4, uint4) have no byte layout of their own
+        raise ValueError(f"torch dtype {x.dtype} is not the format's {d.name}")
+    return d
 
 
 def check_supported(x: Any) -> None:
@@ -85,7 +97,7 @@ def cpu_dtype_table() -> dict[Any, tuple[str, int]]:
     torch has (quantized dtypes are absent, so a hit also means "not quantized")."""
     if not _CPU_DTYPES and HAVE_TORCH:
         for name in DTYPES:
-            dt = getattr(torch, name, None)
+            dt = getattr(torch, name, None) if DTYPES[name].torch else None
             if isinstance(dt, torch.dtype):
                 _CPU_DTYPES[dt] = (name, DTYPES[name].itemsize)
     return _CPU_DTYPES
@@ -129,6 +141,8 @@ def host_bytes(x: Any) -> np.ndarray:
     """
     if isinstance(x, np.ndarray):
         return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+    if jax_values.is_array(x):
+        return np.ascontiguousarray(jax_values.host_array(x)).reshape(-1).view(np.uint8)
     t = x.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -157,15 +171,25 @@ def writable_bytes(x: Any) -> np.ndarray | None:
     return x.detach().reshape(-1).view(torch.uint8).numpy()
 
 
+def host_dtype(kind: str, d: DType) -> np.dtype | None:
+    """The numpy dtype of a loaded ``kind`` array of ``d`` (None: numpy cannot hold it).
+    Arrays saved from JAX get ml_dtypes' types (bfloat16, float8, int4...) where installed."""
+    if kind == "jax":
+        return jax_values.numpy_dtype(d.name)
+    return np.dtype(d.numpy) if d.numpy else None
+
+
 def empty(kind: str, dtype: str, shape: tuple[int, ...]) -> tuple[Any, np.ndarray]:
     """Allocates a new host tensor and returns ``(tensor, writable byte view)``."""
     d = lookup(dtype)
     if kind == "torch" and HAVE_TORCH:
         t = torch.empty(shape, dtype=getattr(torch, d.name))
         return t, t.reshape(-1).view(torch.uint8).numpy()
-    if d.numpy is None:
-        raise TypeError(f"dtype {dtype} needs torch to be loaded (numpy cannot represent it)")
-    a = np.empty(shape, dtype=d.numpy)
+    nd = host_dtype(kind, d)
+    if nd is None:
+        raise TypeError(f"dtype {dtype} needs {'ml_dtypes' if kind == 'jax' else 'torch'} to be loaded "
+                        f"(numpy cannot represent it)")
+    a = np.empty(shape, dtype=nd)
     return a, a.reshape(-1).view(np.uint8)
 
 

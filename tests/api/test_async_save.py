@@ -11,6 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from helpers import assert_same, clone_state, mutate_state
 
 import shardsafe
 from shardsafe.engine import checkpointer as checkpointer_mod
@@ -23,46 +24,25 @@ def _state(seed: int = 0, n: int = 4, numel: int = 2 << 20) -> dict:
             "step": seed, "name": "run"}
 
 
-def _clone(state: dict) -> dict:
-    return {"w": [t.clone() for t in state["w"]], "small": state["small"].clone(),
-            "np": state["np"].copy(), "step": state["step"], "name": state["name"]}
-
-
-def _mutate(state: dict) -> None:
-    for t in state["w"]:
-        t.mul_(-3.0).add_(1.0)
-    state["small"].fill_(-1)
-    state["np"][:] = -7.0
-
-
-def _assert_saved(path: str, expect: dict) -> None:
-    got = shardsafe.load(path)
-    assert got["step"] == expect["step"] and got["name"] == expect["name"]
-    for a, b in zip(got["w"], expect["w"]):
-        assert torch.equal(a, b)
-    assert torch.equal(got["small"], expect["small"])
-    np.testing.assert_array_equal(got["np"], expect["np"])
-
-
 def test_blocking_staging_snapshot_survives_immediate_mutation(tmp_path):
     state = _state(1)
-    expect = _clone(state)
+    expect = clone_state(state)
     h = shardsafe.async_save(state, str(tmp_path / "c"))
-    _mutate(state)  # allowed right away with staging="blocking"
+    mutate_state(state)  # allowed right away with staging="blocking"
     h.result()
     assert h.done()
-    _assert_saved(str(tmp_path / "c"), expect)
+    assert_same(shardsafe.load(str(tmp_path / "c")), expect)
 
 
 def test_background_staging_snapshot_survives_mutation_after_wait_staged(tmp_path):
     state = _state(2)
-    expect = _clone(state)
+    expect = clone_state(state)
     with shardsafe.Checkpointer() as ckpt:
         h = ckpt.async_save(state, str(tmp_path / "c"), staging="background")
         h.wait_staged()
-        _mutate(state)
+        mutate_state(state)
         h.result()
-    _assert_saved(str(tmp_path / "c"), expect)
+    assert_same(shardsafe.load(str(tmp_path / "c")), expect)
 
 
 def test_handle_reports_progress_and_timings(tmp_path):
@@ -101,8 +81,8 @@ def test_second_save_waits_for_the_first(tmp_path, caplog, monkeypatch):
         h2.result()
         ckpt.save({"x": torch.ones(2)}, str(tmp_path / "c"))  # sync save waits too
         assert h2.done()
-    _assert_saved(str(tmp_path / "a"), _state(4, n=8))
-    _assert_saved(str(tmp_path / "b"), _state(5))
+    assert_same(shardsafe.load(str(tmp_path / "a")), _state(4, n=8))
+    assert_same(shardsafe.load(str(tmp_path / "b")), _state(5))
 
 
 def test_staging_slab_is_reused_while_the_layout_size_stays_close(tmp_path):
@@ -119,9 +99,9 @@ def test_staging_slab_is_reused_while_the_layout_size_stays_close(tmp_path):
         ckpt.async_save(_state(9, n=1), str(tmp_path / "d")).result()  # far smaller: a new slab
         assert ckpt.arena.allocations == 2
         assert ckpt.arena.nbytes < held / 2
-    _assert_saved(str(tmp_path / "b"), _state(7))
-    _assert_saved(str(tmp_path / "c"), _state(8, n=3))
-    _assert_saved(str(tmp_path / "d"), _state(9, n=1))
+    assert_same(shardsafe.load(str(tmp_path / "b")), _state(7))
+    assert_same(shardsafe.load(str(tmp_path / "c")), _state(8, n=3))
+    assert_same(shardsafe.load(str(tmp_path / "d")), _state(9, n=1))
 
 
 def test_overwrite_and_metadata_pass_through(tmp_path):
@@ -136,12 +116,12 @@ def test_overwrite_and_metadata_pass_through(tmp_path):
 
 def test_overlapped_writes_save_the_same_bytes(tmp_path):
     state = _state(9)
-    expect = _clone(state)
+    expect = clone_state(state)
     with shardsafe.Checkpointer(overlap_writes=True, unit_size=1 << 20) as ckpt:
         h = ckpt.async_save(state, str(tmp_path / "c"))
-        _mutate(state)
+        mutate_state(state)
         h.result()
-    _assert_saved(str(tmp_path / "c"), expect)
+    assert_same(shardsafe.load(str(tmp_path / "c")), expect)
 
 
 # A real write error in the background: the file-size limit (RLIMIT_FSIZE) makes the

@@ -41,7 +41,8 @@ def test_tiny_checkpoint_opens_with_safetensors(tmp_path) -> None:
 
 
 def test_every_dtype_is_readable_by_safetensors(tmp_path) -> None:
-    state = {n: random_tensor(getattr(torch, n), (2, 3), seed=i) for i, n in enumerate(sorted(DTYPES))}
+    state = {n: random_tensor(getattr(torch, n), (2, 3), seed=i)
+             for i, n in enumerate(sorted(n for n, d in DTYPES.items() if d.torch))}
     state["empty"] = torch.zeros(0, 4)
     path = str(tmp_path / "c")
     shardsafe.save(state, path)

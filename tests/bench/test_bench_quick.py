@@ -17,7 +17,10 @@ def test_bench_quick_case_a_emits_its_tables_and_the_doc_section(tmp_path, cli):
     r = cli("bench", "--quick", "--cases", "a", "--dir", tmp_path / "d", "--write-doc", doc)
     assert r.returncode == 0, r.stderr
     for text in ("### Targets, from this run", "### Case a:", "### Machine limits", "| shardsafe save |",
-                 "| dcp.save |", "| torch.save + fsync |", "direct-I/O write"):
+                 "| dcp.save |", "| torch.save + fsync |", "direct-I/O write",
+                 "| dcp.async_save + shardsafe Writer, Stager |", "| torch_checkpointing save |",
+                 "| torch_checkpointing async save |", "| torch_checkpointing load in place (cold) |",
+                 "use_direct_io=False"):
         assert text in r.stdout, text
     assert "### Case b:" not in r.stdout
     text = doc.read_text()

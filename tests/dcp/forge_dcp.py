@@ -28,11 +28,16 @@ class _Payload:
         return (exec, (f"open({self.path!r}, 'w').close()",))
 
 
-def payload(sentinel: str) -> bytes:
-    """What DCP would write for a value whose unpickling creates ``sentinel`` (torch.save)."""
+def torch_bytes(value: Any) -> bytes:
+    """What DCP writes for a byte item holding ``value`` (``torch.save``)."""
     buf = io.BytesIO()
-    torch.save(_Payload(sentinel), buf)
+    torch.save(value, buf)
     return buf.getvalue()
+
+
+def payload(sentinel: str) -> bytes:
+    """What DCP would write for a value whose unpickling creates ``sentinel``."""
+    return torch_bytes(_Payload(sentinel))
 
 
 def bytes_node(raw: bytes) -> dict[str, Any]:

@@ -6,7 +6,6 @@ allow_pickle (and does with it, which shows the forged input was live)."""
 from __future__ import annotations
 
 import collections
-import io
 import os
 import random
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from forge_dcp import bytes_node, payload, random_record, rewrite
+from forge_dcp import bytes_node, payload, random_record, rewrite, torch_bytes
 from torch.distributed.checkpoint.api import CheckpointException
 
 import shardsafe
@@ -150,17 +149,11 @@ def test_old_writer_checkpoints_keep_loading(tmp_path) -> None:  # noqa: ANN001
     only version and properties): refused by name, loaded with allow_pickle=True."""
     path = str(tmp_path / "ckpt")
     old_record = {"version": "1.0.0", "properties": {}}
-    shardsafe.save({"w": torch.ones(3), "step": _torch_save(41)}, path, metadata={"dcp": old_record})
+    shardsafe.save({"w": torch.ones(3), "step": torch_bytes(41)}, path, metadata={"dcp": old_record})
     _refused(path, {"w": torch.zeros(3), "step": 0}, "step")
     target = {"w": torch.zeros(3), "step": 0}
     dcp.load(target, storage_reader=Reader(path, allow_pickle=True))
     assert target["step"] == 41 and torch.equal(target["w"], torch.ones(3))
-
-
-def _torch_save(value: Any) -> bytes:
-    buf = io.BytesIO()
-    torch.save(value, buf)
-    return buf.getvalue()
 
 
 def test_random_forged_records_run_nothing(tmp_path) -> None:  # noqa: ANN001

@@ -15,6 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from helpers import assert_same
 
 import shardsafe
 from shardsafe.engine import block_writer, staging, writer
@@ -59,13 +60,6 @@ def copied(monkeypatch) -> list[int]:
     monkeypatch.setattr(writer, "copy_unit", spy_unit)
     monkeypatch.setattr(block_writer, "_copy_of", spy_block)
     return count
-
-
-def assert_same(got: dict, want: dict) -> None:
-    for k in ("a", "b", "zeros"):
-        assert torch.equal(got[k], want[k]), k
-    assert torch.equal(got["c"][0], want["c"][0]) and np.array_equal(got["c"][1], want["c"][1])
-    assert got["s"] == want["s"]
 
 
 @pytest.mark.parametrize("mode", ["async", "async-budget", "sync"])
@@ -120,18 +114,6 @@ def test_a_failed_copy_does_not_fail_the_save(tmp_path) -> None:
         with pytest.raises(OSError):
             bad.handle.result()
     assert_same(shardsafe.load(str(tmp_path / "save")), state)
-
-
-@pytest.fixture
-def tiny_tmpfs(tmp_path):  # noqa: ANN001, ANN201
-    """A real 1 MiB tmpfs; skipped where mount is refused."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
 @pytest.mark.parametrize("budget", [None, 16 * MiB])

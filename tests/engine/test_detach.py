@@ -5,32 +5,19 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
+from helpers import assert_same, incremental_steps
 
 import shardsafe
-from shardsafe.engine.checkpointer import Checkpointer
 from shardsafe.engine.commit import read_index
 from shardsafe.engine.detach import detach
 from shardsafe.errors import CorruptCheckpointError
-from shardsafe.engine.incremental import Baseline
 from shardsafe.storage import LocalStorage
 
 DATA = "data-r00000-000.safetensors"
 
 
-def _three_steps(root) -> list[dict]:  # noqa: ANN001
-    state = {"base": torch.randn(128, 32), "head": torch.zeros(4)}
-    b, c, out = Baseline(), Checkpointer(), []
-    for s in (1, 2, 3):
-        state["head"].fill_(s)
-        c.save(state, str(root / f"step_{s:08d}"), baseline=b)
-        out.append({k: v.clone() for k, v in state.items()})
-    c.close()
-    return out
-
-
 def test_detached_step_loads_alone_and_shares_the_bytes(tmp_path) -> None:
-    states = _three_steps(tmp_path)
+    state = incremental_steps(tmp_path)
     step3 = tmp_path / "step_00000003"
     assert detach(LocalStorage(), str(step3)) == [f"step_00000001/{DATA}"]
     index = read_index(LocalStorage(), str(step3))
@@ -40,11 +27,11 @@ def test_detached_step_loads_alone_and_shares_the_bytes(tmp_path) -> None:
     assert detach(LocalStorage(), str(step3)) == []  # nothing left to detach
     os.rename(step3, tmp_path.parent / "moved")
     got = shardsafe.load(str(tmp_path.parent / "moved"))
-    assert all(torch.equal(got[k], states[2][k]) for k in states[2])
+    assert_same(got, state)
 
 
 def test_detach_again_after_a_crash_before_the_index(tmp_path) -> None:
-    _three_steps(tmp_path)
+    incremental_steps(tmp_path)
     step2 = tmp_path / "step_00000002"
     os.link(tmp_path / "step_00000001" / DATA, step2 / f"ref00001-{DATA}")  # a link made, then a crash
     detach(LocalStorage(), str(step2))
@@ -52,7 +39,7 @@ def test_detach_again_after_a_crash_before_the_index(tmp_path) -> None:
 
 
 def test_detach_refuses_a_missing_or_resized_reference(tmp_path) -> None:
-    _three_steps(tmp_path)
+    incremental_steps(tmp_path)
     with open(tmp_path / "step_00000001" / DATA, "ab") as f:
         f.write(b"x")
     with pytest.raises(CorruptCheckpointError, match="bytes"):

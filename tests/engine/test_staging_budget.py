@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 import torch
+from helpers import assert_same, clone_state, mutate_state
 
 import shardsafe
 from shardsafe.engine.buffers import StagingArena
@@ -31,42 +32,20 @@ def _state(seed: int) -> dict:
             "t": torch.randn(700, 900, generator=g).t(), "step": seed}
 
 
-def _clone(state: dict) -> dict:
-    return {k: ([t.clone() for t in v] if isinstance(v, list) else
-                v.clone() if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
-
-
-def _mutate(state: dict) -> None:
-    for v in state.values():
-        for t in v if isinstance(v, list) else [v]:
-            if isinstance(t, torch.Tensor):
-                t.fill_(-1)
-
-
-def _assert_saved(path: str, expect: dict) -> None:
-    got = shardsafe.load(path)
-    assert got["step"] == expect["step"]
-    for k in ("w", "odd"):
-        for a, b in zip(got[k], expect[k], strict=True):
-            assert torch.equal(a, b)
-    for k in ("bf16", "t"):
-        assert got[k].dtype == expect[k].dtype and torch.equal(got[k], expect[k])
-
-
 @pytest.mark.parametrize("staging", ["blocking", "background"])
 def test_state_larger_than_the_budget_round_trips_within_the_budget(tmp_path, staging):
     state = _state(1)
-    expect = _clone(state)
+    expect = clone_state(state)
     with shardsafe.Checkpointer(unit_size=UNIT, max_staging_bytes=BUDGET) as ckpt:
         h = ckpt.async_save(state, str(tmp_path / "c"), staging=staging)
         assert h.nbytes > 5 * BUDGET  # the state does not fit: it must stream
         h.wait_staged()
-        _mutate(state)  # allowed once staged, although most of it is not written yet
+        mutate_state(state)  # allowed once staged, although most of it is not written yet
         h.result(timeout=60)
         # the arena's own accounting: never more than the budget at once, and it was used
         assert UNIT <= ckpt.arena.peak_nbytes <= BUDGET
         assert ckpt.retained_bytes <= BUDGET
-    _assert_saved(str(tmp_path / "c"), expect)
+    assert_same(shardsafe.load(str(tmp_path / "c")), expect)
 
 
 def test_budget_per_call_and_reuse_across_saves(tmp_path):
@@ -80,7 +59,7 @@ def test_budget_per_call_and_reuse_across_saves(tmp_path):
         # the whole-state copy was freed for the budgeted saves, which share their slots
         assert ckpt.arena.nbytes <= 2 * UNIT and ckpt.arena.allocations == 2
     for name in ("a", "b", "full"):
-        _assert_saved(str(tmp_path / name), state)
+        assert_same(shardsafe.load(str(tmp_path / name)), state)
 
 
 def test_slot_pool_never_exceeds_its_count(tmp_path):

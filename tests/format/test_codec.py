@@ -9,6 +9,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from helpers import compiled_kernel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,8 +40,7 @@ def planes_transform(request):
             mp.setattr(planes_kernel, "loaded", lambda: None)
             yield request.param
         return
-    if planes_kernel.loaded() is None:
-        pytest.skip("the C planes kernel is not built here (make builds it)")
+    compiled_kernel()
     yield request.param
 
 

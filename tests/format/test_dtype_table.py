@@ -10,7 +10,7 @@ from shardsafe.format.dtypes import DTYPES, from_numpy, lookup
 
 
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
-@pytest.mark.parametrize("name", sorted(DTYPES))
+@pytest.mark.parametrize("name", sorted(n for n, d in DTYPES.items() if d.torch))
 def test_matches_torch(name: str) -> None:
     d = DTYPES[name]
     t = getattr(torch, name)
@@ -39,6 +39,15 @@ def test_every_torch_dtype_is_known_or_deliberately_absent() -> None:
 def test_unsupported_numpy(dt: np.dtype) -> None:
     with pytest.raises(TypeError):
         from_numpy(dt)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, d in DTYPES.items() if not d.torch))
+def test_ml_dtypes_types_match_ml_dtypes_and_stay_out_of_torchs_table(name: str) -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from shardsafe import tensors
+
+    assert np.dtype(getattr(ml_dtypes, name)).itemsize == DTYPES[name].itemsize
+    assert name not in tensors.torch_dtypes()  # torch.int4 tensors stay unsaveable
 
 
 def test_safetensors_codes_are_known_to_safetensors() -> None:

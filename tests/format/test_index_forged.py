@@ -186,7 +186,7 @@ CASES: list[tuple[str, Callable[[dict], None]]] = [
     ("dtype not a string", _tensor_edit("a", dtype=["float32"])),
     ("numpy kind with bfloat16", lambda r: _tensor(r, "b").update(
         kind="numpy", dtype="bfloat16", chunks=[dict(_chunk(r, "b"), nbytes=10)])),
-    ("unknown kind", _tensor_edit("a", kind="jax")),
+    ("unknown kind", _tensor_edit("a", kind="tensorflow")),
     ("key not a list", _tensor_edit("a", key="a")),
     ("key holds float", _tensor_edit("a", key=[1.5])),
     ("key differs from tree", _tensor_edit("a", key=["zzz"])),

@@ -3,12 +3,15 @@ tensor column is refused with a CorruptCheckpointError naming the problem."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from v3_forge import seal_v3, split_v3
 
 from shardsafe.errors import CorruptCheckpointError
 from shardsafe.format.index.chunk_table import Split
+from shardsafe.format.index.container import check_metadata
 from shardsafe.format.index.objects import Index, TensorEntry
 from shardsafe.format.index.rows import ChunkEntry, FileEntry
 from shardsafe.format.index.versions import decode_index, encode_index
@@ -33,6 +36,22 @@ def _index() -> Index:
         {"t": "tensor", "id": 3}, {"t": "tensor", "id": 4}, {"t": "alias", "id": 0}]}
     return Index(tree=tree, tensors=tensors, files=(FileEntry(F0, 4144, 4096, 0), FileEntry(F1, 4120, 4096, 1)),
                  block_size=4096, world_size=2, metadata={"m": 1})
+
+
+@pytest.mark.parametrize("metadata, error", [
+    ({"loss": float("nan")}, ValueError), ({"x": object()}, TypeError), ({"s": "\ud800"}, ValueError),
+    ({"deep": [{"x": float("inf")}]}, ValueError)])
+def test_metadata_the_index_cannot_hold_is_refused(metadata, error) -> None:
+    with pytest.raises(error):
+        check_metadata(metadata)
+    with pytest.raises(error):  # the check refuses exactly what the encoder would
+        encode_index(dataclasses.replace(_index(), metadata=metadata), version=3)
+
+
+def test_metadata_the_check_accepts_round_trips() -> None:
+    metadata = {"a": [1, 2.5, None, True, "ü"], "b": {"c": {}}, "shardsafe.manager": {"step": 3}}
+    check_metadata(metadata)
+    assert decode_index(encode_index(dataclasses.replace(_index(), metadata=metadata), version=3)).metadata == metadata
 
 
 def test_round_trip_and_split_rules() -> None:
@@ -73,7 +92,7 @@ def _tree_drops_tensor(js, cols) -> None:  # noqa: ANN001
 
 
 FORGED = [
-    ("kind out of range", _set("kind", 0, 2), "kind or dtype"),
+    ("kind out of range", _set("kind", 0, 3), "kind or dtype"),
     ("dtype out of range", _set("dtype", 1, 9), "kind or dtype"),
     ("numpy bfloat16", _set("kind", 4, 1), "numpy cannot hold dtype bfloat16"),
     ("ndim above 64", _set("ndim", 0, 65), "dimensions"),

@@ -1,11 +1,15 @@
-"""format.planes_kernel: the compiled planes transform writes exactly what numpy writes, and
-a missing or foreign library falls back to numpy."""
+"""format.planes_kernel: the compiled planes transform writes exactly what numpy writes, it
+checks the buffers it is given, and a missing or foreign module falls back to numpy."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
+from helpers import compiled_kernel
 
+import shardsafe.format
 from shardsafe.format import codec, planes_kernel
 
 UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -13,10 +17,7 @@ UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 @pytest.fixture
 def kernel():
-    lib = planes_kernel.loaded()
-    if lib is None:
-        pytest.skip("the C planes kernel is not built here (make builds it)")
-    return lib
+    return compiled_kernel()
 
 
 def elements(k: int, n: int, seed: int) -> np.ndarray:
@@ -66,15 +67,52 @@ def test_split_writes_only_the_planes_asked_for(kernel, k):
         assert np.array_equal(one[key], full[key]), key
 
 
-def test_missing_or_foreign_library_falls_back_to_numpy(monkeypatch, tmp_path):
-    for path in (tmp_path / "absent.so", tmp_path / "garbage.so"):
-        if path.name == "garbage.so":
-            path.write_bytes(b"\x7fELF not a library")
-        monkeypatch.setattr(planes_kernel, "LIBRARY", path)
-        monkeypatch.setattr(planes_kernel, "_lib", planes_kernel._UNSET)
-        assert planes_kernel.loaded() is None
-        data = elements(4, 5000, seed=1).tobytes()
-        name, stored = codec.encode(memoryview(data), "float32", "auto")
-        out = bytearray(len(data))
-        codec.decode(name, memoryview(bytes(stored)), memoryview(out))
-        assert name == "planes32" and bytes(out) == data
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_buffers_are_checked_before_anything_is_written(kernel, k):
+    n = 1001
+    x = elements(k, n, seed=3)
+    good = planes_of(k, n)
+    mant = tuple(good[j] for j in range(k - 1))
+    for short in ("lo", "hi", "exp", 0):
+        planes = {**good, short: np.zeros(codec._plane_size(short, n) - 1, np.uint8)}
+        with pytest.raises(ValueError, match="bytes, .* are needed"):
+            planes_kernel.split(kernel, k, x, 0, planes)
+        with pytest.raises(ValueError, match="bytes, .* are needed"):
+            planes_kernel.join(kernel, k, 0, {**planes, "exp": None} if short != "exp" else planes,
+                               np.zeros(n, UINT[k]))
+    with pytest.raises(ValueError, match="whole number"):
+        kernel.split(k, x.view(np.uint8)[1:], 0, None, None, good["exp"], mant)
+    with pytest.raises(ValueError, match="not 2, 4 or 8"):
+        kernel.split(3, x, 0, None, None, good["exp"], mant)
+    with pytest.raises(TypeError, match="tuple of"):
+        kernel.split(k, x, 0, None, None, good["exp"], mant[:-1] if k > 2 else ())
+    with pytest.raises((TypeError, BufferError)):  # a read-only target
+        kernel.split(k, x, 0, None, None, bytes(n), mant)
+    with pytest.raises(ValueError, match="come together"):
+        kernel.join(k, np.zeros(n, UINT[k]), 0, good["lo"], None, None, mant)
+    with pytest.raises(ValueError, match="mantissa plane is required"):
+        kernel.join(k, np.zeros(n, UINT[k]), 0, None, None, good["exp"], (None,) * (k - 1))
+    assert all(np.array_equal(good[key], planes_of(k, n)[key]) for key in good)  # nothing written
+
+
+def _numpy_codec_round_trip() -> None:
+    data = elements(4, 5000, seed=1).tobytes()
+    name, stored = codec.encode(memoryview(data), "float32", "auto")
+    out = bytearray(len(data))
+    codec.decode(name, memoryview(bytes(stored)), memoryview(out))
+    assert name == "planes32" and bytes(out) == data
+
+
+def test_missing_or_foreign_module_falls_back_to_numpy(monkeypatch, tmp_path):
+    name = "shardsafe.format._planes"
+    monkeypatch.setattr(planes_kernel, "_kernel", planes_kernel._UNSET)
+    monkeypatch.setitem(sys.modules, name, None)  # not built: importing it fails
+    assert planes_kernel.loaded() is None and planes_kernel.describe().startswith("numpy")
+    _numpy_codec_round_trip()
+    # a foreign file where the module would be (a stale build, another platform's)
+    monkeypatch.delitem(sys.modules, name)
+    (tmp_path / "_planes.so").write_bytes(b"\x7fELF not a library")
+    monkeypatch.setattr(shardsafe.format, "__path__", [str(tmp_path)])
+    monkeypatch.setattr(planes_kernel, "_kernel", planes_kernel._UNSET)
+    assert planes_kernel.loaded() is None
+    _numpy_codec_round_trip()

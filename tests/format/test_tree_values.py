@@ -208,6 +208,9 @@ def test_forged_keys_of_the_tensor_table_are_refused() -> None:
         decode_index(seal(raw))
 
 
-def test_a_valid_forged_index_with_every_value_decodes() -> None:
-    for value, node in VALUES:
-        decode_index(_index_with(node))  # no error: the generated nodes are accepted
+@pytest.mark.parametrize(("value", "node"), VALUES, ids=[repr(v) for v, _ in VALUES])
+def test_an_index_holding_each_value_decodes_to_that_value(value: Any, node: dict) -> None:
+    index = decode_index(_index_with(node))  # the generated nodes are accepted by the decoder
+    state = build(index.tree, lambda path, n: pytest.fail(f"no tensor in this tree, found one at {path}"))
+    assert list(state) == ["x"]
+    _same(state["x"], value)

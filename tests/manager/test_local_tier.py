@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
 
 import pytest
 import torch
@@ -108,19 +107,6 @@ def test_restore_from_persistent_older_step_drops_newer_local_steps(tmp_path) ->
 def test_bad_tier_options(kw: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         shardsafe.ManagerOptions(**kw)
-
-
-@pytest.fixture
-def tiny_tmpfs(tmp_path):  # noqa: ANN001, ANN201
-    """A real 1 MiB tmpfs (a full /dev/shm in miniature); skipped where mount is refused."""
-    mnt = tmp_path / "shm"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
 def test_full_local_directory_fails_the_local_save_not_the_persistent_one(tmp_path, tiny_tmpfs) -> None:

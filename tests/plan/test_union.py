@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from plan_ranks import describe_rank, fsdp_rank, run
 
-from shardsafe.plan.union import merge_all, remap
+from shardsafe.plan.report import renumber
+from shardsafe.plan.union import merge_all
 
 
 def _stage(rank: int, stage: int, step: int = 3) -> object:
@@ -98,7 +99,7 @@ def test_merge_trees_directly() -> None:
 
     t0 = tree(model=tree(a={"t": "tensor", "id": 0}), step={"t": "int", "v": 1})
     t1 = tree(model=tree(b={"t": "tensor", "id": 0}), step={"t": "int", "v": 1})
-    merged = merge_all([t0, remap(t1, [1])], [0, 5])
+    merged = merge_all([t0, renumber(t1, [1])], [0, 5])
     assert merged["k"] == ["model", "step"]
     assert merged["v"][0] == tree(a={"t": "tensor", "id": 0}, b={"t": "tensor", "id": 1})
     with pytest.raises(ValueError, match=r"ranks 0 and 5 hold different values at key path 'step'"):

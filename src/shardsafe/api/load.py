@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -22,9 +23,11 @@ from ..engine.reader import ChunkReader, ReadJob
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
 from ..format.dtypes import lookup
 from ..format.index.objects import Index
+from ..jax import restore as jax_restore
 from ..per_rank import loading
 from ..plan.flatten import Stateful, is_stateful
-from ..storage import LocalStorage, storage_for
+from ..plan.regroup import regroup
+from ..storage import Deadline, LocalStorage, storage_for
 from . import new_state
 from .match import TensorTarget, match
 from .new_state import Allocated, whole_raw
@@ -166,7 +169,8 @@ def load_checked(path: str, state: MutableMapping[str, Any] | Stateful | None,
     """``load``, first calling ``check(index)`` with the validated index: it raises (a
     ``CheckpointError``) to refuse the checkpoint before anything is read. The manager
     checks that a step's index records the step and run it restores."""
-    if state is not None and not isinstance(state, MutableMapping) and not is_stateful(state):
+    if state is not None and not isinstance(state, MutableMapping) and not is_stateful(state) \
+            and not jax_restore.holds_jax(state):
         raise TypeError(f"state must be a mutable mapping (dict) or a Stateful object (with "
                         f"state_dict() and load_state_dict()) to load into, got {type(state).__name__}")
     with paused():  # building thousands of tensors and entries: no collection meanwhile
@@ -176,7 +180,8 @@ def load_checked(path: str, state: MutableMapping[str, Any] | Stateful | None,
 def _load(path: str, state: MutableMapping[str, Any] | Stateful | None, check: Callable[[Index], None] | None,
           strict: bool, storage_options: dict | None, mmap: bool, process_group: Any,
           collective: bool | None, timeout: float | None) -> Any:
-    storage, spath = storage_for(path, storage_options)
+    storage, spath = storage_for(path, storage_options, deadline=Deadline.for_call(
+        timeout, get_comm(process_group).rank, f"load of {path}"))
     whole = state is None or mmap  # else a version 4 index is read in parts (what the targets need)
     if collective is not False and distributed_active(process_group):
         read = read_index_collective(storage, spath, get_comm(process_group), timeout, whole)
@@ -228,6 +233,12 @@ def _load_from(storage: Any, spath: str, read: IndexRead, path: str,
         if state is not None or not isinstance(storage, LocalStorage):
             raise ValueError("mmap=True applies to load(path) of a local checkpoint, without a state")
         return load_mapped(spath, index)
+    jax_target = state is not None and jax_restore.holds_jax(state)
+    if jax_target or (state is not None and _saved_from_jax(index)):  # names nested one way, flat the other
+        tree = regroup(index.tree, state)
+        index = index if tree is index.tree else dataclasses.replace(index, tree=tree)
+    if jax_target:
+        return _restore_jax(read, index, path, state, strict)
     if state is None:
         reader = ChunkReader(storage, spath, index)
         with allocating(lambda: _total(index, path)):
@@ -247,6 +258,25 @@ def _load_from(storage: Any, spath: str, read: IndexRead, path: str,
         read_targets(reader, m.reads)
     m.apply()
     return LoadResult(m.missing, m.unexpected, m.mismatched)
+
+
+def _saved_from_jax(index: Index) -> bool:
+    return any(t.kind == "jax" for t in (index.infos if index.infos is not None else index.tensors))
+
+
+def _restore_jax(read: IndexRead, index: Index, path: str, target: Any, strict: bool) -> Any:
+    """``load`` into a JAX target (``shardsafe.jax.restore``): returns the restored pytree."""
+    with allocating(lambda: _total(index, path)):
+        r = jax_restore.plan(index, target)
+        if r.problems and strict:
+            raise StateMismatchError(r.problems)
+        if r.problems:
+            log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(r.problems),
+                        "\n  ".join(r.problems))
+        targets = [TensorTarget(None, b.host, offsets=b.offsets, tid=b.tid) for b in r.reads]
+        reader = ChunkReader(read.storage, read.spath, read.narrow(target_regions(targets, index)))
+        read_targets(reader, targets)
+    return r.finish()
 
 
 def read_checkpoint_index(path: str, storage_options: dict | None = None) -> Index:

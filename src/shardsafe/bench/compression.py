@@ -257,9 +257,7 @@ def with_adamw_total(results: dict[str, dict[str, Measured]]) -> dict[str, dict[
 def _transform() -> str:
     from ..format import planes_kernel
 
-    if planes_kernel.loaded() is None:
-        return "numpy (the C kernel `format/_planes.so` is not built or not loadable)"
-    return "the C kernel (`format/_planes.so`, built by `make`)"
+    return planes_kernel.describe()
 
 
 def table(results: dict[str, dict[str, Measured]], nbytes: int, repeat: int) -> str:

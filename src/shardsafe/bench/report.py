@@ -9,6 +9,7 @@ from typing import Any
 
 from .limits import LIMIT_LABELS
 from .runner import LOAD, SAVE, CaseResult
+from .systems import TORCH_CHECKPOINTING_NOTE
 
 MiB = 1 << 20
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"  # the section write_doc fills by default
@@ -53,6 +54,11 @@ def case_table(c: CaseResult, limits: dict[str, float]) -> str:
              "state); above 1 is faster than the peer. "
              "*vs machine limit*: GB/s over the direct-I/O write (saves), the direct-I/O read "
              "(cold loads) or memcpy (warm loads) measured in this run."]
+    if any(o.system == "torch_checkpointing" for o in c.ops):
+        rows += ["", f"*torch_checkpointing* (Meta's torch-checkpointing): {TORCH_CHECKPOINTING_NOTE}; "
+                 "its async save returns at once, stages in a background thread (training must "
+                 "not change the state until then: its lock()) and writes from a separate process; "
+                 "*caller blocked* is until save() returns, the time until staged is in the JSON."]
     return "\n".join(rows)
 
 

@@ -142,3 +142,75 @@ def safetensors_load(cold: bool, system_drop: bool = False) -> Op:
 def dcp_load_in_place(target: dict[str, Any], cold: bool, system_drop: bool = False) -> Op:
     dcp = _dcp()  # imported before any timing
     return _load_op(lambda path: dcp.load(target, checkpoint_id=path), cold, system_drop)
+
+
+def dcp_async_save_stager(stager: Any) -> Op:
+    """``dcp.async_save`` through ``shardsafe.dcp.Writer`` with ``shardsafe.dcp.Stager``
+    (one stager for the whole run, as a training job keeps one)."""
+    def op(state: dict[str, Any], path: str) -> dict[str, float]:
+        dcp = _dcp()
+        from ..dcp import Writer
+
+        t = time.perf_counter()
+        fut = dcp.async_save(state, storage_writer=Writer(path), async_stager=stager)
+        stall = time.perf_counter() - t
+        fut.result()
+        return {"stall": stall, "durable": time.perf_counter() - t, "retained": stager.nbytes}
+    return op
+
+
+# ---------------------------------------------------------------------- torch_checkpointing
+TORCH_CHECKPOINTING_NOTE = ("torch_checkpointing writes with LocalFileSystemStorageConfig(use_direct_io=False): "
+                            "its default O_DIRECT writes of unaligned buffers fail with EINVAL on this machine")
+
+
+class TorchCheckpointing:
+    """Meta's torch-checkpointing (0.1) as a peer: a sync and an async ``CheckpointManager``
+    (the async one writes from a separate process, as its default does), the whole state
+    as one item that is copied before an async write, local files written without O_DIRECT
+    (``TORCH_CHECKPOINTING_NOTE``)."""
+
+    def __init__(self) -> None:
+        from torch_checkpointing.checkpoint_manager import CheckpointManager
+        from torch_checkpointing.checkpoint_process import CheckpointProcessConfig
+        from torch_checkpointing.config import AsyncCheckpointSaverConfig, SyncCheckpointSaverConfig
+        from torch_checkpointing.schema import ItemSpec
+        from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
+
+        storage = LocalFileSystemStorageConfig(use_direct_io=False)
+        self._sync = CheckpointManager.Config(save=SyncCheckpointSaverConfig(), storage_config=storage,
+                                              default=ItemSpec(requires_copy=True)).build()
+        # its writer process imports torch first: 30 s (its default) is not enough on a busy machine
+        slow_start = AsyncCheckpointSaverConfig(process_config=CheckpointProcessConfig(subprocess_init_timeout_secs=300))
+        self._async = CheckpointManager.Config(save=slow_start, storage_config=storage,
+                                               default=ItemSpec(requires_copy=True)).build()
+
+    def save(self, state: dict[str, Any], path: str) -> dict[str, float]:
+        t = time.perf_counter()
+        self._sync.save(path, {"state": state})
+        d = time.perf_counter() - t
+        return {"stall": d, "durable": d}
+
+    def async_save(self, state: dict[str, Any], path: str) -> dict[str, float]:
+        t = time.perf_counter()
+        fut = self._async.save(path, {"state": state})
+        stall = time.perf_counter() - t
+        with self._async.lock():  # returns once the state has been captured
+            staged = time.perf_counter() - t
+        fut.result()
+        return {"stall": stall, "staged": staged, "durable": time.perf_counter() - t}
+
+    def load_in_place(self, target: dict[str, Any], cold: bool, system_drop: bool = False) -> Op:
+        return _load_op(lambda path: self._sync.load(path, {"state": target}), cold, system_drop)
+
+    def close(self) -> None:
+        self._sync.close()
+        self._async.close()
+
+
+def dcp_stager() -> Any:
+    """A ``shardsafe.dcp.Stager`` (imports DCP)."""
+    _dcp()
+    from ..dcp import Stager
+
+    return Stager()

@@ -12,7 +12,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from .._version import __version__
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+from ..format import planes_kernel
+from ..format.index.versions import WRITE_VERSION
 
 # Exit codes (documented in docs/guides/cli.md, "Exit codes").
 EXIT_OK = 0
@@ -26,12 +29,21 @@ COMMANDS: tuple[str, ...] = ("demo", "bench", "ls", "info", "verify", "export", 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shardsafe", description="Fast, safe checkpoints for training jobs.")
+    parser = argparse.ArgumentParser(prog="shardsafe", description="Fast, safe checkpoints for training jobs.",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # --version unwrapped
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug output")
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="print the version, the index format saves write and which planes transform runs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(sub)
     return parser
+
+
+def version_line() -> str:
+    """What ``shardsafe --version`` prints."""
+    return (f"shardsafe {__version__} (index format {WRITE_VERSION}; compression planes transform: "
+            f"{planes_kernel.describe()})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -19,15 +18,11 @@ from typing import Any
 import numpy as np
 
 from .._numbers import human_bytes as human_bytes  # one definition; ls and info format sizes
-from ..engine.commit import TMP_MARKER, is_committed, is_temporary, list_entries, read_index
+from ..engine.commit import is_committed, read_index
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ..format.index.objects import Index
-from ..manager.steps import MANAGER_KEY, QUARANTINE_SUFFIX, parse_step
-from ..plan.layout import is_data_file_name
+from ..manager.steps import StepDirectory, StepEntry, recorded
 from ..storage import LocalStorage, Storage, storage_for
-
-# the manager sets damaged steps aside as step_N.corrupt (or step_N.corrupt.2, ...)
-QUARANTINED = re.compile(re.escape(QUARANTINE_SUFFIX) + r"(\.\d+)?$")
 
 
 def add_storage_options(parser: argparse.ArgumentParser) -> None:
@@ -89,6 +84,7 @@ class Entry:
             (committed, but its index or file sizes fail validation).
         index: The index of a committed checkpoint.
         error: Why it is corrupt.
+        named_step: The step its name belongs to (``manager.steps.classify``).
     """
 
     name: str
@@ -96,21 +92,17 @@ class Entry:
     state: str
     index: Index | None = None
     error: str | None = None
+    named_step: int | None = None
 
     @property
     def step(self) -> int | None:
-        """The step: from the manager's metadata, else from a ``step_N`` name."""
-        if self.index is not None:
-            md = self.index.metadata.get(MANAGER_KEY)
-            if isinstance(md, dict) and isinstance(md.get("step"), int):
-                return md["step"]
-        return parse_step(QUARANTINED.sub("", _final_name(self.name)))
+        """The step: as the manager recorded it in the index, else from the name."""
+        return recorded(self.index).get("step", self.named_step) if self.index is not None else self.named_step
 
     @property
     def metrics(self) -> dict[str, Any]:
-        md = self.index.metadata.get(MANAGER_KEY) if self.index is not None else None
-        metrics = md.get("metrics") if isinstance(md, dict) else None
-        return metrics if isinstance(metrics, dict) else {}
+        """The metrics the manager recorded (as stored: JSON values)."""
+        return recorded(self.index).get("metrics", {}) if self.index is not None else {}
 
     @property
     def size(self) -> int | None:
@@ -134,39 +126,23 @@ def referenced_bytes(index: Index) -> int:
     ids = [i for i, f in enumerate(index.files) if f.reference is not None]
     if not ids:
         return 0
-    if index.table is not None:  # v2: columns, no object per chunk
-        t = index.table
-        return int(t.stored_nbytes()[np.isin(t.file, np.array(ids, dtype=np.int64))].sum())
-    names = {index.files[i].name for i in ids}
-    return sum(c.stored_nbytes for t in index.tensors for c in t.chunks if c.file in names)
+    t = index.table  # every decoded index has its chunk table
+    return int(t.stored_nbytes()[np.isin(t.file, np.array(ids, dtype=np.int64))].sum())
 
 
-def _final_name(name: str) -> str:
-    """``step_00000002`` for a temporary ``.step_00000002.shardsafe-tmp-<id>``."""
-    if is_temporary(name):
-        return name[1:].split(TMP_MARKER, 1)[0]
-    return name
-
-
-def _classify(storage: Storage, parent: str, name: str) -> Entry | None:
-    path = storage.join(parent, name)
-    if is_temporary(name):  # an unfinished save (its index may be published already)
-        return Entry(name, path, "partial") if storage.is_directory(path) else None
-    if QUARANTINED.search(name):
-        return Entry(name, path, "corrupt", error="set aside as damaged")
-    if is_committed(storage, path):
-        try:
-            return Entry(name, path, "committed", index=read_index(storage, path))
-        except CheckpointError as e:
-            return Entry(name, path, "corrupt", error=str(e))
-    # object stores write data under the final prefix: data files without an index are a
-    # save that has not committed (or never will); so is a step directory without an
-    # index (a delete, index first, was interrupted). Other directories are not ours.
-    if not storage.is_directory(path):
-        return None  # a file, FIFO or device named like a step: not ours
-    if parse_step(name) is not None or any(is_data_file_name(n) for n in storage.list(path)):
-        return Entry(name, path, "partial")
-    return None
+def _entry(storage: Storage, parent: str, listed: StepEntry) -> Entry:
+    """The command's view of a listed entry: a committed one's index is read (and
+    validated); an unfinished save, an interrupted delete or a save in progress on an
+    object store is ``partial`` (a temporary's index may be published already)."""
+    path = storage.join(parent, listed.name)
+    if listed.kind == "set-aside":
+        return Entry(listed.name, path, "corrupt", error="set aside as damaged", named_step=listed.step)
+    if not listed.committed or listed.kind == "temporary":
+        return Entry(listed.name, path, "partial", named_step=listed.step)
+    try:
+        return Entry(listed.name, path, "committed", index=read_index(storage, path), named_step=listed.step)
+    except CheckpointError as e:
+        return Entry(listed.name, path, "corrupt", error=str(e), named_step=listed.step)
 
 
 def scan(storage: Storage, path: str) -> list[Entry]:
@@ -176,12 +152,12 @@ def scan(storage: Storage, path: str) -> list[Entry]:
     Raises:
         CheckpointNotFoundError: ``path`` does not exist.
     """
-    names = list_entries(storage, path)
-    if not names and not storage.exists(path):
-        raise CheckpointNotFoundError(f"{path!r} does not exist")
     # listing a prefix needs one request per child on object stores: do them concurrently
     with ThreadPoolExecutor(8) as pool:
-        found = [e for e in pool.map(lambda n: _classify(storage, path, n), names) if e is not None]
+        listed = StepDirectory(storage, path).entries(every=True, map_fn=pool.map)
+        if not listed and not storage.exists(path):
+            raise CheckpointNotFoundError(f"{path!r} does not exist")
+        found = list(pool.map(lambda e: _entry(storage, path, e), listed))
     return sorted(found, key=lambda e: (e.step is None, e.step or 0, e.name))
 
 

@@ -2,7 +2,9 @@
 (``--all``), between any two stores, verifying every block as it streams past.
 
 The copy itself is ``engine.copier.copy_checkpoint`` (the files byte for byte, in pieces
-of ``PIECE`` bytes; an incremental step with the files it references), or with
+of ``PIECE`` bytes; an incremental step with the files it references, carried inside
+the copy, or with ``--all`` shared between the steps copied, so that nothing is written
+outside DST), or with
 ``--compression`` ``engine.recode.recode_checkpoint`` (the tensors decoded and coded
 again, in batches). Either way memory stays bounded, the destination is committed
 atomically, and an interrupted copy leaves nothing committed.
@@ -30,8 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "the directory SRC into the directory DST, between local paths, s3:// and other "
                     "fsspec URLs. Every block is verified as it streams past (one 16 MiB piece in "
                     "memory); the destination is committed atomically, so an interrupted copy leaves "
-                    "nothing committed and can simply be run again. A step of an incremental manager "
-                    "is copied with the files it references, so the copy stands alone.",
+                    "nothing committed and can simply be run again. Nothing is written outside DST: "
+                    "a step of an incremental manager is copied with the files it references inside "
+                    "the copy, so the copy stands alone (with --all, where DST is a directory of "
+                    "steps, they stay shared between the steps copied there).",
                     ("src", "SRC", "checkpoint (or, with --all, directory) path or URL"),
                     ("dst", "DST", "destination path or URL"),
                     json_help="print one JSON object instead of text")
@@ -91,7 +95,9 @@ def _scan_or_none(storage: Storage, path: str) -> list:
 
 def _copy_one(args: argparse.Namespace, src: Storage, dst: Storage, j: _Job, on_bytes) -> CopyResult:  # noqa: ANN001
     if args.compression is None:
-        return copy_checkpoint(src, j.src, dst, j.dst, overwrite=args.overwrite, on_bytes=on_bytes)
+        # --all: references stay references, naming siblings inside the destination directory
+        return copy_checkpoint(src, j.src, dst, j.dst, overwrite=args.overwrite, on_bytes=on_bytes,
+                               carry_references=not args.all)
     return recode_checkpoint(src, j.src, dst, j.dst, overwrite=args.overwrite, on_bytes=on_bytes,
                              compression=None if args.compression == "none" else args.compression)
 

@@ -27,7 +27,7 @@ from ..engine.commit import is_temporary, uncommit
 from ..engine.sweep import plan_sweep, sweep
 from ..manager.retention import (AnyPreservationPolicy, EveryNSteps, LatestN, PreservationPolicy,
                               StepRecord, steps_to_delete)
-from ..manager.steps import MANAGER_KEY, is_rolled_back
+from ..manager.steps import is_rolled_back, recorded
 from ..storage import Storage, storage_for
 
 DEFAULT_MIN_AGE = 3600.0
@@ -43,9 +43,7 @@ class Plan:
 
 
 def _time(e: Entry) -> float:
-    info = e.index.metadata.get(MANAGER_KEY)
-    t = info.get("time") if isinstance(info, dict) else None
-    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else e.index.created
+    return recorded(e.index).get("time", e.index.created)
 
 
 def expired(entries: list[Entry], max_to_keep: int | None, keep_period: int | None = None) -> list[Entry]:

@@ -66,7 +66,8 @@ def new_tensor(kind: str, dtype: str, shape: tuple[int, ...]) -> tuple[Any, np.n
     """
     d = lookup(dtype)
     nbytes = d.itemsize * math.prod(shape)
-    if nbytes < HUGE or (kind == "torch" and not tensors.HAVE_TORCH) or (kind != "torch" and d.numpy is None):
+    host = None if kind == "torch" else tensors.host_dtype(kind, d)
+    if nbytes < HUGE or (kind == "torch" and not tensors.HAVE_TORCH) or (kind != "torch" and host is None):
         return tensors.empty(kind, dtype, shape)
     try:
         _map, flat = anonymous(nbytes, huge=False)  # ``flat`` keeps the mapping alive
@@ -76,7 +77,7 @@ def new_tensor(kind: str, dtype: str, shape: tuple[int, ...]) -> tuple[Any, np.n
         torch = tensors.torch
         t = torch.frombuffer(flat, dtype=torch.uint8).view(getattr(torch, d.name)).reshape(shape)
         return t, flat
-    return flat.view(d.numpy).reshape(shape), flat
+    return flat.view(host).reshape(shape), flat
 
 
 class HostBuffer:

@@ -42,6 +42,7 @@ from ..comm import Comm, SingleProcessComm, get_comm
 from ..errors import CheckpointError
 from ..format.codec import Compression
 from ..plan.flatten import Stateful
+from ..plan.jax_shards import immutable
 from ..storage.base import Storage
 from .io_pool import io_threads
 from . import async_jobs, background, cuda, pipeline
@@ -227,7 +228,8 @@ class Checkpointer:
                 # Even the buffers are got (and, for a new layout, allocated and
                 # pre-faulted) in the writer thread with "background".
                 jobs = lambda: async_jobs.staged(prep, prepared, self.arena.get(sizes), self.unit_size)  # noqa: E731
-            if staging == "background":
+            if staging == "background" or immutable([it for p in prep.plans + prep.coded for it in p.items]):
+                # (a JAX state's shards cannot change: staging them need not hold the caller)
                 self._start(prep, prepared, handle, jobs, stage=True)
             else:
                 # Under a budget the writes must run while the caller stages: they free

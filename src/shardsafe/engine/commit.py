@@ -196,6 +196,10 @@ def finish(txn: Transaction, index_bytes: bytes) -> None:
         except OSError as e:
             if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
                 raise
+            if s.is_link(txn.final):
+                raise CheckpointError(f"cannot commit the save to {txn.final!r}: it is a symbolic "
+                                      f"link, and shardsafe never writes through one (give the "
+                                      f"real path)") from None
             what = ("another save committed a checkpoint there first" if is_committed(s, txn.final)
                     else "something else appeared there")
             raise CheckpointError(f"cannot commit the save to {txn.final!r}: {what} "

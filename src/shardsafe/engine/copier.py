@@ -9,15 +9,26 @@ their CRC32C; compressed blocks against the stored and, decoded, the raw CRC32C)
 appended at the destination (``Storage.write_stream``). A bad block stops the copy with a
 ``CorruptCheckpointError`` naming the file and the key, before anything is committed.
 
-The copy needs nothing from the source: the data files an incremental step references in
-sibling steps (``<sibling>/<file>``, docs/FORMAT.md section 13) are copied to the same
-sibling next to the destination, so the index is copied byte for byte and the references
-hold there. A sibling file the destination has already (from copying another step of the
-same run) is verified against the chunks this step uses instead of being written again;
-one that holds other bytes is refused. A sibling file is written under a hidden temporary
-name and renamed into place once durable (on an object store an upload appears whole or
-not at all), so an interrupted copy never leaves a partial one that a new run would
-refuse; a failed copy removes the sibling files it wrote.
+The copy needs nothing from the source, and writes nothing outside the destination it
+is given. The data files an incremental step references in sibling steps
+(``<sibling>/<file>``, docs/FORMAT.md section 13) are carried inside the destination
+checkpoint under names of its own (``detach.own_name``: ``ref<row>-<file>``), and its
+index is the source's with those rows renamed: a reference names a directory of the
+*source's* parent, which at the destination may be anything (a forged one could make the
+copy write into someone else's directory), so it is never followed there.
+
+``shardsafe cp --all`` copies a whole directory of steps into a destination directory;
+there a reference stays a reference (``carry_references=False``): the sibling it names
+lies inside the destination directory too, and the steps of one run share the files
+again instead of each carrying its own. A sibling file the destination has already (from
+copying another step of the same run) is verified against the chunks this step uses
+instead of being written again; one that holds other bytes is refused. A sibling file is
+written under a hidden temporary name and renamed into place once durable (on an object
+store an upload appears whole or not at all), so an interrupted copy never leaves a
+partial one that a new run would refuse; a failed copy removes the sibling files it wrote.
+
+A destination that is a symbolic link is refused before anything is read: shardsafe never
+writes through a link.
 
 A copy onto its own source (the same path on the same store) has nothing to do: it is
 reported as up to date, and a re-coding one (``engine.recode``) is refused where the
@@ -37,10 +48,12 @@ from ..format import INDEX_NAME
 from ..format.block_verify import BlockSpan, BlockStream, index_spans
 from ..format.index.objects import Index
 from ..format.index.rows import FileEntry
+from ..format.index.versions import encode_renamed
 from ..storage.base import Storage
 from ..storage.local import LocalStorage
 from . import commit
 from .buffers import HostBuffer
+from .detach import own_name
 from .locations import data_file
 
 log = logging.getLogger("shardsafe")
@@ -97,21 +110,31 @@ def _verified_pieces(storage: Storage, path: str, f: FileEntry, spans: list[Bloc
 
 
 def copy_checkpoint(src: Storage, src_path: str, dst: Storage, dst_path: str, *,
-                    overwrite: bool = False,
-                    on_bytes: Callable[[int], None] | None = None) -> CopyResult:
+                    overwrite: bool = False, on_bytes: Callable[[int], None] | None = None,
+                    carry_references: bool = True) -> CopyResult:
     """Copies the committed checkpoint at ``src_path`` to ``dst_path`` (any two backends).
 
     ``on_bytes(n)`` is called as data passes (progress). Without ``overwrite`` a
-    destination holding the same checkpoint already (byte-identical index) is left as it
-    is (``skipped``); one holding another committed checkpoint is refused.
+    destination holding the same checkpoint already (the index it would get) is left as
+    it is (``skipped``); one holding another committed checkpoint is refused. With
+    ``carry_references`` (the default) referenced files are copied into the destination
+    checkpoint itself; without, next to it, where the references name them (see the
+    module docstring).
 
     Raises:
         CheckpointNotFoundError: no committed checkpoint at ``src_path``.
         CorruptCheckpointError: the source is damaged (nothing is committed then).
-        CheckpointError: the destination holds another checkpoint and not ``overwrite``,
-            something that is not a checkpoint, or a sibling file with other bytes.
+        CheckpointError: the destination is a symbolic link, holds another checkpoint and
+            not ``overwrite``, something that is not a checkpoint, or a sibling file with
+            other bytes.
     """
     data, index = commit.read_index_bytes(src, src_path)
+    if dst.is_link(dst_path):
+        raise CheckpointError(f"the destination {dst_path!r} is a symbolic link; shardsafe never "
+                              f"writes through one: give the real path it points to")
+    names = _destination_names(index) if carry_references else [f.name for f in index.files]
+    if names != [f.name for f in index.files]:
+        data = encode_renamed(index, names)
     if same_location(src, src_path, dst, dst_path) or (
             not overwrite and commit.is_committed(dst, dst_path) and _same_index(dst, dst_path, data)):
         return CopyResult(0, 0, skipped=True)
@@ -121,16 +144,17 @@ def copy_checkpoint(src: Storage, src_path: str, dst: Storage, dst_path: str, *,
     written: list[str] = []  # sibling files this copy created
     commit.begin(txn)
     try:
-        for f in index.files:
+        for f, name in zip(index.files, names):
             fspans = spans.get(f.name, [])
-            if f.reference is not None and _sibling_holds(dst, dst_path, f, fspans, index.block_size, buf):
+            sibling = f.reference is not None and not carry_references
+            if sibling and _sibling_holds(dst, dst_path, f, fspans, index.block_size, buf):
                 continue
             pieces = _verified_pieces(src, data_file(src, src_path, f.name), f, fspans,
                                       index.block_size, buf, on_bytes)
-            if f.reference is None:
-                dst.write_stream(dst.join(txn.workdir, f.name), f.size, pieces)
-            else:
+            if sibling:
                 written.append(_write_sibling(dst, dst_path, f, pieces))
+            else:
+                dst.write_stream(dst.join(txn.workdir, name), f.size, pieces)
         commit.finish(txn, data)
     except BaseException:
         abandon(txn, written)
@@ -138,6 +162,18 @@ def copy_checkpoint(src: Storage, src_path: str, dst: Storage, dst_path: str, *,
     finally:
         buf.close()
     return CopyResult(len(index.files), sum(f.size for f in index.files))
+
+
+def _destination_names(index: Index) -> list[str]:
+    """The data file names of a copy that carries its referenced files: its own files keep
+    their names, each referenced one gets a name of its own."""
+    taken = {f.name for f in index.files if f.reference is None}
+    names = []
+    for i, f in enumerate(index.files):
+        name = f.name if f.reference is None else own_name(i, f.reference[1], taken)
+        taken.add(name)
+        names.append(name)
+    return names
 
 
 def same_location(a: Storage, a_path: str, b: Storage, b_path: str) -> bool:

@@ -37,6 +37,7 @@ from typing import Any
 from ..comm import SingleProcessComm
 from ..plan.flatten import TensorItem, alias_key, flatten
 from ..plan.layout import FilePlan, block_file_name, data_file_name, plan_file
+from ..plan.jax_shards import write_items
 from ..plan.localize import localize
 from ..storage import storage_for
 from ..storage.base import RangeWriter, Storage
@@ -153,7 +154,8 @@ def prepare_copy(save: PreparedSave, copy: Copy) -> PreparedCopy:
     storage, spath = storage_for(copy.path)
     txn = commit.plan_transaction(storage, spath, overwrite=True, token=uuid.uuid4().hex[:16])
     pool: dict[Hashable, list[TensorItem]] = {}
-    for it in reversed(items):  # popped in order: the first of tied copies matches first
+    writes = write_items(items)  # jax.Arrays: their shards
+    for it in reversed(writes):  # popped in order: the first of tied copies matches first
         k = _key(it)
         if k is not None:
             pool.setdefault(k, []).append(it)
@@ -171,7 +173,7 @@ def prepare_copy(save: PreparedSave, copy: Copy) -> PreparedCopy:
         coded_mirrors[j] = len(coded)
         coded.append(FilePlan(save.coded[j].name, tuple(matched), save.coded[j].layout))
     left = {id(it) for its in pool.values() for it in its}
-    own = [it for it in items if id(it) in left or _key(it) is None]
+    own = [it for it in writes if id(it) in left or _key(it) is None]
     plain, own_coded = split_coded(own, save.compression)
     rank = save.comm.rank
     if plain:

@@ -54,7 +54,7 @@ def detach(storage: Storage, path: str) -> list[str]:
                 raise CorruptCheckpointError(f"referenced file is not {f.size} bytes", file=f.name)
         except FileNotFoundError:
             raise CorruptCheckpointError("data file is missing", file=f.name) from None
-        names[i] = _own_name(i, base, taken)
+        names[i] = own_name(i, base, taken)
         taken.add(names[i])
         _link(src, os.path.join(path, names[i]))
     storage.sync_dir(path)
@@ -62,8 +62,9 @@ def detach(storage: Storage, path: str) -> list[str]:
     return [f.name for _, f in refs]
 
 
-def _own_name(i: int, base: str, taken: set[str]) -> str:
-    """A plain file name for reference row ``i`` (keeping the file's extension)."""
+def own_name(i: int, base: str, taken: set[str]) -> str:
+    """A plain file name, not in ``taken``, for the checkpoint's own copy (or link) of the
+    file its reference row ``i`` names (``base``), keeping the file's extension."""
     for name in (f"{LINK_PREFIX}{i:05d}-{base}", f"{LINK_PREFIX}{i:05d}{os.path.splitext(base)[1]}"):
         if FILE_NAME.fullmatch(name) and name not in taken:
             return name

@@ -65,12 +65,12 @@ class Delta:
     Attributes:
         write: Items whose bytes changed (or are new): written as usual.
         refs: Items whose bytes are stored already, with where.
-        digests: Digest of every item hashed, by item id.
+        digests: Digest of every chunk hashed, by ``chunk_key``.
     """
 
     write: list[TensorItem]
     refs: list[tuple[TensorItem, ChunkRef]] = field(default_factory=list)
-    digests: dict[int, bytes] = field(default_factory=dict)
+    digests: dict[ChunkKey, bytes] = field(default_factory=dict)
 
 
 def chunk_key(it: TensorItem) -> ChunkKey:
@@ -105,18 +105,23 @@ def _hash_piece(name: str, data: memoryview) -> bytes:
 
 def digests(items: Sequence[TensorItem]) -> dict[int, bytes]:
     """256-bit digest of each item's bytes, by item id, hashed in parallel on the I/O pool."""
+    return {it.id: d for it, d in zip(items, _hash_all(items))}
+
+
+def _hash_all(items: Sequence[TensorItem]) -> list[bytes]:
+    """The digest of each item's bytes, in order (the shards of one tensor share an id)."""
     name = algorithm()
-    views = {it.id: memoryview(tensors.host_bytes(it.value)) for it in items}
-    jobs = {i: [io_pool().submit(_hash_piece, name, v[a : a + PIECE]) for a in range(0, len(v), PIECE)]
-            for i, v in views.items()}
-    wait_all([f for fs in jobs.values() for f in fs])
-    out = {}
-    for i, fs in jobs.items():
+    views = [memoryview(tensors.host_bytes(it.value)) for it in items]
+    jobs = [[io_pool().submit(_hash_piece, name, v[a : a + PIECE]) for a in range(0, len(v), PIECE)]
+            for v in views]
+    wait_all([f for fs in jobs for f in fs])
+    out = []
+    for v, fs in zip(views, jobs):
         h = _new(name)
-        h.update(len(views[i]).to_bytes(8, "little"))
+        h.update(len(v).to_bytes(8, "little"))
         for f in fs:
             h.update(f.result())
-        out[i] = h.digest()
+        out.append(h.digest())
     return out
 
 
@@ -164,13 +169,14 @@ class Baseline:
         ``path``: the checkpoint being saved. References resolve against its parent, so
         only a save into the baseline step's parent references anything.
         """
-        sums = digests(items)
+        keys = [chunk_key(it) for it in items]
+        sums = dict(zip(keys, _hash_all(items)))
         out = Delta([], digests=sums)
         with self._lock:
             known_chunks = self._chunks if split_path(path)[0] == self._parent else {}
-            for it in items:
-                known = known_chunks.get(chunk_key(it))
-                if known is not None and known[0] == sums[it.id] and it.nbytes > 0:
+            for it, key in zip(items, keys):
+                known = known_chunks.get(key)
+                if known is not None and known[0] == sums[key] and it.nbytes > 0:
                     out.refs.append((it, known[1]))
                 else:
                     out.write.append(it)
@@ -190,17 +196,20 @@ class Baseline:
         for plan, per_item in zip(plans, checksums):
             f = FileEntry(f"{step_dir}/{plan.name}", plan.layout.size, plan.layout.data_start, rank)
             for it, off, sums in zip(plan.items, plan.layout.offsets, per_item):
-                if it.id in split.digests:
-                    chunks[chunk_key(it)] = (split.digests[it.id], ChunkRef(f, off, tuple(sums)))
+                key = chunk_key(it)
+                if key in split.digests:
+                    chunks[key] = (split.digests[key], ChunkRef(f, off, tuple(sums)))
         for w in coded:
             f = FileEntry(f"{step_dir}/{w.name}", w.size, BLOCK_FILE_DATA_START, rank)
             for i, it in enumerate(w.items):
-                if it.id in split.digests:
-                    chunks[chunk_key(it)] = (split.digests[it.id], ChunkRef(
+                key = chunk_key(it)
+                if key in split.digests:
+                    chunks[key] = (split.digests[key], ChunkRef(
                         f, w.offsets[i], tuple(w.sums[i]), tuple(w.codec[i]), tuple(w.stored[i]),
                         tuple(w.stored_sums[i])))
         for it, ref in split.refs:
-            chunks[chunk_key(it)] = (split.digests[it.id], ref)
+            key = chunk_key(it)
+            chunks[key] = (split.digests[key], ref)
         with self._lock:
             self._parent, self._source, self._chunks = parent, step_dir, chunks
 

@@ -27,8 +27,9 @@ from .._collector import paused
 from ..comm import Comm, ExternalRank, get_comm
 from ..plan.flatten import TensorItem, flatten
 from ..plan.layout import FilePlan, block_file_name, data_file_name, plan_file
+from ..plan.jax_shards import write_items
 from ..plan.localize import localize
-from ..storage import storage_for
+from ..storage import Deadline, storage_for
 from . import commit, plan_exchange, two_phase_commit
 from .block_writer import BlockFileWrite
 from .copies import PreparedCopy, commit_copy, fail_copy
@@ -67,7 +68,8 @@ def prepare(state: Mapping[str, Any], path: str, *, overwrite: bool = False,
 def _prepare(state: Mapping[str, Any], path: str, *, overwrite: bool, metadata: Mapping[str, Any] | None,
              storage_options: dict | None, comm: Comm, timeout: float | None,
              baseline: Baseline | None, compression: str | None) -> PreparedSave:
-    storage, spath = storage_for(path, storage_options)
+    storage, spath = storage_for(path, storage_options,
+                                 deadline=Deadline.for_call(timeout, comm.rank, f"save to {path}"))
     md = dict(metadata or {})
     if comm.world_size > 1:
         wait = knobs.timeout() if timeout is None else float(timeout)
@@ -80,10 +82,11 @@ def _prepare(state: Mapping[str, Any], path: str, *, overwrite: bool, metadata: 
                             compression=compression, coded=_block_plans(comm.rank, coded))
     tree, items = flatten(state)
     localize(items, comm.group_rank)  # DTensors on a one-rank mesh: their local tensor
+    writes = write_items(items)  # jax.Arrays: the shards this process writes
     check_metadata(md)
     txn = commit.plan_transaction(storage, spath, overwrite=overwrite, token=uuid.uuid4().hex[:16])
-    split = baseline.split(items, spath) if baseline is not None else None
-    plain, coded = split_coded(split.write if split is not None else items, compression)
+    split = baseline.split(writes, spath) if baseline is not None else None
+    plain, coded = split_coded(split.write if split is not None else writes, compression)
     plans = [plan_file(data_file_name(comm.rank), plain)]
     return PreparedSave(storage, txn, tree, items, plans, md, comm, baseline=baseline, split=split,
                         compression=compression, coded=_block_plans(comm.rank, coded))

@@ -10,13 +10,13 @@ flows one way.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._version import __version__
 from ..comm import Channel, Comm
-from ..format.index.container import check_metadata as check_index_json
+from ..format.index.container import check_metadata  # noqa: F401 - the save paths import it from here
 from ..format.index.versions import WRITE_VERSION, encode_columnar
 from ..format.tree import Node
 from ..plan.flatten import TensorItem
@@ -84,11 +84,6 @@ class PreparedSave:
     def path_of(self, name: str) -> str:
         """Where the data file ``name`` is written (inside the working directory)."""
         return self.storage.join(self.txn.workdir, name)
-
-
-def check_metadata(metadata: Mapping[str, Any]) -> None:
-    """Raises TypeError/ValueError unless ``metadata`` can be stored in an index (JSON)."""
-    check_index_json(metadata)
 
 
 def local_entries(prep: PreparedSave, sums: Sequence[list[list[int]]],

@@ -17,12 +17,16 @@ class DType:
         safetensors: Code in a safetensors header, or None when safetensors has none
             (such chunks appear there as ``U8`` byte arrays).
         numpy: The numpy dtype string when numpy can represent it exactly, else None.
+        torch: Whether torch's dtype of this name is this type (False for ml_dtypes'
+            types, JAX's, whose names torch lacks or, for its sub-byte shells ``int4``
+            and ``uint4``, uses without a byte layout of its own).
     """
 
     name: str
     itemsize: int
     safetensors: str | None
     numpy: str | None
+    torch: bool = True
 
 
 _TABLE = (
@@ -45,6 +49,13 @@ _TABLE = (
     DType("float8_e5m2fnuz", 1, "F8_E5M2FNUZ", None),
     DType("float8_e8m0fnu", 1, None, None),
     DType("float4_e2m1fn_x2", 1, None, None),
+    # JAX's (ml_dtypes') narrow types, one element per byte
+    DType("float8_e3m4", 1, None, None, torch=False),
+    DType("float8_e4m3", 1, None, None, torch=False),
+    DType("float8_e4m3b11fnuz", 1, None, None, torch=False),
+    DType("float4_e2m1fn", 1, None, None, torch=False),
+    DType("int4", 1, None, None, torch=False),
+    DType("uint4", 1, None, None, torch=False),
     DType("complex32", 4, None, None),
     DType("complex64", 8, "C64", "complex64"),
     DType("complex128", 16, None, "complex128"),

@@ -39,6 +39,7 @@ from ..api.load import load
 from ..comm.agreement import Agreement
 from ..engine import commit
 from ..errors import CheckpointError
+from ..jax.restore import holds_jax
 from ..storage import storage_for
 from . import peer_copy
 from .local_view import LocalView
@@ -220,7 +221,8 @@ class LocalTier:
     # ------------------------------------------------------------------ loading
     def load(self, path: str, state: MutableMapping[str, Any]) -> None:
         """Loads the local checkpoint at ``path`` into ``state`` (this rank alone, verified)."""
-        load(path, {ROOT_KEY: LocalView(state)}, collective=False)
+        # a JAX state is restored by replacing its arrays (its mutable containers in place)
+        load(path, {ROOT_KEY: state if holds_jax(state) else LocalView(state)}, collective=False)
 
     def receive_directory(self) -> str:
         """Where a copy fetched from a peer is stored: this rank's own directory, or (read-only)

@@ -25,7 +25,7 @@ from ..comm.agreement import Agreement
 from ..engine.detach import detach
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from ..format.index.objects import Index
-from .steps import MANAGER_KEY, StepDirectory
+from .steps import StepDirectory, recorded
 
 log = logging.getLogger("shardsafe")
 
@@ -87,10 +87,9 @@ def _records(step: int) -> Callable[[Index], None]:
     name: a copied or renamed step directory is refused as damaged, never restored as
     the step its name says)."""
     def check(index: Index) -> None:
-        info = index.metadata.get(MANAGER_KEY)
-        recorded = info.get("step") if isinstance(info, dict) else None
-        if type(recorded) is int and recorded != step:  # noqa: E721 - not a bool
-            raise CorruptCheckpointError(f"the directory of step {step} holds step {recorded} "
+        saved = recorded(index).get("step")
+        if saved is not None and saved != step:
+            raise CorruptCheckpointError(f"the directory of step {step} holds step {saved} "
                                          f"(its index says so): a copy or a renamed step")
     return check
 

@@ -4,10 +4,14 @@
 checkpoint of step N. Whether a step counts is decided only by
 ``engine.commit.is_committed``, the same function loaders use, so listing, restore and
 retention can never disagree about which steps exist. Hidden working directories of
-unfinished saves are recognised only by ``engine.commit.is_temporary``.
+unfinished saves are recognised only by ``engine.commit.is_temporary``. What every other
+name in the directory is (a step set aside as damaged, one a rollback moved aside) is
+decided by ``classify``, and ``StepDirectory.entries`` is the one listing: the manager's
+steps and leftovers and the ``shardsafe`` command's listings are read from it.
 
 What the manager knows about a step (save time, metrics) is stored in the index metadata
-under ``"shardsafe.manager"``, so it is committed atomically with the step itself.
+under ``"shardsafe.manager"``, so it is committed atomically with the step itself;
+``recorded`` reads it back.
 """
 
 from __future__ import annotations
@@ -17,13 +21,15 @@ import math
 import numbers
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from .. import tensors
 from ..engine import commit, sweep
 from ..engine.index_exchange import read_index_alone
+from ..format.index.objects import Index
+from ..plan.layout import is_data_file_name
 from ..storage.base import Storage
 from .retention import StepRecord
 
@@ -33,6 +39,8 @@ MANAGER_KEY = "shardsafe.manager"
 QUARANTINE_SUFFIX = ".corrupt"
 ROLLBACK_MARKER = ".rolled-back-"
 _STEP_RE = re.compile(r"^step_(\d+)$")
+# a step set aside as damaged: step_N.corrupt (or step_N.corrupt.2, ... when taken)
+_SET_ASIDE_RE = re.compile(re.escape(QUARANTINE_SUFFIX) + r"(\.\d+)?$")
 # JSON has no non-finite numbers (the index is encoded with allow_nan=False): a NaN loss
 # must not make a save fail, so non-finite metric values are stored as these strings.
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -47,6 +55,32 @@ def parse_step(name: str) -> int | None:
     """The step a directory name stands for, or None if it is not a step directory."""
     m = _STEP_RE.match(name)
     return int(m.group(1)) if m else None
+
+
+Kind = Literal["step", "temporary", "set-aside", "rolled-back", "other"]
+
+
+def classify(name: str) -> tuple[Kind, int | None]:
+    """What an entry of a step directory is, from its name, and the step it belongs to:
+    a step (``step_N``), the working directory of an unfinished save
+    (``.step_N.shardsafe-tmp-<id>``; any name for a save not made by a manager), a step set
+    aside as damaged (``step_N.corrupt``), one moved aside by a rollback
+    (``step_N.rolled-back-<time>``), or something else (a checkpoint of any name)."""
+    if commit.is_temporary(name):
+        return "temporary", parse_step(name[1:].split(commit.TMP_MARKER, 1)[0])
+    if _SET_ASIDE_RE.search(name):
+        return "set-aside", parse_step(_SET_ASIDE_RE.sub("", name))
+    if ROLLBACK_MARKER in name:
+        step = parse_step(name.split(ROLLBACK_MARKER, 1)[0])
+        if step is not None:
+            return "rolled-back", step
+    step = parse_step(name)
+    return ("step", step) if step is not None else ("other", None)
+
+
+def is_rolled_back(name: str) -> bool:
+    """True for a step moved aside by ``restore(..., rollback=True)``."""
+    return classify(name)[0] == "rolled-back"
 
 
 # ---------------------------------------------------------------------- metadata
@@ -94,7 +128,43 @@ def manager_metadata(step: int, time: float, metrics: Mapping[str, Any] | None) 
     return {MANAGER_KEY: {"step": step, "time": time, "metrics": encode_metrics(metrics)}}
 
 
+def recorded(index: Index) -> dict[str, Any]:
+    """What a manager save recorded in ``index``: ``step``, ``time`` and ``metrics`` (as
+    stored: JSON values, non-finite numbers as their markers), each only when well formed;
+    empty for a checkpoint a manager did not write."""
+    info = index.metadata.get(MANAGER_KEY)
+    if not isinstance(info, dict):
+        return {}
+    out: dict[str, Any] = {}
+    if type(info.get("step")) is int:  # noqa: E721 - not a bool
+        out["step"] = info["step"]
+    t = info.get("time")
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        out["time"] = float(t)
+    if isinstance(info.get("metrics"), dict):
+        out["metrics"] = info["metrics"]
+    return out
+
+
 # ---------------------------------------------------------------------- the directory
+@dataclass(frozen=True, slots=True)
+class StepEntry:
+    """An entry of a step directory, as ``StepDirectory.entries`` lists it.
+
+    Attributes:
+        name: Its name in the directory.
+        kind: What its name says it is (``classify``).
+        step: The step its name belongs to (None: no step in the name).
+        committed: Whether it holds a committed checkpoint (never for a temporary or a
+            step set aside).
+    """
+
+    name: str
+    kind: Kind
+    step: int | None
+    committed: bool
+
+
 @dataclass(frozen=True, slots=True)
 class StepDirectory:
     """The step directories under ``path`` (in ``storage``'s own path syntax)."""
@@ -105,23 +175,45 @@ class StepDirectory:
     def step_path(self, step: int, name: str | None = None) -> str:
         return self.storage.join(self.path, name or step_name(step))
 
-    def _names(self) -> dict[int, list[str]]:
-        by_step: dict[int, list[str]] = {}
-        for name in commit.list_entries(self.storage, self.path):  # links are never steps
-            step = parse_step(name)
-            if step is not None:
-                by_step.setdefault(step, []).append(name)
-        return by_step
+    def entries(self, every: bool = False,
+                map_fn: Callable[[Callable[[str], StepEntry | None], list[str]], Iterator[Any]] = map,
+                ) -> list[StepEntry]:
+        """The listing: every step and unfinished save in the directory (symbolic links
+        are never listed), with whether each is committed; a step directory without an
+        index is an interrupted delete or, on an object store, a save in progress.
+
+        With ``every`` (what ``shardsafe ls`` shows), also the steps set aside or rolled
+        back and checkpoints of any name (committed, or a directory holding data files),
+        and temporaries only when they are directories. ``map_fn`` runs the per-entry
+        requests (the command passes a thread pool's ``map``: one request per entry on an
+        object store).
+        """
+        names = commit.list_entries(self.storage, self.path)
+        return [e for e in map_fn(lambda n: self._entry(n, every), names) if e is not None]
+
+    def _entry(self, name: str, every: bool) -> StepEntry | None:
+        kind, step = classify(name)
+        path = self.storage.join(self.path, name)
+        if kind == "temporary":
+            return StepEntry(name, kind, step, False) if not every or self.storage.is_directory(path) else None
+        if kind != "step" and not every:
+            return None
+        if kind == "set-aside":
+            return StepEntry(name, kind, step, False)
+        if commit.is_committed(self.storage, path):
+            return StepEntry(name, kind, step, True)
+        if not self.storage.is_directory(path):
+            return None  # a file, FIFO or device named like a step: not ours
+        if kind == "step" or any(is_data_file_name(n) for n in self.storage.list(path)):
+            return StepEntry(name, kind, step, False)
+        return None
 
     def committed(self) -> dict[int, str]:
         """Committed steps and their directory names (canonical name preferred)."""
         out: dict[int, str] = {}
-        for step, names in self._names().items():
-            names.sort(key=lambda n: n != step_name(step))
-            for name in names:
-                if commit.is_committed(self.storage, self.step_path(step, name)):
-                    out[step] = name
-                    break
+        for e in sorted(self.entries(), key=lambda e: e.name != step_name(e.step or 0)):
+            if e.kind == "step" and e.committed and e.step is not None:
+                out.setdefault(e.step, e.name)
         return dict(sorted(out.items()))
 
     def record(self, step: int, name: str | None = None) -> StepRecord:
@@ -133,12 +225,8 @@ class StepDirectory:
             CorruptCheckpointError: its index is damaged.
         """
         index = read_index_alone(self.storage, self.step_path(step, name)).index
-        info = index.metadata.get(MANAGER_KEY)
-        if not isinstance(info, dict):  # a plain shardsafe.save checkpoint placed here
-            return StepRecord(step, index.created, None)
-        t = info.get("time")
-        t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else index.created
-        return StepRecord(step, t, decode_metrics(info.get("metrics")))
+        r = recorded(index)  # empty for a plain shardsafe.save checkpoint placed here
+        return StepRecord(step, r.get("time", index.created), decode_metrics(r.get("metrics")))
 
     def leftovers(self) -> list[str]:
         """Names of crash leftovers: unfinished saves and half-deleted steps.
@@ -146,14 +234,7 @@ class StepDirectory:
         A step directory without an index may also hold data files that committed steps
         reference (incremental saves): ``remove_leftovers`` and ``sweep`` keep those.
         """
-        names = commit.list_entries(self.storage, self.path)
-        out = [n for n in names if commit.is_temporary(n)]
-        for n in names:
-            step = parse_step(n)
-            path = self.step_path(step or 0, n)
-            if step is not None and not commit.is_committed(self.storage, path) and self.storage.is_directory(path):
-                out.append(n)  # no index: a delete (index first, then data) was interrupted
-        return out
+        return [e.name for e in self.entries() if not e.committed]
 
     def remove_leftovers(self) -> list[str]:
         """Deletes unfinished saves and sweeps un-committed step directories (keeping the
@@ -176,7 +257,7 @@ class StepDirectory:
         flight) and the directories named in ``exclude``; returns the swept directories."""
         skip = set(exclude)
         names = [n for n in commit.list_entries(self.storage, self.path)
-                 if parse_step(n) is not None and n not in skip]
+                 if classify(n)[0] == "step" and n not in skip]
         return sweep.sweep(self.storage, self.path, names, pinned)
 
     def uncommit(self, step: int, name: str | None = None) -> None:
@@ -229,8 +310,3 @@ class StepDirectory:
         """
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
         return self._move(step, name, f"{name or step_name(step)}{ROLLBACK_MARKER}{stamp}")
-
-
-def is_rolled_back(name: str) -> bool:
-    """True for a step moved aside by ``restore(..., rollback=True)``."""
-    return parse_step(name.split(ROLLBACK_MARKER, 1)[0]) is not None and ROLLBACK_MARKER in name

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from .report import HELLO_BYTES, OWN, PLAIN, Boxes, decode_report, digest
-from .union import Join, Joined, ShapeInfo, merge_all, parse_shape, parse_values, remap, with_values
+from .report import HELLO_BYTES, OWN, PLAIN, Boxes, decode_report, digest, renumber
+from .union import Join, Joined, ShapeInfo, merge_all, parse_shape, parse_values, with_values
 from .writers import PlanError
 
 Decision = dict[str, Any]
@@ -232,7 +232,7 @@ def _retree(lead: Leader, hellos: Hellos, new_shapes: dict[bytes, ShapeInfo],
     values = dict(j.values)
     for rank, entries in new_values.items():
         ids = list(range(int(base[rank]), int(base[rank] + counts[rank])))
-        values[rank] = [[p, k, remap(v, ids)] for p, k, v in entries]
+        values[rank] = [[p, k, renumber(v, ids)] for p, k, v in entries]
     shapes: dict[bytes, ShapeInfo] = {}
     for r in range(len(hellos.kept)):
         d = hellos.shape_of(r)
@@ -241,7 +241,7 @@ def _retree(lead: Leader, hellos: Hellos, new_shapes: dict[bytes, ShapeInfo],
             shapes[d] = replace(info, ranks=[])
         shapes[d].ranks.append(r)
     ordered = list(shapes.values())
-    template = merge_all([remap(s.tree, s.gids.tolist()) for s in ordered], [s.ranks[0] for s in ordered])
+    template = merge_all([renumber(s.tree, s.gids.tolist()) for s in ordered], [s.ranks[0] for s in ordered])
     lead.joined = replace(j, shapes=ordered, values=values, template=template,
                           tree=with_values(template, values))
     lead.shapes, lead.hellos = shapes, hellos

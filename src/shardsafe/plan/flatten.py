@@ -8,13 +8,15 @@ cannot be saved safely raises ``TypeError`` naming its key path: nothing is ever
 from __future__ import annotations
 
 import argparse
+import math
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
 
-from .. import tensors
+from .. import jax_values, tensors
+from ..format.dtypes import DTYPES
 from ..format.tree import MAX_DEPTH, KeyPath, Node, encode_key, encode_plain, render_path
 
 
@@ -178,6 +180,13 @@ class _Flattener:
             node = self._container(sd, path)
             node["cls"] = f"{type(x).__module__}.{type(x).__qualname__}"
             return node
+        if jax_values.is_array(x):
+            return self._jax(x, path)
+        node_of = jax_values.children(x)  # a dataclass or other node registered with jax.tree_util
+        if node_of is not None:
+            keys, vals, _ = node_of
+            return {"t": "dict", "k": [encode_key(k, path) for k in keys],
+                    "v": [self.node(v, path + (k,)) for k, v in zip(keys, vals)]}
         raise TypeError(f"cannot save value of type {type(x).__module__}.{type(x).__qualname__} at "
                         f"key path {render_path(path)!r}: only tensors, arrays, containers, plain "
                         f"values and Stateful objects are saved (never pickled)")
@@ -204,6 +213,23 @@ class _Flattener:
         i = len(self.items)
         self.items.append(TensorItem(i, path, x, "torch", dt[0], shape, _zeros(len(shape)), True,
                                      shape, n * dt[1]))
+        return {"t": "tensor", "id": i}
+
+    def _jax(self, x: Any, path: KeyPath) -> Node:
+        """A ``jax.Array``: one item of its global shape; ``plan.jax_shards`` turns it into
+        the shards this process writes (the same array twice is stored once)."""
+        key = ("jax", id(x))
+        seen = self._aliases.get(key)
+        if seen is not None:
+            return {"t": "alias", "id": seen[0]}
+        what = f"jax.Array at key path {render_path(path)!r}"
+        jax_values.check_addressable(x, what)
+        dtype = jax_values.dtype_name(x.dtype, what)
+        shape = tuple(x.shape)
+        i = len(self.items)
+        self._aliases[key] = (i, x)
+        self.items.append(TensorItem(i, path, x, "jax", dtype, shape, _zeros(len(shape)), True, shape,
+                                     math.prod(shape) * DTYPES[dtype].itemsize))
         return {"t": "tensor", "id": i}
 
     def _tensor(self, x: Any, path: KeyPath) -> Node:

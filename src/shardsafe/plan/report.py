@@ -115,19 +115,30 @@ def _tensor_ids(node: Node, out: list[int]) -> None:
         _tensor_ids(child, out)
 
 
-def _renumber(node: Node, ids: Sequence[int], where: str) -> Node:
-    """A copy of ``node`` with tensor and alias ids mapped through ``ids`` (-1: refused)."""
+def renumber(node: Node, ids: Sequence[int]) -> Node:
+    """A copy of ``node`` whose tensor and alias ids are mapped through ``ids``.
+
+    Raises:
+        LookupError: an id is mapped to a negative number (it has no place in the result).
+    """
     t = node.get("t")
     if t in ("tensor", "alias"):
         new = ids[node["id"]]
         if new < 0:
-            raise TypeError(f"a tensor {where} shares its memory with a tensor on the other side "
-                            f"of a shardsafe.PerRank wrapper: save a copy of one of them")
+            raise LookupError(f"tensor {node['id']} has no place in the renumbered tree")
         return {**node, "id": new}
-    kids = _children(node)
-    if not kids:
-        return node
-    return {**node, "v": [_renumber(c, ids, where) for _, c in kids]}
+    if t in _CONTAINERS and isinstance(node.get("v"), list):
+        return {**node, "v": [renumber(c, ids) for c in node["v"]]}
+    return node
+
+
+def _renumber_side(node: Node, ids: Sequence[int], where: str) -> Node:
+    """``renumber`` for one side of the PerRank wrappers (-1: a tensor of the other side)."""
+    try:
+        return renumber(node, ids)
+    except LookupError:
+        raise TypeError(f"a tensor {where} shares its memory with a tensor on the other side "
+                        f"of a shardsafe.PerRank wrapper: save a copy of one of them") from None
 
 
 def split_state(tree: Node, count: int) -> LocalParts:
@@ -158,8 +169,8 @@ def split_state(tree: Node, count: int) -> LocalParts:
     is_value[values] = True
     shape_pos = np.where(is_value, -1, np.cumsum(~is_value) - 1).tolist()
     value_pos = np.where(is_value, np.cumsum(is_value) - 1, -1).tolist()
-    entries = [[p, k, _renumber(v, value_pos, "inside a PerRank value")] for p, k, v in entries]
-    return LocalParts(_renumber(shared, shape_pos, "outside the PerRank values"),
+    entries = [[p, k, _renumber_side(v, value_pos, "inside a PerRank value")] for p, k, v in entries]
+    return LocalParts(_renumber_side(shared, shape_pos, "outside the PerRank values"),
                       np.flatnonzero(~is_value).tolist(), entries, values)
 
 

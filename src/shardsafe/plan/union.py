@@ -29,7 +29,7 @@ import numpy as np
 
 from ..format.dtypes import lookup
 from ..format.tree import Node, decode_key_path, render_path
-from .report import ReceivedReport
+from .report import ReceivedReport, renumber
 from .report import digest as report_digest
 from .writers import PlanError, RankReport, SharedBoxes, WriterPlan, plan_writers
 
@@ -223,7 +223,7 @@ class Join:
         if len(self.shapes) == 0:
             raise PlanError("no rank reported")
         shapes = sorted(self.shapes.values(), key=lambda s: s.ranks[0])
-        template = merge_all([remap(s.tree, s.gids.tolist()) for s in shapes], [s.ranks[0] for s in shapes])
+        template = merge_all([renumber(s.tree, s.gids.tolist()) for s in shapes], [s.ranks[0] for s in shapes])
         counts, values = self._values_ids()
         tree = with_values(template, values)
         plan = plan_writers(self.world, self._reports(shapes))
@@ -250,7 +250,7 @@ class Join:
                 self.table.meta.append(meta)
                 self.own[rank] += _nbytes(meta)
             ids = list(range(base, base + len(rows)))
-            out[rank] = [[p, k, remap(v, ids)] for p, k, v in entries]
+            out[rank] = [[p, k, renumber(v, ids)] for p, k, v in entries]
         return counts, out
 
     def _reports(self, shapes: Sequence[ShapeInfo]) -> list[RankReport]:
@@ -323,18 +323,8 @@ def _differs(path: tuple[Any, ...], ranks: tuple[int, int], what: str) -> PlanEr
                      f"shardsafe.PerRank")
 
 
-def remap(node: Node, ids: Sequence[int]) -> Node:
-    """A copy of ``node`` whose tensor and alias ids are mapped through ``ids``."""
-    t = node.get("t")
-    if t in ("tensor", "alias"):
-        return {**node, "id": ids[node["id"]]}
-    if t in ("dict", "namespace", "list", "tuple") and isinstance(node.get("v"), list):
-        return {**node, "v": [remap(v, ids) for v in node["v"]]}
-    return node
-
-
 def merge_trees(a: Node, b: Node, ranks: tuple[int, int], path: tuple[Any, ...] = ()) -> Node:
-    """The union of two (remapped) structure trees; ``ranks`` name their owners in errors.
+    """The union of two (renumbered) structure trees; ``ranks`` name their owners in errors.
 
     Dicts and namespaces merge key by key (``a``'s order first); lists and tuples
     position by position (they must have the same length); anything else must be equal.
@@ -370,7 +360,7 @@ def merge_trees(a: Node, b: Node, ranks: tuple[int, int], path: tuple[Any, ...] 
 
 
 def merge_all(trees: Sequence[Node], ranks: Sequence[int] | None = None) -> Node:
-    """The union of remapped trees (``ranks``: the rank each tree came from; default its position)."""
+    """The union of renumbered trees (``ranks``: the rank each tree came from; default its position)."""
     if not trees:
         raise PlanError("no rank reported a structure tree")
     owners = list(range(len(trees))) if ranks is None else list(ranks)

@@ -71,14 +71,6 @@ class WriterPlan:
     shared: tuple[tuple[tuple[int, ...], np.ndarray, np.ndarray], ...]
     loads: tuple[int, ...]
 
-    def items_written_by(self, rank: int) -> set[int]:
-        """Item ids of the shared boxes that ``rank`` writes."""
-        out: set[int] = set()
-        for holders, items, writers in self.shared:
-            if holders[0] <= rank <= holders[-1] and rank in holders:
-                out.update(items[writers == rank].tolist())
-        return out
-
     def imbalance(self) -> float:
         """Largest load over the mean load (1.0 is perfect; 0.0 when nothing is written)."""
         total = sum(self.loads)

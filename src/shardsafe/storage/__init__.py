@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from .base import RangeWriter, Storage
+from .deadline import Deadline
 from .local import LocalStorage
 
 
-def storage_for(path: str, storage_options: dict | None = None) -> tuple[Storage, str]:
+def storage_for(path: str, storage_options: dict | None = None, *,
+                deadline: Deadline | None = None) -> tuple[Storage, str]:
     """Returns the backend for ``path`` and the path in that backend's terms.
 
-    Local paths (and ``file://`` URLs) use the POSIX backend; other URLs go through fsspec.
+    Local paths (and ``file://`` URLs) use the POSIX backend; other URLs go through fsspec,
+    whose requests are retried, watched for stalls and, with a ``deadline`` (that of the
+    save or load they serve), abandoned when it passes (``storage.request``).
     """
     path = str(path)
     if "://" not in path:
@@ -18,7 +22,7 @@ def storage_for(path: str, storage_options: dict | None = None) -> tuple[Storage
         return LocalStorage(), path[len("file://"):]
     from .fsspec import FsspecStorage  # optional dependency, imported only for URLs
 
-    return FsspecStorage.for_url(path, storage_options or {})
+    return FsspecStorage.for_url(path, storage_options or {}, deadline)
 
 
-__all__ = ["RangeWriter", "Storage", "LocalStorage", "storage_for"]
+__all__ = ["Deadline", "RangeWriter", "Storage", "LocalStorage", "storage_for"]

@@ -30,7 +30,7 @@ import os
 import stat
 from typing import TypeVar
 
-from ..errors import CorruptCheckpointError
+from ..errors import CheckpointError, CorruptCheckpointError
 
 _E = TypeVar("_E", bound=BaseException)
 
@@ -168,8 +168,8 @@ def reopen_direct(path: str, fd: int, direct_flag: int) -> int:
 def with_path(e: _E, path: str) -> _E:
     """``e`` naming ``path`` when it is an ``OSError`` that names no file (``os.pwrite`` and
     ``fsync`` errors: "[Errno 28] No space left on device" alone does not say which disk
-    filled up); any other exception as it is."""
-    if not isinstance(e, OSError) or e.filename is not None:
+    filled up); any other exception as it is (a ``CheckpointError`` names its file already)."""
+    if not isinstance(e, OSError) or isinstance(e, CheckpointError) or e.filename is not None:
         return e
     out = type(e)(e.errno, e.strerror or str(e), path)
     out.__cause__ = e

@@ -5,10 +5,19 @@ of ``engine.commit`` applies: data objects are uploaded under the final prefix a
 index object is written last. A single PUT is atomic on every object store, which makes
 ``publish`` a plain upload.
 
-Large files are uploaded as multipart uploads whose parts go up concurrently (s3fs'
-``pipe_file``); each part is copied out of the staged buffers only when it is sent, so
-memory stays at ``part_size * max_concurrency`` above the staged state. Reads are ranged
-GETs of just the wanted bytes; long ranges are split into parts fetched concurrently.
+Every request goes through ``storage.request``: retried on throttling, server errors,
+resets, responses cut short and timeouts (jittered exponential backoff honouring
+``Retry-After``, within a per-request budget), abandoned when it stalls, and bounded by
+the deadline of the save or load that made it (``storage_for(..., deadline=...)``). For
+S3 the client's own retry layers are turned off (botocore and s3fs would multiply the
+attempts and hide ``Retry-After``), its connect and read timeouts are set to the stall
+timeout, and its connections are watched for stalled uploads (``storage.stall``).
+
+Large files go up as S3 multipart uploads whose parts are sent concurrently and retried
+one by one; a failed upload is aborted (``storage.multipart``). Each part is copied out
+of the staged buffers only when it is sent, so memory stays at ``part_size *
+max_concurrency`` above the staged state. Reads are ranged GETs of just the wanted
+bytes; long ranges are split into parts fetched concurrently, each retried on its own.
 """
 
 from __future__ import annotations
@@ -16,13 +25,21 @@ from __future__ import annotations
 import functools
 import logging
 import posixpath
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from .. import knobs
 from .._numbers import ceil_div
+from ..errors import CheckpointError
+from . import multipart
+from .deadline import Deadline
+from .request import Pending, Request, Runner
+from .retry import RetryPolicy
+from .stall import StallWatch
 
 try:
     import fsspec
+    from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
 except ImportError as e:  # the optional dependency of URL paths
     raise ImportError(f"URL paths need fsspec ({e}); install 'shardsafe[s3]' for S3") from None
 
@@ -31,6 +48,7 @@ log = logging.getLogger("shardsafe")
 PART_SIZE = 32 << 20  # multipart part / ranged-read piece (S3 needs >= 5 MiB per part)
 MAX_CONCURRENCY = 8  # parts in flight per file
 MAX_PARTS = 10_000  # S3's limit on parts per multipart upload
+CONNECT_TIMEOUT = 10.0  # seconds to connect, at most (less when the stall timeout is shorter)
 
 # Protocols whose listings must not be cached: another process (another rank, a crashed
 # save, a concurrent `gc`) changes them behind our back, and a stale listing would make
@@ -39,6 +57,7 @@ _OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "ad
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+_T = TypeVar("_T")
 
 
 def _backend_errors(protocols: set[str]) -> tuple[type[BaseException], ...]:
@@ -70,6 +89,24 @@ def _os_errors(method: _F) -> _F:
 def _protocols(fs: Any) -> set[str]:
     p = fs.protocol
     return {p} if isinstance(p, str) else set(p)
+
+
+def _s3_options(opts: dict[str, Any], policy: RetryPolicy) -> dict[str, Any]:
+    """s3fs options with this backend's request handling (what the caller set wins)."""
+    config = dict(opts.get("config_kwargs") or {})
+    config.setdefault("connect_timeout", min(CONNECT_TIMEOUT, policy.stall_timeout))
+    config.setdefault("read_timeout", policy.stall_timeout)  # aiohttp's sock_read: no byte for that long
+    config.setdefault("retries", {"total_max_attempts": 1})  # storage.request retries instead
+    connector = dict(config.get("connector_args") or {})
+    connector.setdefault("socket_factory", StallWatch.for_timeout(policy.stall_timeout))
+    config["connector_args"] = connector
+    return {**opts, "config_kwargs": config}
+
+
+def _watch_of(fs: Any) -> StallWatch | None:
+    config = getattr(fs, "config_kwargs", None) or {}
+    watch = (config.get("connector_args") or {}).get("socket_factory")
+    return watch if isinstance(watch, StallWatch) else None
 
 
 class _Parts:
@@ -110,12 +147,15 @@ class FsspecStorage:
         fs: The fsspec filesystem instance.
         part_size: Bytes per multipart part and per concurrent ranged read.
         max_concurrency: Parts uploaded or downloaded at once for one file.
+        policy: Retries and stall timeout of every request (default: from the
+            environment, ``RetryPolicy.from_knobs``).
+        deadline: The deadline of the save or load this backend serves, if any.
     """
 
     atomic_rename = False
 
-    def __init__(self, fs: Any, *, part_size: int = PART_SIZE,
-                 max_concurrency: int = MAX_CONCURRENCY) -> None:
+    def __init__(self, fs: Any, *, part_size: int = PART_SIZE, max_concurrency: int = MAX_CONCURRENCY,
+                 policy: RetryPolicy | None = None, deadline: Deadline | None = None) -> None:
         if part_size < 5 << 20:
             raise ValueError(f"part_size must be at least 5 MiB (S3's minimum), got {part_size}")
         self.fs = fs
@@ -125,25 +165,42 @@ class FsspecStorage:
         self._object_store = bool(protos & _OBJECT_STORES)
         self._s3 = bool(protos & {"s3", "s3a"})
         self._backend_errors = _backend_errors(protos)
+        # one code path: a synchronous filesystem runs in fsspec's threads behind async calls
+        self._afs = fs if getattr(fs, "async_impl", False) else AsyncFileSystemWrapper(fs, asynchronous=False)
+        self._runner = Runner(self._afs.loop, policy or RetryPolicy.from_knobs(), deadline,
+                              _watch_of(fs), knobs.store_requests())
+        self._cleanup: Runner | None = None
 
     @classmethod
-    def for_url(cls, url: str, storage_options: dict | None = None) -> tuple[FsspecStorage, str]:
+    def for_url(cls, url: str, storage_options: dict | None = None,
+                deadline: Deadline | None = None) -> tuple[FsspecStorage, str]:
         """The backend for ``url`` and the path in the filesystem's terms.
 
         ``storage_options`` go to the fsspec filesystem (e.g. ``endpoint_url``, ``key``,
         ``secret`` for s3fs). Listing caches are off for object stores unless the options
-        say otherwise.
+        say otherwise; for S3 the client's retries, timeouts and stall watch are set as
+        the module docstring says, unless the options set them.
         """
         opts = dict(storage_options or {})
         protocol = url.split("://", 1)[0]
+        policy = RetryPolicy.from_knobs()
         if protocol in _OBJECT_STORES:
             opts.setdefault("use_listings_cache", False)
+        if protocol in ("s3", "s3a"):
+            opts = _s3_options(opts, policy)
         try:
             fs, path = fsspec.core.url_to_fs(url, **opts)
         except ImportError as e:
             raise ImportError(f"{protocol}:// needs an fsspec implementation ({e}); for S3 "
                               f"install 'shardsafe[s3]'") from None
-        return cls(fs), path.rstrip("/") or path
+        if protocol in ("s3", "s3a"):
+            fs.retries = 1  # s3fs' own retry loop: one try (this filesystem instance is ours)
+        return cls(fs, policy=policy, deadline=deadline), path.rstrip("/") or path
+
+    @property
+    def deadline(self) -> Deadline | None:
+        """The deadline of the call this backend serves (None: requests have only their budget)."""
+        return self._runner.deadline
 
     def join(self, *parts: str) -> str:
         return posixpath.join(*parts)
@@ -152,27 +209,57 @@ class FsspecStorage:
         # object stores have no links; the names are plain (checked by the index decoder)
         return posixpath.join(posixpath.dirname(path.rstrip("/")), directory, name)
 
+    def _call(self, verb: str, path: str, detail: str, make: Callable[[], Awaitable[_T]]) -> _T:
+        return self._runner_for(verb).run(Request(verb, path, detail), make)
+
+    def _runner_for(self, verb: str) -> Runner:
+        """The call's runner; once its deadline has passed, requests that only look or
+        delete (the clean-up of the failed call) share a short window of their own."""
+        deadline = self._runner.deadline
+        if verb in ("PUT", "POST") or deadline is None or not deadline.passed():
+            return self._runner
+        if self._cleanup is None:
+            self._cleanup = self._runner.for_cleanup()
+        return self._cleanup
+
     # ------------------------------------------------------------------ writing
     def open_writer(self, path: str, size: int) -> None:
         """None: objects are uploaded whole (or as one multipart upload) by ``write``."""
         return None
 
+    def _part(self, size: int) -> int:
+        return max(self.part_size, ceil_div(size, MAX_PARTS))
+
     @_os_errors
     def write(self, path: str, buffers: Sequence[memoryview]) -> None:
         data = _Parts(buffers)
         if self._s3 and data.size >= 2 * self.part_size:
-            # s3fs uploads the parts of a multipart upload concurrently and completes it
-            # only when all arrived: the object appears whole or not at all.
-            part = max(self.part_size, ceil_div(data.size, MAX_PARTS))
-            self.fs.pipe_file(path, data, chunksize=part, max_concurrency=self.max_concurrency)
+            # the parts go up concurrently; the upload completes only when all arrived,
+            # so the object appears whole or not at all
+            part = self._part(data.size)
+            multipart.upload(self._afs, self._runner, path, data.size, part,
+                             (data[o:o + part] for o in range(0, data.size, part)), self.max_concurrency)
         else:
-            self.fs.pipe_file(path, data[:])
+            self._put(path, data[:])
+
+    def _put(self, path: str, body: bytes) -> None:
+        # s3fs would split a body of twice its chunk size into parts of its own: never here
+        kw = {"chunksize": len(body) + 1} if self._s3 else {}
+        self._call("PUT", path, f"{len(body)} bytes", lambda: self._afs._pipe_file(path, body, **kw))
 
     @_os_errors
     def write_stream(self, path: str, size: int, pieces: Iterable[memoryview]) -> None:
-        # fsspec's buffered file uploads a part whenever part_size bytes are in (s3fs: a
-        # multipart upload completed on close); discard() abandons it on an error
-        f = self.fs.open(path, "wb", block_size=max(self.part_size, ceil_div(size, MAX_PARTS)))
+        if self._s3:
+            if size >= 2 * self.part_size:
+                part = self._part(size)
+                multipart.upload(self._afs, self._runner, path, size, part,
+                                 _regroup(pieces, part, size, path), self.max_concurrency)
+            else:
+                self._put(path, b"".join(_regroup(pieces, 2 * self.part_size, size, path)))
+            return
+        # fsspec's buffered file uploads a part whenever part_size bytes are in; discard()
+        # abandons it on an error
+        f = self.fs.open(path, "wb", block_size=self._part(size))
         written = 0
         try:
             for piece in pieces:
@@ -180,7 +267,7 @@ class FsspecStorage:
             if written != size:
                 raise ValueError(f"{path}: {written} bytes written, {size} expected")
         except BaseException:
-            # abandon the upload where the file can (s3fs); elsewhere the caller deletes it
+            # abandon the upload where the file can; elsewhere the caller deletes it
             discard = getattr(f, "discard", None)
             (discard or f.close)()
             raise
@@ -188,58 +275,80 @@ class FsspecStorage:
 
     @_os_errors
     def publish(self, path: str, data: bytes) -> None:
-        # one PUT: object stores never expose a partially written object
-        self.fs.pipe_file(path, bytes(data))
+        """One PUT: object stores never expose a partially written object.
+
+        When it fails for good (out of attempts, past the deadline), an attempt whose
+        answer was lost may have landed all the same; the object is then removed, so a
+        failed commit does not stay committed (a removal that fails too is logged).
+        """
+        try:
+            self._put(path, bytes(data))
+        except CheckpointError:
+            cleanup = self._runner.for_cleanup()
+            try:
+                cleanup.run(Request("DELETE", path, "undo publish"), lambda: self._afs._rm_file(path))
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.warning("%s may have been published by a request that failed; it could not "
+                            "be removed: %s", path, e)
+            raise
 
     # ------------------------------------------------------------------ reading
     @_os_errors
     def read(self, path: str) -> bytes:
-        return self.fs.cat_file(path)
+        return self._call("GET", path, "", lambda: self._afs._cat_file(path))
 
     @_os_errors
     def read_into(self, path: str, offset: int, out: memoryview) -> None:
         out = memoryview(out).cast("B")
         n = len(out)
-        if n == 0:
-            return
         starts = list(range(offset, offset + n, self.part_size))
-        ends = [min(s + self.part_size, offset + n) for s in starts]
-        for i in range(0, len(starts), self.max_concurrency):
-            batch = slice(i, i + self.max_concurrency)
-            if len(starts) == 1:
-                pieces = [self.fs.cat_file(path, start=starts[0], end=ends[0])]
-            else:
-                pieces = self.fs.cat_ranges([path] * len(starts[batch]), starts[batch],
-                                            ends[batch], on_error="raise")
-            for s, e, data in zip(starts[batch], ends[batch], pieces):
-                if len(data) != e - s:
-                    raise EOFError(f"{path}: object ends before byte {offset + n}")
-                out[s - offset : e - offset] = data
+        pending: list[tuple[int, int, Pending[bytes]]] = []
+        try:
+            for s in starts:
+                while len(pending) >= self.max_concurrency:
+                    _fill(out, offset, path, *pending.pop(0))
+                e = min(s + self.part_size, offset + n)
+                pending.append((s, e, self._runner.submit(
+                    Request("GET", path, f"bytes {s}-{e - 1}"),
+                    lambda s=s, e=e: self._afs._cat_file(path, start=s, end=e))))
+            while pending:
+                _fill(out, offset, path, *pending.pop(0))
+        finally:
+            for _, _, p in pending:
+                p.abandon()
 
     @_os_errors
     def size(self, path: str) -> int:
-        info = self.fs.info(path)
+        info = self._info(path)
         if info.get("type") == "directory":
             raise FileNotFoundError(f"{path} is a directory/prefix, not an object")
         return int(info["size"])
+
+    def _info(self, path: str) -> dict[str, Any]:
+        return self._call("HEAD", path, "", lambda: self._afs._info(path))
 
     @_os_errors
     def modified(self, path: str) -> float | None:
         """Last-modified time (POSIX seconds) of an object, or None when unknown."""
         try:
-            value = self.fs.modified(path)
-        except (NotImplementedError, FileNotFoundError, IsADirectoryError):
+            info = self._info(path)
+        except (FileNotFoundError, IsADirectoryError):
             return None
-        return value.timestamp() if value is not None else None
+        value = info.get("LastModified") or info.get("mtime") or info.get("created")
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     @_os_errors
     def exists(self, path: str) -> bool:
-        return bool(self.fs.exists(path))
+        return bool(self._call("HEAD", path, "exists", lambda: self._afs._exists(path)))
 
     @_os_errors
     def list(self, path: str) -> list[str]:
         try:
-            entries = self.fs.ls(path, detail=False)
+            entries = self._call("LIST", path, "", lambda: self._afs._ls(path, detail=False))
         except (FileNotFoundError, NotADirectoryError):
             return []
         prefix = path.rstrip("/") + "/"
@@ -259,7 +368,7 @@ class FsspecStorage:
 
     def _is_dir(self, path: str) -> bool:
         try:
-            return self.fs.info(path).get("type") == "directory"
+            return self._info(path).get("type") == "directory"
         except FileNotFoundError:
             return False
 
@@ -274,33 +383,40 @@ class FsspecStorage:
             return []
         bucket, _, prefix = path.partition("/")
         prefix = prefix.rstrip("/") + "/" if prefix else ""
-        out = []
-        for u in self.fs.list_multipart_uploads(bucket):
-            if u["Key"].startswith(prefix):
+        out: list[tuple[str, str, float | None]] = []
+        marker: dict[str, str] = {}
+        while True:
+            page = self._call("LIST", path, "multipart uploads", lambda m=dict(marker): self._afs._call_s3(
+                "list_multipart_uploads", Bucket=bucket, Prefix=prefix, **m))
+            for u in page.get("Uploads", []) or []:
                 started = u.get("Initiated")
                 out.append((f"{bucket}/{u['Key']}", u["UploadId"],
                             started.timestamp() if started is not None else None))
-        return out
+            if not page.get("IsTruncated"):
+                return out
+            marker = {"KeyMarker": page.get("NextKeyMarker", ""),
+                      "UploadIdMarker": page.get("NextUploadIdMarker", "")}
 
     @_os_errors
     def abort_upload(self, key_path: str, upload_id: str) -> None:
         """Aborts an unfinished multipart upload (see ``incomplete_uploads``)."""
         bucket, _, key = key_path.partition("/")
-        self.fs.abort_mpu(bucket, key, upload_id)
+        self._call("DELETE", key_path, "abort multipart upload", lambda: self._afs._call_s3(
+            "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id))
 
     # ------------------------------------------------------------------ namespace
     @_os_errors
     def makedirs(self, path: str) -> None:
         if not self._object_store:  # object stores have no directories to create
-            self.fs.makedirs(path, exist_ok=True)
+            self._call("MKDIR", path, "", lambda: self._afs._makedirs(path, exist_ok=True))
 
     @_os_errors
     def delete(self, path: str) -> None:
         try:
             if self._is_dir(path):
-                self.fs.rm(path, recursive=True)
+                self._call("DELETE", path, "recursive", lambda: self._afs._rm(path, recursive=True))
             else:
-                self.fs.rm_file(path)
+                self._call("DELETE", path, "", lambda: self._afs._rm_file(path))
         except FileNotFoundError:
             pass
 
@@ -311,3 +427,31 @@ class FsspecStorage:
     def sync_dir(self, path: str) -> None:
         # uploads are durable when they return; there is no directory entry to flush
         return None
+
+
+def _fill(out: memoryview, offset: int, path: str, start: int, end: int, pending: Pending[bytes]) -> None:
+    data = pending.result()
+    if len(data) != end - start:
+        raise EOFError(f"{path}: object ends before byte {end}")
+    out[start - offset:end - offset] = data
+
+
+def _regroup(pieces: Iterable[memoryview], part: int, size: int, path: str) -> Iterator[bytes]:
+    """The bytes of ``pieces`` in parts of ``part`` bytes (the last one shorter).
+
+    Raises:
+        ValueError: the pieces do not add up to ``size`` bytes.
+    """
+    buf = bytearray()
+    total = 0
+    for piece in pieces:
+        view = memoryview(piece).cast("B")
+        total += len(view)
+        buf += view
+        while len(buf) >= part:
+            yield bytes(buf[:part])
+            del buf[:part]
+    if total != size:
+        raise ValueError(f"{path}: {total} bytes written, {size} expected")
+    if buf:
+        yield bytes(buf)

@@ -26,7 +26,7 @@ MAX_DIM = 1 << 62
 # Bound on prod(max(dim, 1)) * itemsize: a zero-size tensor must not smuggle in dimensions
 # that overflow numpy's size arithmetic or look absurd to any reader.
 MAX_EXTENT_BYTES = 1 << 62
-TENSOR_KINDS = ("torch", "numpy")
+TENSOR_KINDS = ("torch", "numpy", "jax")
 
 
 def bad(msg: str) -> CorruptCheckpointError:

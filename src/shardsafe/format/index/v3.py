@@ -6,7 +6,7 @@ shape, chunk count, split rule): with 100,000 small tensors, encoding and decodi
 objects is most of the cost of a save's index and of a load. Version 3 stores them as
 columns (docs/FORMAT.md section 14 is the byte-by-byte spec):
 
-    kind    per tensor: 0 torch, 1 numpy
+    kind    per tensor: 0 torch, 1 numpy, 2 jax
     dtype   per tensor: position in the JSON member ``dtypes`` (the element type names)
     ndim    per tensor: number of dimensions
     shape   the dimensions of every tensor, tensor after tensor

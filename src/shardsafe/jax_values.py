@@ -1,0 +1,143 @@
+"""How shardsafe recognises JAX values: arrays, restore targets and pytree nodes.
+
+Every function here first asks whether JAX is imported at all (``sys.modules``): a
+process that never imported JAX can hold no JAX value, so the torch and numpy paths pay
+one dictionary lookup and ``import shardsafe`` never imports JAX.
+
+Key paths: a JAX pytree path maps one to one onto a shardsafe key path, and so onto
+a PyTorch ``state_dict`` name (the dotted key path):
+
+* ``DictKey(k)`` (dicts, ``FrozenDict``) -> ``k``;
+* ``SequenceKey(i)`` (lists, tuples) and a NamedTuple's field -> its position ``i``
+  (a NamedTuple is a tuple, saved as one, whatever framework holds it);
+* ``GetAttrKey(name)`` of any other registered node (``register_dataclass``, flax
+  ``struct`` dataclasses) -> ``name``;
+* ``FlattenedIndexKey(i)`` (nodes registered without keys) -> ``i``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from .format.dtypes import lookup
+
+
+def imported() -> Any:
+    """The ``jax`` module if this process has imported it, else None (never imports it)."""
+    return sys.modules.get("jax")
+
+
+def is_array(x: Any) -> bool:
+    """True for a ``jax.Array`` (a concrete array, sharded or not)."""
+    jax = imported()
+    return jax is not None and isinstance(x, jax.Array)
+
+
+def is_abstract(x: Any) -> bool:
+    """True for a ``jax.ShapeDtypeStruct`` (Orbax's "restore into this layout")."""
+    jax = imported()
+    return jax is not None and isinstance(x, jax.ShapeDtypeStruct)
+
+
+def dtype_name(dtype: Any, what: str) -> str:
+    """The format name of a JAX/numpy dtype (``bfloat16``, ``float8_e4m3fn``, ``int4``...).
+
+    Raises:
+        TypeError: the format has no such dtype (``what`` names the value).
+    """
+    name = np.dtype(dtype).name
+    try:
+        lookup(name)
+    except ValueError:
+        raise TypeError(f"{what}: dtype {name} is not supported by the checkpoint format") from None
+    return name
+
+
+def numpy_dtype(name: str) -> np.dtype | None:
+    """The numpy dtype of format dtype ``name``, with ml_dtypes' extension types (bfloat16,
+    float8, int4, ...) where ml_dtypes is installed (JAX depends on it); None if neither has it."""
+    d = lookup(name)
+    if d.numpy is not None:
+        return np.dtype(d.numpy)
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    t = getattr(ml_dtypes, name, None)
+    return np.dtype(t) if t is not None else None
+
+
+def key_of(entry: Any, parent: Any) -> Any:
+    """The shardsafe key of one JAX key-path entry (see the module docstring)."""
+    jtu = imported().tree_util
+    if isinstance(entry, jtu.DictKey):
+        return entry.key
+    if isinstance(entry, jtu.SequenceKey):
+        return entry.idx
+    if isinstance(entry, jtu.GetAttrKey):
+        if isinstance(parent, tuple):  # a NamedTuple field: its position
+            return type(parent)._fields.index(entry.name)
+        return entry.name
+    if isinstance(entry, jtu.FlattenedIndexKey):
+        return entry.key
+    raise TypeError(f"unknown JAX key-path entry {entry!r}")
+
+
+def children(x: Any) -> tuple[list[Any], list[Any], Any] | None:
+    """``(keys, children, treedef)`` of a registered JAX pytree node that shardsafe does not
+    already walk as a mapping, list or tuple (a dataclass, a flax struct...); None for
+    anything else (JAX not imported, or ``x`` is a leaf)."""
+    jax = imported()
+    if jax is None or x is None:
+        return None
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)
+    if len(pairs) == 1 and pairs[0][0] == ():  # x itself is a leaf: not a registered node
+        return None
+    return [key_of(p[0], x) for p, _ in pairs], [v for _, v in pairs], treedef
+
+
+def check_addressable(x: Any, what: str) -> None:
+    """Raises TypeError unless this process addresses every shard of ``x``.
+
+    An array of a multi-process ``jax.distributed`` job spans processes; committing its
+    chunks needs every process's entries, and shardsafe gathers those through
+    torch.distributed only (``shardsafe.comm``).
+    """
+    if not x.is_fully_addressable:
+        raise TypeError(f"{what}: a jax.Array spanning several processes (jax.distributed) "
+                        f"cannot be saved; shardsafe's collectives run on torch.distributed")
+
+
+def box(index: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(offsets, extent)`` of a shard's ``index`` (slices, as JAX gives them) in ``shape``."""
+    starts, extents = [], []
+    for sl, n in zip(index, shape):
+        a, b, _ = sl.indices(n)
+        starts.append(a)
+        extents.append(b - a)
+    return tuple(starts), tuple(extents)
+
+
+def written_shards(arrays: list[Any]) -> list[list[tuple[tuple[int, ...], np.ndarray]]]:
+    """Per array: ``(offsets, host array)`` of each shard this process writes, the
+    addressable shards whose ``replica_id`` is 0 (one per distinct box: a replicated box
+    is written once).
+
+    The host arrays are the device-to-host copies, all started before the first is
+    waited for. On the CPU backend they are views of the device buffers themselves (no
+    copy): JAX arrays are immutable, and JAX does not donate a buffer that a view still
+    refers to, so a view stays valid for as long as the save holds it.
+    """
+    shards = [[s for s in x.addressable_shards if s.replica_id == 0] for x in arrays]
+    for s in (s for per in shards for s in per):
+        s.data.copy_to_host_async()
+    return [[(box(s.index, tuple(x.shape))[0], np.asarray(s.data)) for s in per]
+            for x, per in zip(arrays, shards)]
+
+
+def host_array(x: Any) -> np.ndarray:
+    """The whole of ``x`` on the host (gathered from its shards)."""
+    return np.asarray(x)
