@@ -20,7 +20,7 @@ GETs of one object on object stores, and with N x 130 MB at 16,384 ranks) become
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,9 @@ from ..format.index.objects import Index, from_columnar
 from ..format.index.v4_global import GlobalPart, Region
 from ..format.index.v4_layout import HEADER, VERSION, Header
 from ..format.index.container import version_of
+from ..format.index.rules import MAX_INDEX_BYTES
 from ..format.index.versions import decode_index
+from ..plan.load_plan import coalesce
 from ..storage import Storage
 from . import commit
 
@@ -55,11 +57,6 @@ class IndexStats:
     received: int = 0
     requests: int = 0
     parts: list[int] = field(default_factory=list)
-
-    @property
-    def total(self) -> int:
-        """Index bytes this rank read or received."""
-        return self.read + self.received
 
     def reset(self) -> None:
         self.read = self.received = self.requests = 0
@@ -117,45 +114,22 @@ class IndexRead:
 
 
 def read_parts(read: IndexRead, parts: Sequence[int]) -> dict[int, tuple[bytes, tuple[int, int, int]]]:
-    """Parts ``parts`` (ascending) and their directory entries, read in as few requests as
-    ranges within ``GAP`` of each other allow."""
+    """Parts ``parts`` and their directory entries, read in as few requests as ranges
+    within ``GAP`` of each other allow (``plan.load_plan.coalesce``, as data reads)."""
     assert read.head is not None
     h = read.head.header
     entries: dict[int, tuple[int, int, int]] = {}
-    for first, last in _runs(parts, GAP // 16):
-        off, n = h.entry_span(first, last)
-        got = h.entries(_read(read.storage, read.spath, off, n), first)
-        entries.update((k, got[k - first]) for k in parts if first <= k <= last)
+    for group in coalesce(parts, lambda k: (INDEX_NAME, *h.entry_span(k, k)), MAX_INDEX_BYTES, GAP):
+        off, n = h.entry_span(group[0], group[-1])
+        got = h.entries(_read(read.storage, read.spath, off, n), group[0])
+        entries.update((k, got[k - group[0]]) for k in group)
     out = {}
-    spans = sorted((e[0], e[0] + e[1], k) for k, e in entries.items())
-    for group in _groups(spans):
-        lo, hi = group[0][0], max(e for _, e, _ in group)
-        data = _read(read.storage, read.spath, lo, hi - lo)
-        for a, b, k in group:
-            out[k] = (data[a - lo : b - lo], entries[k])
+    for group in coalesce(parts, lambda k: (INDEX_NAME, *entries[k][:2]), MAX_INDEX_BYTES, GAP):
+        lo = entries[group[0]][0]
+        data = _read(read.storage, read.spath, lo, max(entries[k][0] + entries[k][1] for k in group) - lo)
+        for k in group:
+            out[k] = (data[entries[k][0] - lo : entries[k][0] + entries[k][1] - lo], entries[k])
     return out
-
-
-def _runs(items: Sequence[int], gap: int) -> list[tuple[int, int]]:
-    """``(first, last)`` of the runs of ascending ``items`` whose neighbours are at most ``gap`` apart."""
-    runs: list[tuple[int, int]] = []
-    for k in items:
-        if runs and k - runs[-1][1] <= gap:
-            runs[-1] = (runs[-1][0], k)
-        else:
-            runs.append((k, k))
-    return runs
-
-
-def _groups(spans: Iterable[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
-    """Sorted byte spans ``(start, end, part)`` grouped where they lie within ``GAP``."""
-    groups: list[list[tuple[int, int, int]]] = []
-    for s in spans:
-        if groups and s[0] - max(e for _, e, _ in groups[-1]) <= GAP:
-            groups[-1].append(s)
-        else:
-            groups.append([s])
-    return groups
 
 
 def read_index_alone(storage: Storage, spath: str, whole: bool = False) -> IndexRead:
