@@ -17,7 +17,8 @@ its ``Faults`` (decided by one seeded generator), it instead:
 
 ``outage(seconds)`` (or ``Faults.outage_on``, at a given request) plays a server killed
 and restarted: every open connection is reset, new ones are refused (the port is
-closed), and after ``seconds`` it listens again on the same port. ``counts`` says what was injected. Everything runs on one
+closed), and after ``seconds`` it listens again on the same port. ``counts`` says what was injected, ``max_inflight`` how many
+requests were in flight at most. Everything runs on one
 asyncio loop in a daemon thread; the proxy keeps no state of its own beyond that.
 """
 
@@ -99,6 +100,8 @@ class FaultProxy:
         self._server: asyncio.base_events.Server | None = None
         self._clients: set[asyncio.StreamWriter] = set()
         self.port = 0
+        self._inflight = 0
+        self.max_inflight = 0  # most requests relayed at once
 
     @property
     def endpoint(self) -> str:
@@ -164,14 +167,20 @@ class FaultProxy:
                 if req is None:
                     return
                 self.counts["requests"] += 1
+                self._inflight += 1
+                self.max_inflight = max(self.max_inflight, self._inflight)
                 down = self.faults.outage_on
                 if down is not None and down(req.method, req.target):
+                    self._inflight -= 1
                     await self._outage(self.faults.outage_seconds)
                     raise _Dropped
                 kind = self.faults.pick(self._rng, req.method, req.target)
                 if kind is not None:
                     self.counts[kind] += 1
-                await self._one(req, kind, reader, writer)
+                try:
+                    await self._one(req, kind, reader, writer)
+                finally:
+                    self._inflight -= 1
         except (_Dropped, ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass  # a fault, the client leaving, or the proxy stopping
         finally:

@@ -22,6 +22,7 @@ from .errors import (
     CheckpointTimeoutError,
     CorruptCheckpointError,
     StateMismatchError,
+    StorageRequestError,
 )
 from .manager import CheckpointManager, ManagerOptions, RestoreInfo
 from .per_rank import PerRank
@@ -57,4 +58,5 @@ __all__ = [
     "CheckpointNotFoundError",
     "StateMismatchError",
     "CheckpointTimeoutError",
+    "StorageRequestError",
 ]

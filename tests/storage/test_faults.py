@@ -10,6 +10,7 @@ job, is tests/storage/test_faults_stress.py.)
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -109,6 +110,18 @@ def test_an_upload_that_stalls_mid_body_is_cut_and_retried(faulty_s3) -> None:  
     assert time.monotonic() - t0 < 60 and faulty_s3.proxy.counts["stall"] == 1
     assert storage._runner.watch.cut > cut  # detected by the watch, not by a timeout elsewhere
     assert storage.read(f"{root}/f") == data.tobytes() and _uploads(faulty_s3) == []
+
+
+def test_a_process_keeps_its_requests_in_flight_bounded(faulty_s3, monkeypatch) -> None:  # noqa: ANN001
+    """Two files of three parts each, written at once with three parts in flight per file:
+    never more than SHARDSAFE_STORE_REQUESTS requests reach the store together."""
+    monkeypatch.setenv("SHARDSAFE_STORE_REQUESTS", "2")
+    storage, root = _small_parts(faulty_s3.loc, "bounded")
+    data = np.ones(17 * MiB, dtype=np.uint8)
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda n: storage.write(f"{root}/{n}", [memoryview(data)]), "ab"))
+    assert faulty_s3.proxy.max_inflight == 2 and faulty_s3.proxy.counts["requests"] >= 10
+    assert storage.size(f"{root}/a") == storage.size(f"{root}/b") == data.size
 
 
 def test_a_read_whose_response_stalls_is_retried(faulty_s3) -> None:  # noqa: ANN001

@@ -2,7 +2,8 @@
 that rank passes its deadline and raises ``CheckpointTimeoutError`` naming itself, the
 file and the request; the others learn it through the save's abort path instead of
 waiting in a barrier; every rank raises within deadline + 10 s; nothing is committed and
-the previous checkpoint loads. Two ranks in the default suite, four under ``-m stress``."""
+the previous checkpoint loads. Two ranks in the default suite, four under ``-m stress``
+(``SHARDSAFE_FAULTS_RANKS_REPORT=<file>`` writes each rank's outcome there as JSON)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ def _stalled_job(faulty_s3, tmp_path, nprocs: int, stalled: int, deadline: float
     assert faulty_s3.proxy.counts["stall"] >= 1
     fs = faulty_s3.direct.filesystem()
     assert not fs.exists(f"{faulty_s3.direct.bucket}/run/bad/index.json")
+    if os.environ.get("SHARDSAFE_FAULTS_RANKS_REPORT"):  # for the "faults" table of docs/BENCHMARKS.md
+        with open(os.environ["SHARDSAFE_FAULTS_RANKS_REPORT"], "w") as f:
+            json.dump({"ranks": nprocs, "stalled": stalled, "deadline_s": deadline, "results": results}, f, indent=1)
     return results
 
 

@@ -188,7 +188,7 @@ print("saved", flush=True)
 """
 
 
-def test_s3_crash_mid_upload_leaves_no_committed_checkpoint(s3, subprocess_env) -> None:  # noqa: ANN001
+def test_s3_crash_mid_upload_leaves_no_committed_checkpoint(s3, subprocess_env, capsys) -> None:  # noqa: ANN001
     opts = s3.storage_options
     run = s3.url + "/run"
     shardsafe.save({"w": torch.full((4,), 1.0)}, run + "/step_00000001", storage_options=opts)
@@ -207,6 +207,15 @@ def test_s3_crash_mid_upload_leaves_no_committed_checkpoint(s3, subprocess_env) 
         shardsafe.load(run + "/step_00000002", storage_options=opts)
     assert torch.equal(shardsafe.load(run + "/step_00000001", storage_options=opts)["w"],
                        torch.full((4,), 1.0))
+    # the killed save could not abort its upload: `shardsafe gc` lists it, then aborts it
+    from shardsafe.cli import main
+
+    gc = ["gc", run, "--min-age", "0", "--storage-options", json.dumps(opts)]
+    assert main([*gc, "--dry-run"]) == 0
+    assert (f"would delete unfinished upload {s3.bucket}/run/step_00000002/data-r00000-000.safetensors "
+            f"(upload id {uploads[0]['UploadId']}, started ") in capsys.readouterr().out
+    assert fs.list_multipart_uploads(s3.bucket) != []
+    assert main(gc) == 0 and fs.list_multipart_uploads(s3.bucket) == []
 
 
 @pytest.mark.parametrize("how", ["sync", "async"])

@@ -98,6 +98,8 @@ def test_deadline_error_names_rank_file_and_request() -> None:
     assert isinstance(e, CheckpointTimeoutError) and isinstance(e, CheckpointError)
     assert (e.rank, e.file, e.request) == (3, "b/c/data-r00003-000.safetensors", "PUT part 2/4")
     assert "rank 3" in str(e) and "PUT part 2/4" in str(e) and "data-r00003" in str(e) and "stalled" in str(e)
+    early = Deadline(30, rank=1).error("GET bytes 0-9", "f", ["throttled (503 SlowDown)"], retry_in=40.0)
+    assert "too little to retry (in 40.0 s) GET bytes 0-9 of f" in str(early) and early.rank == 1
     back = pickle.loads(pickle.dumps(e))  # crosses processes (async jobs, the agreement)
     assert (back.rank, back.file, back.request, str(back)) == (e.rank, e.file, e.request, str(e))
     with pytest.raises(ValueError):

@@ -151,7 +151,9 @@ def load(path: str, state: MutableMapping[str, Any] | Stateful | None = None, *,
     a checkpoint saved by N ranks loads onto any other number and sharding. Pass
     ``collective=False`` to load on one rank alone. ``timeout`` (default
     ``SHARDSAFE_TIMEOUT``) bounds the wait for the other ranks: a rank that never calls
-    ``load`` turns into ``CheckpointTimeoutError`` naming it.
+    ``load`` turns into ``CheckpointTimeoutError`` naming it. On an object store it is
+    also the load's deadline, counted from the call (``CheckpointTimeoutError`` naming the
+    rank, the file and the request abandoned).
 
     Raises:
         CheckpointNotFoundError: No committed checkpoint at ``path``.

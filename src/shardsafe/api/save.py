@@ -35,7 +35,10 @@ def save(state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool = Fa
             over the default group, or over this group: every rank must call it. Each
             rank writes its own data file; rank 0 commits once all are durable.
         timeout: Seconds a rank of a collective save waits for the others before it
-            raises CheckpointTimeoutError (default: ``SHARDSAFE_TIMEOUT`` or 600).
+            raises CheckpointTimeoutError (default: ``SHARDSAFE_TIMEOUT`` or 600); on an
+            object store also the save's deadline, counted from the call: a request
+            still running then is abandoned and the save raises CheckpointTimeoutError
+            naming the rank, the file and the request, on every rank.
         collective: ``False``: this rank alone writes a complete checkpoint of its own
             state, with no communication at all, even when torch.distributed is
             initialised (for frameworks that save from rank 0 only; the other ranks do
@@ -55,7 +58,9 @@ def save(state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool = Fa
         ValueError: ``compression`` is not one of None, ``"zstd"``, ``"auto"``.
         CheckpointError: The path holds something that must not be overwritten, or
             another rank of a collective save failed (nothing is committed then).
-        CheckpointTimeoutError: Another rank did not answer within ``timeout``.
+        CheckpointTimeoutError: Another rank did not answer within ``timeout``, or the
+            save passed its deadline.
+        StorageRequestError: An object-store request failed on every attempt.
     """
     default_checkpointer().save(state, path, overwrite=overwrite, metadata=metadata,
                                 storage_options=storage_options, process_group=process_group,

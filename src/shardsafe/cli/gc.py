@@ -6,8 +6,10 @@ manager directory of ``step_<N>`` checkpoints, else by creation time), plus ever
 decision is the manager's own policy code (``manager.retention``), so ``gc`` and a
 ``CheckpointManager`` with the same options keep the same steps. Leftovers are partial saves: hidden
 ``.<name>.shardsafe-tmp-<id>`` directories, object-store prefixes holding data but no
-index, and unfinished S3 multipart uploads. A leftover younger than ``--min-age``
-may belong to a save still running, so it is kept.
+index, and unfinished S3 multipart uploads (a save aborts its own when it fails; one
+killed mid-upload cannot, and the upload holds storage invisibly until it is aborted).
+A leftover younger than ``--min-age`` may belong to a save still running, so it is kept;
+``--dry-run`` lists what would go, uploads with their id and age.
 
 Deleting is mark and sweep (``engine.sweep``), as in the manager: expired checkpoints
 are un-committed (index first), then the files of un-committed directories that no
@@ -127,13 +129,22 @@ def run(args: argparse.Namespace) -> int:
                 storage.delete(e.path)
             print(f"{verb} leftover {e.name}")
     _sweep(storage, path, todo, args.dry_run, verb)
-    for key, upload_id, _ in todo.uploads:
+    now = time.time()
+    for key, upload_id, started in todo.uploads:
         if not args.dry_run:
             storage.abort_upload(key, upload_id)  # type: ignore[attr-defined]
-        print(f"{verb} unfinished upload {key}")
+        age = f", started {_age(now - started)} ago" if started is not None else ""
+        print(f"{verb} unfinished upload {key} (upload id {upload_id}{age})")
     if not (todo.expired or todo.leftovers or todo.uploads):
         print("nothing to remove")
     return EXIT_OK
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{max(0.0, seconds):.0f} s"
 
 
 def _sweep(storage: Storage, path: str, todo: Plan, dry_run: bool, verb: str) -> None:

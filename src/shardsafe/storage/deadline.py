@@ -46,12 +46,16 @@ class Deadline:
     def passed(self) -> bool:
         return self.remaining() <= 0
 
-    def error(self, request: str, file: str, failures: Sequence[str] = ()) -> CheckpointTimeoutError:
-        """The error of ``request`` on ``file`` still unfinished when the deadline passed."""
+    def error(self, request: str, file: str, failures: Sequence[str] = (), *,
+              retry_in: float | None = None) -> CheckpointTimeoutError:
+        """The error of ``request`` on ``file``, unfinished when the deadline passed (or,
+        with ``retry_in``, due for a retry that would start too late)."""
         tried = f" (earlier attempts: {', '.join(failures)})" if failures else ""
-        return CheckpointTimeoutError(
-            f"rank {self.rank}: the {self.what} passed its deadline of {self.seconds:g} s during "
-            f"{request} of {file}{tried}", rank=self.rank, file=file, request=request)
+        when = (f"passed its deadline of {self.seconds:g} s during" if retry_in is None else
+                f"has {max(0.0, self.remaining()):.1f} s left of its deadline of {self.seconds:g} s, "
+                f"too little to retry (in {retry_in:.1f} s)")
+        return CheckpointTimeoutError(f"rank {self.rank}: the {self.what} {when} {request} of {file}{tried}",
+                                      rank=self.rank, file=file, request=request)
 
 
 __all__ = ["Deadline"]

@@ -97,10 +97,27 @@ def _s3_options(opts: dict[str, Any], policy: RetryPolicy) -> dict[str, Any]:
     config.setdefault("connect_timeout", min(CONNECT_TIMEOUT, policy.stall_timeout))
     config.setdefault("read_timeout", policy.stall_timeout)  # aiohttp's sock_read: no byte for that long
     config.setdefault("retries", {"total_max_attempts": 1})  # storage.request retries instead
-    connector = dict(config.get("connector_args") or {})
-    connector.setdefault("socket_factory", StallWatch.for_timeout(policy.stall_timeout))
-    config["connector_args"] = connector
+    if _takes_socket_factory():
+        connector = dict(config.get("connector_args") or {})
+        connector.setdefault("socket_factory", StallWatch.for_timeout(policy.stall_timeout))
+        config["connector_args"] = connector
     return {**opts, "config_kwargs": config}
+
+
+@functools.cache
+def _takes_socket_factory() -> bool:
+    """Whether this aiobotocore passes a socket factory to aiohttp (2.x from 2.13 on);
+    without one, uploads whose server stops reading are caught by the deadline only."""
+    from aiobotocore.config import AioConfig
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        AioConfig(connector_args={"socket_factory": None})
+    except (BotoCoreError, TypeError, ValueError):
+        log.warning("this aiobotocore takes no socket factory: stalled uploads are not detected "
+                    "(only the deadline ends them); upgrade aiobotocore")
+        return False
+    return True
 
 
 def _watch_of(fs: Any) -> StallWatch | None:
@@ -196,11 +213,6 @@ class FsspecStorage:
         if protocol in ("s3", "s3a"):
             fs.retries = 1  # s3fs' own retry loop: one try (this filesystem instance is ours)
         return cls(fs, policy=policy, deadline=deadline), path.rstrip("/") or path
-
-    @property
-    def deadline(self) -> Deadline | None:
-        """The deadline of the call this backend serves (None: requests have only their budget)."""
-        return self._runner.deadline
 
     def join(self, *parts: str) -> str:
         return posixpath.join(*parts)

@@ -26,9 +26,9 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from ..errors import CheckpointError, StorageRequestError
 from .deadline import Deadline
@@ -74,9 +74,6 @@ class Runner:
         self.watch = watch
         self.slots = slots
         self.rank = deadline.rank if deadline is not None else None
-
-    def with_deadline(self, deadline: Deadline | None) -> Runner:
-        return Runner(self.loop, self.policy, deadline, self.watch, self.slots)
 
     def for_cleanup(self) -> Runner:
         """A runner for undoing a failed write (aborting its upload): a few attempts within
@@ -124,7 +121,7 @@ class Runner:
                     raise self._exhausted(request, failures) from e
                 delay = self.policy.delay(attempt, transient.retry_after)
                 if self.deadline is not None and self.deadline.remaining() < delay:
-                    raise self.deadline.error(str(request), request.path, failures) from e
+                    raise self.deadline.error(str(request), request.path, failures, retry_in=delay) from e
                 log.info("%s of %s: %s (%r); retrying in %.2f s (attempt %d of %d)", request,
                          request.path, transient.kind, e, delay, attempt + 2, self.policy.attempts)
                 await asyncio.sleep(delay)
@@ -200,16 +197,6 @@ class Pending(Generic[T]):
             self.settled.wait(timeout)
 
 
-def run_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
-    """Runs ``coro`` on ``loop`` from another thread and returns its result."""
-    future = asyncio.run_coroutine_threadsafe(coro, loop)
-    try:
-        return future.result()
-    except BaseException:
-        future.cancel()
-        raise
-
-
 _SEMAPHORES: dict[tuple[int, int], asyncio.Semaphore] = {}
 
 
@@ -222,4 +209,4 @@ def _slots(loop: asyncio.AbstractEventLoop, n: int) -> asyncio.Semaphore:
     return sem
 
 
-__all__ = ["CLEANUP_SECONDS", "Pending", "Request", "Runner", "StalledRequestError", "run_on"]
+__all__ = ["CLEANUP_SECONDS", "Pending", "Request", "Runner", "StalledRequestError"]
