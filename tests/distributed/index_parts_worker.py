@@ -6,7 +6,8 @@ MASTER_PORT set (``world`` processes). Phase 1 forms a gloo group of all ranks w
 store records the size of every value set through it; the manager starts (its LIST
 requests counted), saves step 1, a second manager restores it into a freshly initialised
 model; a checkpoint with 2 MB of metadata is saved and loaded too (an index head far
-above the store's 1 MB limit). Phase 2 forms a group of the first 3/4 of the ranks and
+above the store's 1 MB limit), then loaded again with its index rewritten in version 3
+(which travels whole). Phase 2 forms a group of the first 3/4 of the ranks and
 restores step 1 onto them. Each rank writes ``<out_dir>/r<rank>.json``: per phase its
 LIST requests at start-up and restore, the index bytes it read and received, the parts it
 read, whether it restored exactly, and the largest store value it set.
@@ -32,6 +33,7 @@ from torch.distributed.fsdp import fully_shard
 
 import shardsafe
 from shardsafe.engine import index_exchange
+from shardsafe.format.index.versions import decode_index, encode_index
 
 RANK = int(os.environ["RANK"])
 MB = 1_000_000
@@ -144,6 +146,17 @@ def main() -> None:
     shardsafe.load(big, y)
     res["big"] = {"received": index_exchange.STATS.received, "read": index_exchange.STATS.read,
                   "equal": bool(torch.equal(y["x"], x))}
+    if RANK == 0:  # the same checkpoint with its index in version 3: broadcast whole
+        with open(os.path.join(big, "index.json"), "rb") as f:
+            v3 = encode_index(decode_index(f.read()), version=3)
+        with open(os.path.join(big, "index.v3"), "wb") as f:
+            f.write(v3)
+        os.replace(os.path.join(big, "index.v3"), os.path.join(big, "index.json"))
+    dist.barrier()
+    y = {"x": torch.zeros_like(x)}
+    shardsafe.load(big, y)
+    res["big_v3"] = {"received": index_exchange.STATS.received, "read": index_exchange.STATS.read,
+                     "size": os.path.getsize(os.path.join(big, "index.json")), "equal": bool(torch.equal(y["x"], x))}
     dist.destroy_process_group()
     smaller = world * 3 // 4
     if RANK < smaller:

@@ -16,7 +16,7 @@ import pytest
 from dist_harness import run_script
 
 from shardsafe.comm import free_loopback_port
-from shardsafe.format.index.v4_layout import Header
+from shardsafe.format.index.v4_layout import HEADER, Header
 from shardsafe.format.index.versions import decode_index
 
 MB = 1_000_000
@@ -47,6 +47,11 @@ def _check(results: list[dict], index: bytes, world: int) -> None:
     assert max(r["store_max"] for r in results) <= MB, [r["store_max"] for r in results]
     assert all(r["big"]["equal"] for r in results)
     assert all(r["big"]["received"] > MB for r in results[1:]) and results[0]["big"]["read"] > MB
+    # an index of version 3 is read whole by rank 0 and broadcast whole, and loads the same
+    v3 = [r["big_v3"] for r in results]
+    # (rank 0 first reads the few bytes of a version 4 header to tell the versions apart)
+    assert all(v["equal"] for v in v3) and v3[0]["read"] == HEADER.size + v3[0]["size"] > MB
+    assert all(v["received"] == v["size"] and v["read"] == 0 for v in v3[1:])
 
     # same layout: rank r reads its own directory entry and its own part, once; rank 0 also
     # reads the head (two requests), the others receive it; every part is read by one rank
