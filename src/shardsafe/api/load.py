@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -15,11 +16,12 @@ from .. import dtensor, tensors
 from .._collector import paused
 from ..comm import distributed_active, get_comm
 from ..engine.buffers import allocating
-from ..engine.index_exchange import read_index_collective
+from ..engine.index_exchange import IndexRead, read_index_alone, read_index_collective
 from ..engine.commit import is_committed, read_index
 from ..engine.mmap_load import load_mapped
 from ..engine.reader import ChunkReader, ReadJob
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
+from ..format.dtypes import lookup
 from ..format.index.objects import Index
 from ..jax import restore as jax_restore
 from ..per_rank import loading
@@ -66,7 +68,7 @@ def read_targets(reader: ChunkReader, targets: list[TensorTarget], new: Allocate
                 direct.rows.append(starts[tt.tid])
                 direct.addrs.append(addr)
                 continue
-        e = tt.entry if tt.entry is not None else reader.index.tensors[tt.tid]
+        e = reader.index.tensors[tt.tid] if tt.tid >= 0 else tt.entry
         if tt.dest is not None:  # a new tensor: its bytes are known, and it is the whole
             jobs.append(ReadJob(e, tt.dest, (0,) * len(e.shape), e.shape))
             continue
@@ -93,6 +95,23 @@ def read_targets(reader: ChunkReader, targets: list[TensorTarget], new: Allocate
     for job in jobs:
         if job.done is not None:
             job.done()
+
+
+def target_regions(targets: list[TensorTarget], index: Index) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+    """``(tensor id, offsets, shape)``: the region of its tensor each target is read from
+    (what a load needs of the index). A DTensor target's box is worked out once, here:
+    its local tensor and offsets replace it in the target."""
+    out = []
+    for tt in targets:
+        if tt.dest is not None:
+            shape = tuple(index.tensors[tt.tid].shape)
+            out.append((tt.tid, (0,) * len(shape), shape))
+            continue
+        if tt.offsets is None and dtensor.is_dtensor(tt.target):
+            tt.target, tt.offsets, _ = dtensor.target_region(tt.target)
+        shape = tensors.shape_of(tt.target)
+        out.append((tt.tid, tt.offsets if tt.offsets is not None else (0,) * len(shape), shape))
+    return out
 
 
 def _address(x: Any) -> int | None:
@@ -165,18 +184,19 @@ def _load(path: str, state: MutableMapping[str, Any] | Stateful | None, check: C
           collective: bool | None, timeout: float | None) -> Any:
     storage, spath = storage_for(path, storage_options, deadline=Deadline.for_call(
         timeout, get_comm(process_group).rank, f"load of {path}"))
+    whole = state is None or mmap  # else a version 4 index is read in parts (what the targets need)
     if collective is not False and distributed_active(process_group):
-        index = read_index_collective(storage, spath, get_comm(process_group), timeout)
+        read = read_index_collective(storage, spath, get_comm(process_group), timeout, whole)
         if check is not None:
-            check(index)
-        return _load_from(storage, spath, index, path, state, strict, mmap)
+            check(read.index)
+        return _load_from(storage, spath, read, path, state, strict, mmap)
     for attempt in range(_ATTEMPTS):
         before = _identity(storage, spath)
         try:
-            index = read_index(storage, spath)
+            read = read_index_alone(storage, spath, whole)
             if check is not None:
-                check(index)
-            return _load_from(storage, spath, index, path, state, strict, mmap)
+                check(read.index)
+            return _load_from(storage, spath, read, path, state, strict, mmap)
         except (CorruptCheckpointError, CheckpointNotFoundError) as e:
             if not is_committed(storage, spath):  # deleted (e.g. by retention) while we read it
                 raise CheckpointNotFoundError(f"no committed checkpoint at {path!r} (deleted while "
@@ -203,24 +223,26 @@ def _identity(storage: Any, spath: str) -> tuple[int, int] | None:
 
 
 def _total(index: Index, path: str) -> str:
-    return f"{path!r} ({sum(t.nbytes for t in index.tensors)} bytes of tensors)"
+    size = sum(math.prod(t.shape) * lookup(t.dtype).itemsize for t in index.tensors)
+    return f"{path!r} ({size} bytes of tensors)"
 
 
-def _load_from(storage: Any, spath: str, index: Index, path: str,
+def _load_from(storage: Any, spath: str, read: IndexRead, path: str,
                state: MutableMapping[str, Any] | Stateful | None,
                strict: bool, mmap: bool) -> Any:
+    index = read.index
     if mmap:
         if state is not None or not isinstance(storage, LocalStorage):
             raise ValueError("mmap=True applies to load(path) of a local checkpoint, without a state")
         return load_mapped(spath, index)
-    reader = ChunkReader(storage, spath, index)
     jax_target = state is not None and jax_restore.holds_jax(state)
     if jax_target or (state is not None and _saved_from_jax(index)):  # names nested one way, flat the other
         tree = regroup(index.tree, state)
         index = index if tree is index.tree else dataclasses.replace(index, tree=tree)
     if jax_target:
-        return _restore_jax(reader, index, path, state, strict)
+        return _restore_jax(read, index, path, state, strict)
     if state is None:
+        reader = ChunkReader(storage, spath, index)
         with allocating(lambda: _total(index, path)):
             value, new = new_state.build(index)
         read_targets(reader, new.others, new)
@@ -233,6 +255,7 @@ def _load_from(storage: Any, spath: str, index: Index, path: str,
     if problems:
         log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(problems),
                     "\n  ".join(problems))
+    reader = ChunkReader(storage, spath, read.narrow(target_regions(m.reads, index)))
     with allocating(lambda: _total(index, path)):  # temporaries for device / strided targets
         read_targets(reader, m.reads)
     m.apply()
@@ -243,7 +266,7 @@ def _saved_from_jax(index: Index) -> bool:
     return any(t.kind == "jax" for t in (index.infos if index.infos is not None else index.tensors))
 
 
-def _restore_jax(reader: ChunkReader, index: Index, path: str, target: Any, strict: bool) -> Any:
+def _restore_jax(read: IndexRead, index: Index, path: str, target: Any, strict: bool) -> Any:
     """``load`` into a JAX target (``shardsafe.jax.restore``): returns the restored pytree."""
     with allocating(lambda: _total(index, path)):
         r = jax_restore.plan(index, target)
@@ -252,7 +275,9 @@ def _restore_jax(reader: ChunkReader, index: Index, path: str, target: Any, stri
         if r.problems:
             log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(r.problems),
                         "\n  ".join(r.problems))
-        read_targets(reader, [TensorTarget(None, b.host, offsets=b.offsets, tid=b.tid) for b in r.reads])
+        targets = [TensorTarget(None, b.host, offsets=b.offsets, tid=b.tid) for b in r.reads]
+        reader = ChunkReader(read.storage, read.spath, read.narrow(target_regions(targets, index)))
+        read_targets(reader, targets)
     return r.finish()
 
 
