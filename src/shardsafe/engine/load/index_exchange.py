@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ... import knobs
 from ...comm import Comm, next_namespace
 from ...comm.rounds import Answer, join, leader_exchange, leave
@@ -119,17 +121,27 @@ def read_parts(read: IndexRead, parts: Sequence[int]) -> dict[int, tuple[bytes, 
     assert read.head is not None
     h = read.head.header
     entries: dict[int, tuple[int, int, int]] = {}
-    for group in coalesce(parts, lambda k: (INDEX_NAME, *h.entry_span(k, k)), MAX_INDEX_BYTES, GAP):
+    for group in _groups(parts, [h.entry_span(k, k) for k in parts]):
         off, n = h.entry_span(group[0], group[-1])
         got = h.entries(_read(read.storage, read.spath, off, n), group[0])
         entries.update((k, got[k - group[0]]) for k in group)
     out = {}
-    for group in coalesce(parts, lambda k: (INDEX_NAME, *entries[k][:2]), MAX_INDEX_BYTES, GAP):
+    for group in _groups(parts, [entries[k][:2] for k in parts]):
         lo = entries[group[0]][0]
         data = _read(read.storage, read.spath, lo, max(entries[k][0] + entries[k][1] for k in group) - lo)
         for k in group:
             out[k] = (data[entries[k][0] - lo : entries[k][0] + entries[k][1] - lo], entries[k])
     return out
+
+
+def _groups(parts: Sequence[int], spans: Sequence[tuple[int, int]]) -> list[list[int]]:
+    """``parts`` grouped into reads of the index by their ``(offset, length)`` spans, in
+    offset order (``plan.load_plan.coalesce``)."""
+    order, bounds = coalesce(np.zeros(len(parts), dtype=np.int64), [o for o, _ in spans], [n for _, n in spans],
+                             MAX_INDEX_BYTES, GAP)
+    ordered = [parts[i] for i in order.tolist()]
+    edges = bounds.tolist()
+    return [ordered[a:b] for a, b in zip(edges, edges[1:])]
 
 
 def read_index_alone(storage: Storage, spath: str, whole: bool = False) -> IndexRead:
