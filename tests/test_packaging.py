@@ -1,7 +1,9 @@
 """The package as users install it: the sdist carries the planes kernel's C source, the
 wheel built from that sdist carries the compiled kernel (wherever a C compiler exists),
 and installed into a fresh virtual environment it runs the codec tests and saves with
-``compression="auto"`` through the compiled path, byte for byte what the numpy path writes.
+``compression="auto"`` through the compiled path, byte for byte what the numpy path writes,
+and ``shardsafe --version`` names the installed kernel's file. Built where no C compiler
+works, the wheel has no kernel, installs all the same, and saves through the numpy path.
 
 The build uses this environment's build backend (``[build-system]`` of pyproject.toml,
 installed with the ``dev`` extra) without build isolation, so nothing is downloaded. The
@@ -98,25 +100,62 @@ def _fresh_venv(tmp: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
     return py, env
 
 
-def test_the_wheel_carries_the_kernel_and_installs_into_a_fresh_venv(tmp_path: Path) -> None:
-    project = _sdist(tmp_path)
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's sdist, unpacked (each test builds from its own copy of it)."""
+    return _sdist(tmp_path_factory.mktemp("sdist"))
+
+
+def _wheel(sdist: Path, tmp: Path, env: dict[str, str] | None = None) -> tuple[Path, list[str]]:
+    """``pip wheel`` of a fresh copy of the unpacked sdist: the wheel and its member names."""
+    project = shutil.copytree(sdist, tmp / "project")  # no build/ left by another build
     _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-          "-w", str(tmp_path / "wheels"), str(project)], tmp_path)
-    (wheel,) = (tmp_path / "wheels").glob("shardsafe-*.whl")
+          "-w", str(tmp / "wheels"), str(project)], tmp, env)
+    (wheel,) = (tmp / "wheels").glob("shardsafe-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    built = [n for n in names if n.startswith("shardsafe/format/_planes") and n.endswith(".so")]
+    assert not [n for n in names if n.endswith(".c")], "the wheel carries C source"
+    return wheel, names
+
+
+def _kernels(names: list[str]) -> list[str]:
+    return [n for n in names if n.startswith("shardsafe/format/_planes") and n.endswith(".so")]
+
+
+def _save_both_ways(tmp: Path, wheel: Path) -> tuple[dict, Path, dict[str, str]]:
+    """Installs ``wheel`` into a fresh venv and runs SAVE_BOTH_WAYS there: its report, and
+    the venv's python and environment."""
+    py, env = _fresh_venv(tmp, wheel)
+    out = json.loads(_run([str(py), "-c", SAVE_BOTH_WAYS, str(tmp / "c"), str(tmp / "n")],
+                          tmp, env).splitlines()[-1])
+    assert Path(out["module"]).resolve().is_relative_to((tmp / "venv").resolve()), out["module"]
+    assert out["files"] and not out["differ"], out
+    return out, py, env
+
+
+def test_the_wheel_carries_the_kernel_and_installs_into_a_fresh_venv(sdist: Path, tmp_path: Path) -> None:
+    wheel, names = _wheel(sdist, tmp_path)
+    built = _kernels(names)
     compiler = c_compiler()
     if compiler is not None:
         assert built, f"{wheel.name} lacks the compiled planes kernel although {compiler} exists"
-    assert not [n for n in names if n.endswith(".c")], "the wheel carries C source"
 
-    py, env = _fresh_venv(tmp_path, wheel)
-    out = json.loads(_run([str(py), "-c", SAVE_BOTH_WAYS, str(tmp_path / "c"), str(tmp_path / "n")],
-                          tmp_path, env).splitlines()[-1])
-    assert Path(out["module"]).resolve().is_relative_to((tmp_path / "venv").resolve()), out["module"]
-    assert out["kernel"] == bool(built) and out["files"] and not out["differ"], out
-    assert ("compiled kernel" if built else "numpy") in out["version"], out["version"]  # shardsafe --version
+    out, py, env = _save_both_ways(tmp_path, wheel)
+    assert out["kernel"] == bool(built), out
+    # shardsafe --version names the transform, and the installed kernel's file
+    assert ("compiled kernel" if built else "numpy") in out["version"], out["version"]
+    if built:
+        where = out["version"].split("compiled kernel ", 1)[1].rstrip().rstrip(")")
+        assert Path(where).resolve().is_relative_to((tmp_path / "venv").resolve()), out["version"]
 
     # the codec tests, with the compiled kernel, against the installed package
     tests = ["tests/format/test_planes_kernel.py", "tests/format/test_codec.py"]
     _run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "kernel", *tests], ROOT, env)
+
+
+def test_without_a_c_compiler_the_package_installs_and_runs_numpy(sdist: Path, tmp_path: Path) -> None:
+    # a compiler that fails every compile: the optional extension is left out, with a warning
+    env = {k: v for k, v in os.environ.items() if k != "LDSHARED"} | {"CC": "false"}
+    wheel, names = _wheel(sdist, tmp_path, env)
+    assert not _kernels(names), names
+    out, _, _ = _save_both_ways(tmp_path, wheel)
+    assert out["kernel"] is False and "numpy (the compiled kernel is not built)" in out["version"], out

@@ -43,6 +43,7 @@ from forge_dcp import bytes_node, payload, random_record, rewrite  # noqa: E402
 from helpers import flip_byte  # noqa: E402
 from v2_forge import seal_v2, split_v2  # noqa: E402
 from v3_forge import seal_v3, split_v3  # noqa: E402
+from v4_forge import seal_v4, split_v4  # noqa: E402
 
 CASE_SECONDS = 20
 INDEX = "index.json"
@@ -95,6 +96,21 @@ def _forge_columns(data: bytes, rng: random.Random, split, seal) -> bytes:  # no
     return seal(js, cols)
 
 
+def _forge_v4(data: bytes, rng: random.Random) -> bytes:
+    """One value of one column of the global part or of a part set to an odd value, every
+    CRC32C made right again."""
+    forged = split_v4(data)
+    sections = [c for c in [forged.cols, *(cols for _, cols in forged.parts)] if any(len(v) for v in c.values())]
+    cols = rng.choice(sections)
+    name = rng.choice([n for n in cols if len(cols[n])])
+    col = cols[name].copy()
+    i = rng.randrange(len(col))
+    top = 2**32 - 1 if name.endswith("crc32c") else 2**62
+    col[i] = min(rng.choice(HUGE + [int(col[i]) + 1, max(int(col[i]) - 1, 0)]), top)
+    cols[name] = col
+    return seal_v4(forged)
+
+
 def _replace(path: str, how: str, outside: str) -> None:
     os.remove(path)
     if how == "symlink-outside":
@@ -129,8 +145,10 @@ def damage(ckpt: str, rng: random.Random, version: int, outside: str) -> str:
             out = _forge_v1(json.loads(index_bytes), rng)
         elif version == 2:
             out = _forge_columns(index_bytes, rng, split_v2, seal_v2)
-        else:
+        elif version == 3:
             out = _forge_columns(index_bytes, rng, split_v3, seal_v3)
+        else:
+            out = _forge_v4(index_bytes, rng)
         with open(os.path.join(ckpt, INDEX), "wb") as f:
             f.write(out)
         return "forged table"
@@ -235,7 +253,7 @@ def main() -> int:
     signal.signal(signal.SIGALRM, _alarm)
     base = os.path.join(root, "base")
     shardsafe.save(state(), base)
-    path = os.path.join(base, INDEX)  # the index in the version under test (saves write v3)
+    path = os.path.join(base, INDEX)  # the index in the version under test (saves write v4)
     with open(path, "rb") as f:
         index = decode_index(f.read())
     with open(path, "wb") as f:

@@ -27,7 +27,7 @@ def _fuzz(tmp_path, python: str, env: dict, seed: int, cases: int, version: int,
                                                                                r.stderr[-4000:])
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_fuzzed_checkpoints_raise_only_checkpoint_errors(tmp_path, python, subprocess_env, version) -> None:
     _fuzz(tmp_path, python, subprocess_env, seed=20261124 + version, cases=120, version=version,
           timeout=240)
@@ -35,7 +35,7 @@ def test_fuzzed_checkpoints_raise_only_checkpoint_errors(tmp_path, python, subpr
 
 @pytest.mark.stress
 @pytest.mark.parametrize("seed", range(5))
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_fuzzed_checkpoints_stress(tmp_path, python, subprocess_env, version, seed) -> None:
     _fuzz(tmp_path, python, subprocess_env, seed=1000 * seed + version, cases=1000, version=version,
           timeout=1800)

@@ -9,6 +9,8 @@ import sys
 from shardsafe.bench.scale import run
 from shardsafe.harness.synthetic_job import build_index
 from shardsafe.format.index.v2 import decode, encode
+from shardsafe.format.index.v4_layout import Header
+from shardsafe.format.index.versions import encode_columnar
 
 
 def test_simulated_job_is_a_valid_fsdp_index() -> None:
@@ -33,7 +35,9 @@ def test_command_line_ends_with_one_json_line(subprocess_env: dict[str, str]) ->
     res = subprocess.run([sys.executable, "-m", "shardsafe.bench.scale", "--ranks", "8", "--tensors", "5"],
                          env=subprocess_env, capture_output=True, text=True, check=True, timeout=120)
     last = json.loads(res.stdout.strip().splitlines()[-1])
-    for key in ("index_bytes", "encode_s", "decode_s", "plan_s", "peak_rss_mib", "bytes_per_chunk"):
+    for key in ("index_bytes", "encode_s", "decode_s", "plan_s", "peak_rss_mib", "bytes_per_chunk",
+                "restore_index_bytes_rank", "restore_index_bytes_total", "reshard_index_bytes_rank",
+                "restore_decode_s", "restore_list_requests", "restore_requests_rank"):
         assert key in last
     assert last["ranks"] == 8 and last["chunks"] == 40
 
@@ -75,3 +79,24 @@ def test_simulated_messages_are_the_exchange_messages() -> None:
     # every rank writes its own shards: no box is left for the planner to assign
     assert lead.joined.plan.shared == ()
     assert list(lead.joined.plan.loads) == [int(index.chunks.nbytes[index.chunks.file == r].sum()) for r in range(4)]
+
+
+def test_restore_reads_each_part_once() -> None:
+    """Same layout: every rank reads or receives the head, reads one directory entry and
+    its own part, nothing else, so all ranks together read each part once; resharded onto
+    3/4 of the ranks, a rank reads a few parts; one LIST for the whole job."""
+    out = run(16, 20, exchange=False)
+    data = encode_columnar(build_index(16, 20))
+    h = Header(data)
+    parts = [n for _, n, _ in h.entries(data[h.directory : h.parts_start], 0)]
+    assert out["index_bytes"] == len(data) and len(parts) == 16
+    assert out["restore_head_bytes"] == h.head_size
+    assert out["restore_index_bytes_rank"] == h.head_size + 16 + max(parts)
+    assert out["restore_index_bytes_total"] == 16 * (h.head_size + 16) + sum(parts)
+    # (parts and entries closer than 64 KiB are read in one request: here, with 280-byte
+    # parts, a rank's few parts and those between them)
+    assert out["restore_index_bytes_rank"] < out["reshard_index_bytes_rank"] < len(data)
+    # rank 0: the header and the global part, its directory entry, its part, its data file's size
+    assert out["restore_requests_rank"] == 5 and out["reshard_requests_rank"] <= 2 + 2 * 3 + 3
+    assert out["restore_list_requests"] == 1
+    assert 0 < out["restore_decode_s"] < 1 and 0 < out["reshard_decode_s"] < 1

@@ -18,7 +18,7 @@ def test_info_text_lists_every_key(cli, tmp_path) -> None:  # noqa: ANN001
     proc = cli("info", path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "version 3" in out and "data written by rank(s) 0" in out  # saves write format 3
+    assert "version 4" in out and "data written by rank(s) 0" in out  # saves write format 4
     rows = {line.split()[0]: line.split() for line in out.splitlines()[out.splitlines().index(
         next(line for line in out.splitlines() if line.startswith("KEY"))) + 1:]}
     assert rows["model.layer.weight"] == ["model.layer.weight", "float32", "[8,", "4]", "128", "B", "1"]
@@ -32,7 +32,7 @@ def test_info_text_lists_every_key(cli, tmp_path) -> None:  # noqa: ANN001
 def test_info_json(cli, tmp_path) -> None:  # noqa: ANN001
     path = save_step(str(tmp_path / "run"), 4)
     d = json.loads(cli("info", path, "--json").stdout)
-    assert d["format_version"] == 3 and d["ranks"] == [0] and d["world_size"] == 1
+    assert d["format_version"] == 4 and d["ranks"] == [0] and d["world_size"] == 1
     assert d["metadata"]["shardsafe.manager"]["step"] == 4
     by_path = {leaf["path"]: leaf for leaf in d["leaves"]}
     w = by_path["model.layer.weight"]

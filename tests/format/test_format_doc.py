@@ -55,8 +55,8 @@ def written(tmp_path, monkeypatch) -> str:
 def test_example_index_is_what_the_code_writes(written: str) -> None:
     with open(os.path.join(written, "index.json"), "rb") as f:
         stored = f.read()
-    # saves write format 3 (section 14); the example shows the same index in the v1 JSON form
-    assert version_of(stored) == 3
+    # saves write format 4 (section 15); the example shows the same index in the v1 JSON form
+    assert version_of(stored) == 4
     raw = encode_index(decode_index(stored), version=1)
     actual = json.loads(raw)
     documented = json.loads(_block("example-index"))

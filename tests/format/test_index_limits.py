@@ -1,9 +1,10 @@
 """Decoding cost stays linear in the index: forged indexes with correct checksums, built
 at the sizes of the attacks, are decoded or refused quickly and in bounded memory.
 
-Wall-clock bounds are generous (10x the measured time on a loaded 2-core machine); a
-decoder that is quadratic in the index, or that builds the whole tree before checking
-its depth, exceeds them by far on these inputs.
+Time bounds are generous (several times the measured time on a loaded 2-core machine;
+the attack-sized inputs decode in a child process whose CPU time is measured, so other
+processes on the machine don't count); a decoder that is quadratic in the index, or
+that builds the whole tree before checking its depth, exceeds them by far on these inputs.
 """
 
 from __future__ import annotations
@@ -140,13 +141,13 @@ _MEASURE = textwrap.dedent("""
     from shardsafe.errors import CorruptCheckpointError
     data = open(sys.argv[1], "rb").read()
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t = time.perf_counter()
+    t = time.process_time()  # CPU seconds of this process: the decoder's work
     try:
         fmt.decode_index(data)
         outcome = "decoded"
     except CorruptCheckpointError as e:
         outcome = str(e)
-    dt = time.perf_counter() - t
+    dt = time.process_time() - t
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
     print(json.dumps({"seconds": dt, "extra_mb": peak / 1024, "index_mb": len(data) / 1e6, "outcome": outcome}))
 """)

@@ -3,6 +3,7 @@ checks the buffers it is given, and a missing or foreign module falls back to nu
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import numpy as np
@@ -103,11 +104,15 @@ def _numpy_codec_round_trip() -> None:
     assert name == "planes32" and bytes(out) == data
 
 
-def test_missing_or_foreign_module_falls_back_to_numpy(monkeypatch, tmp_path):
+def test_missing_or_foreign_module_falls_back_to_numpy(monkeypatch, tmp_path, caplog):
     name = "shardsafe.format._planes"
     monkeypatch.setattr(planes_kernel, "_kernel", planes_kernel._UNSET)
     monkeypatch.setitem(sys.modules, name, None)  # not built: importing it fails
-    assert planes_kernel.loaded() is None and planes_kernel.describe().startswith("numpy")
+    with caplog.at_level(logging.DEBUG, logger="shardsafe"):
+        assert planes_kernel.loaded() is None and planes_kernel.describe().startswith("numpy")
+        planes_kernel.loaded()
+    # the first use says which transform runs, once
+    assert [r.getMessage()[:32] for r in caplog.records] == ["planes transform: numpy (the com"]
     _numpy_codec_round_trip()
     # a foreign file where the module would be (a stale build, another platform's)
     monkeypatch.delitem(sys.modules, name)
@@ -116,3 +121,10 @@ def test_missing_or_foreign_module_falls_back_to_numpy(monkeypatch, tmp_path):
     monkeypatch.setattr(planes_kernel, "_kernel", planes_kernel._UNSET)
     assert planes_kernel.loaded() is None
     _numpy_codec_round_trip()
+
+
+def test_the_first_use_logs_the_compiled_kernel_and_its_file(kernel, monkeypatch, caplog):
+    monkeypatch.setattr(planes_kernel, "_kernel", planes_kernel._UNSET)
+    with caplog.at_level(logging.DEBUG, logger="shardsafe"):
+        assert planes_kernel.loaded() is kernel and planes_kernel.describe() == "compiled kernel"
+    assert [r.getMessage() for r in caplog.records] == [f"planes transform: compiled kernel {kernel.__file__}"]

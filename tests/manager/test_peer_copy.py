@@ -41,12 +41,18 @@ def test_roundtrip_loads_and_verifies(tmp_path, chunk: int) -> None:
     loaded = {"w": torch.zeros(1000), "step": 0}
     shardsafe.load(got.path, loaded)
     assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 3
-    # a flipped byte in transit is caught by the checksums when loading (the copy replaces the old)
-    bad = bytearray(data)
-    bad[-10] ^= 0xFF
-    got = receive(bytes(bad), str(tmp_path / "dst"), chunk)
-    with pytest.raises(CorruptCheckpointError):
-        shardsafe.load(got.path, {"w": torch.zeros(1000), "step": 0})
+    # a flipped byte in transit is caught by the checksums when loading (the copy replaces
+    # the old): one of the tensor's bytes by a load in place; one of the index's last bytes
+    # (in rank 0's part of a version 4 index, which this load does not need: "w" is one
+    # chunk, in the global part) by a load that reads the whole index
+    at = data.index(state["w"].numpy().tobytes()) + 100
+    for flip, load in ((at, lambda p: shardsafe.load(p, {"w": torch.zeros(1000), "step": 0})),
+                       (len(data) - 10, shardsafe.load)):
+        bad = bytearray(data)
+        bad[flip] ^= 0xFF
+        got = receive(bytes(bad), str(tmp_path / "dst"), chunk)
+        with pytest.raises(CorruptCheckpointError):
+            load(got.path)
 
 
 def test_error_notice_and_malformed(tmp_path) -> None:

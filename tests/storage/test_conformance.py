@@ -135,6 +135,17 @@ def test_write_stream_writes_pieces_in_order_and_stops_on_error(backend: Backend
         backend.storage.write_stream(backend.path("short"), len(data), iter([memoryview(data)[:10]]))
 
 
+@pytest.mark.parametrize("size", [0, 3 * MiB, 12 * MiB + 5])
+def test_write_stream_of_a_size_known_only_at_the_end(backend: Backend, size: int) -> None:
+    # a block file being coded: on S3 one PUT up to two parts, else a multipart upload
+    data = np.random.default_rng(4).integers(0, 256, size, dtype=np.uint8).tobytes()
+    p = backend.path(f"unsized-{size}")
+    backend.storage.makedirs(backend.root)
+    pieces = (memoryview(data)[i : i + 3 * MiB] for i in range(0, len(data), 3 * MiB))
+    backend.storage.write_stream(p, None, pieces)
+    assert backend.storage.size(p) == size and backend.storage.read(p) == data
+
+
 def test_write_concatenates_buffers_and_read_returns_them(backend: Backend) -> None:
     p = _write(backend, "f", b"hello", b"", b" world")
     assert backend.storage.read(p) == b"hello world"

@@ -4,10 +4,14 @@
 FSDP job of R ranks would write (each of T tensors split evenly along dimension 0 over
 the ranks, one data file per rank), builds and encodes the index (in the version saves
 write) with the real encoder, decodes and validates it with the real decoder, and plans
-one rank's load the way ``shardsafe.load`` does (``format.index.decode_index``, then the reader's planner
+one rank's load the way ``shardsafe.load`` does (the index's global part and the parts
+the rank's shard needs, ``engine.load.index_exchange``, then the reader's planner
 ``engine.load.reader.ChunkReader.tasks``, which builds objects only for the chunks that overlap
-the rank's shard). ``plan.table_reads`` (fully vectorised) is timed too. It prints a
-table and, last, one JSON line.
+the rank's shard). ``plan.table_reads`` (fully vectorised) is timed too. The restore of
+the job, on the same number of ranks and resharded onto 3/4 of them, is simulated by
+``bench.restore`` (``restore_*`` and ``reshard_*``: index bytes per rank and in all, the
+time to decode what a rank needs, storage requests). It prints a table and, last, one
+JSON line.
 
 The planning exchange of a collective save (``engine.save.plan_exchange``) is simulated by
 ``bench.exchange`` with the functions the real exchange runs: the bytes every rank
@@ -38,13 +42,15 @@ import numpy as np
 
 from ..engine.load.reader import ChunkReader, ReadJob
 from ..format.dtypes import lookup
-from ..format.index.versions import decode_index
+from ..format.index.v4_layout import Header
+from ..format.index.versions import decode, encode_columnar
 from ..format.index.model import ColumnarIndex
-from ..format.index.v3 import decode, encode
 from ..plan.table_reads import even_shard_reads, row_split_tensors
 from ..storage.local import LocalStorage
 from ..harness.synthetic_job import build_index, job_tensors
+from ..engine.load.index_exchange import from_head
 from .exchange import simulate
+from .restore import CKPT, SimulatedStorage, restore_figures, shard_regions
 
 T = TypeVar("T")
 
@@ -62,18 +68,24 @@ def _timed_cpu(fn: Callable[[], T]) -> tuple[T, float, float]:
     return out, time.perf_counter() - t0, time.process_time() - c0
 
 
-def load_plan(data: bytes, rank: int, world: int) -> tuple[int, float]:
+def load_plan(data: bytes, files: dict[str, int], rank: int, world: int) -> tuple[int, float]:
     """What ``shardsafe.load`` does on rank ``rank`` of ``world`` for an FSDP target before any
-    read: decode the index (``decode_index``), then plan the reads of its dim-0 shard of every
-    tensor with the reader's planner. Returns (I/O tasks planned, seconds spent decoding)."""
-    index, decode_s = _timed(lambda: decode_index(data))
+    read, given the index ``data`` and its data files' sizes: decode the index's global part
+    (received from rank 0), choose, read and decode the parts its dim-0 shard of every
+    tensor needs (``engine.load.index_exchange``), then plan the reads with the reader's
+    planner. Returns (I/O tasks planned, seconds spent decoding and choosing)."""
+    storage = SimulatedStorage(data, files)
+    head = data[: Header(data).head_size]
+    t0 = time.perf_counter()
+    read = from_head(storage, CKPT, head)  # type: ignore[arg-type]
+    regions = shard_regions(read.index.infos or (), world, rank)
+    index = read.narrow(regions)
+    decode_s = time.perf_counter() - t0
     jobs = []
-    for e in index.tensors:
-        q = -(-e.shape[0] // world)
-        lo = min(rank * q, e.shape[0])
-        shape = (min(lo + q, e.shape[0]) - lo,) + e.shape[1:]
+    for t, offsets, shape in regions:
+        e = index.tensors[t]
         dest = np.empty(int(np.prod(shape)) * lookup(e.dtype).itemsize, dtype=np.uint8)
-        jobs.append(ReadJob(e, dest, (lo,) + (0,) * (len(shape) - 1), shape))
+        jobs.append(ReadJob(e, dest, offsets, shape))
     return len(ChunkReader(LocalStorage(), "bench", index).tasks(jobs)), decode_s
 
 
@@ -94,14 +106,15 @@ def run(ranks: int, tensors: int, v1: bool = False, dcp: bool = False, exchange:
                 "write_imbalance": figures.pop("write_imbalance")}
         figures["plan_peak_rss_mib"] = round(_peak_mib(), 1)
     index, build_s = _timed(lambda: build_index(ranks, tensors))
-    data, encode_s, encode_cpu = _timed_cpu(lambda: encode(index))
-    decoded, decode_s, decode_cpu = _timed_cpu(lambda: decode(data))
+    data, encode_s, encode_cpu = _timed_cpu(lambda: encode_columnar(index))
+    (decoded, _), decode_s, decode_cpu = _timed_cpu(lambda: decode(data))
     if decoded != index:
         raise AssertionError("decode(encode(index)) differs from the index")
     del decoded
     ts = row_split_tensors(index.chunks)
     reads, table_plan_s = _timed(lambda: even_shard_reads(index.chunks, ts, ranks // 2, ranks))
-    (tasks, load_decode_s), load_plan_s = _timed(lambda: load_plan(data, ranks // 2, ranks))
+    files = {f.name: f.size for f in index.files}
+    (tasks, load_decode_s), load_plan_s = _timed(lambda: load_plan(data, files, ranks // 2, ranks))
     n = index.chunks.num_chunks
     out: dict[str, Any] = {
         "ranks": ranks, "tensors": tensors, "chunks": n, "index_bytes": len(data),
@@ -110,6 +123,7 @@ def run(ranks: int, tensors: int, v1: bool = False, dcp: bool = False, exchange:
         "encode_cpu_s": round(encode_cpu, 3), "decode_cpu_s": round(decode_cpu, 3),
         "load_decode_s": round(load_decode_s, 3), "load_plan_s": round(load_plan_s - load_decode_s, 4),
         "table_plan_s": round(table_plan_s, 4), "reads_one_rank": len(reads), "read_tasks_one_rank": tasks}
+    out.update(restore_figures(index, ranks, data))
     del data
     if v1:
         out.update(_v1_figures(index, ranks))
@@ -125,10 +139,10 @@ def run(ranks: int, tensors: int, v1: bool = False, dcp: bool = False, exchange:
 
 def _v1_figures(index: ColumnarIndex, ranks: int) -> dict[str, Any]:
     """The v1 JSON index and the v1 load planner on the same layout."""
-    from ..format.index.versions import encode_index  # bench only: v1 goes through Index objects
+    from ..format.index.versions import decode_index, encode_index  # bench only: v1 goes through objects
     from ..plan.load_plan import pieces_for
 
-    data = encode(index)
+    data = encode_columnar(index)
     old, convert_s = _timed(lambda: decode_index(data))
     raw, enc_s = _timed(lambda: encode_index(old, version=1))
     back, dec_s = _timed(lambda: decode_index(raw))

@@ -41,9 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def version_line() -> str:
-    """What ``shardsafe --version`` prints."""
+    """What ``shardsafe --version`` prints: the package version, the index format saves
+    write, and which planes transform ``compression="auto"`` runs (the compiled kernel's file)."""
+    kernel = planes_kernel.loaded()
+    where = "" if kernel is None else f" {kernel.__file__}"
     return (f"shardsafe {__version__} (index format {WRITE_VERSION}; compression planes transform: "
-            f"{planes_kernel.describe()})")
+            f"{planes_kernel.describe()}{where})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""CRC32C (Castagnoli), the checksum of format version 1.
+"""CRC32C (Castagnoli), the checksum of every stored byte (data blocks and index, every version).
 
 The hardware-accelerated ``crc32c`` package is used when installed (extra ``fast``;
 ~14 GB/s per core and it releases the GIL). Without it a table-driven software

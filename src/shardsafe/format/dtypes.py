@@ -1,4 +1,5 @@
-"""The dtype table of format version 1: name, element size, safetensors code, numpy dtype."""
+"""The format's dtype table (every index version names dtypes by it): name, element size,
+safetensors code, numpy dtype."""
 
 from __future__ import annotations
 

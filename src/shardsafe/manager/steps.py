@@ -28,6 +28,7 @@ from typing import Any, Literal
 from .. import tensors
 from ..engine import commit
 from ..engine.commit import sweep
+from ..engine.load.index_exchange import read_index_alone
 from ..format.index.objects import Index
 from ..plan.layout import is_data_file_name
 from ..storage.base import Storage
@@ -217,13 +218,14 @@ class StepDirectory:
         return dict(sorted(out.items()))
 
     def record(self, step: int, name: str | None = None) -> StepRecord:
-        """The step's save time and metrics, read from its committed index.
+        """The step's save time and metrics, read from its committed index (of a version 4
+        index only the head: a few kilobytes, however many ranks saved it).
 
         Raises:
             CheckpointNotFoundError: the step is not committed.
             CorruptCheckpointError: its index is damaged.
         """
-        index = commit.read_index(self.storage, self.step_path(step, name))
+        index = read_index_alone(self.storage, self.step_path(step, name)).index
         r = recorded(index)  # empty for a plain shardsafe.save checkpoint placed here
         return StepRecord(step, r.get("time", index.created), decode_metrics(r.get("metrics")))
 

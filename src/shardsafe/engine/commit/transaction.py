@@ -90,6 +90,17 @@ def read_index_bytes(storage: Storage, path: str) -> tuple[bytes, Index]:
         raise CheckpointNotFoundError(f"no committed checkpoint at {path!r} "
                                       f"(no {INDEX_NAME})") from None
     index = decode_index(data)
+    check_data_files(storage, path, index)
+    return data, index
+
+
+def check_data_files(storage: Storage, path: str, index: Index) -> None:
+    """Every data file ``index`` lists exists with the size it says (one request each).
+
+    Raises:
+        CheckpointNotFoundError: the checkpoint was deleted meanwhile.
+        CorruptCheckpointError: a file is missing or of another size (truncated?).
+    """
     for f in index.files:
         try:
             size = storage.size(data_file(storage, path, f.name))
@@ -103,7 +114,6 @@ def read_index_bytes(storage: Storage, path: str) -> tuple[bytes, Index]:
             raise CorruptCheckpointError(f"data file has {size} bytes, index says {f.size} "
                                          f"(truncated? a symlink?)", file=f.name,
                                          key=_first_key_beyond(index, f.name, size))
-    return data, index
 
 
 def _first_key_beyond(index: Index, file: str, size: int) -> str | None:

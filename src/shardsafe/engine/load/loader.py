@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -17,19 +18,20 @@ from typing import Any
 
 from ...comm import distributed_active, get_comm
 from ...errors import CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
+from ...format.dtypes import lookup
 from ...format.index.objects import Index
 from ...per_rank import loading
 from ...plan.flatten import Stateful
 from ...plan.regroup import regroup
 from ...storage import Deadline, LocalStorage, storage_for
 from ..buffers import allocating
-from ..commit import is_committed, read_index
+from ..commit import is_committed
 from . import jax_restore, new_state
-from .index_exchange import read_index_collective
+from .index_exchange import IndexRead, read_index_alone, read_index_collective
 from .mapped import load_mapped
 from .match import TensorTarget, match
 from .reader import ChunkReader
-from .targets import read_targets
+from .targets import read_targets, target_regions
 
 log = logging.getLogger("shardsafe")
 
@@ -57,18 +59,19 @@ def load_path(path: str, state: MutableMapping[str, Any] | Stateful | None,
     ``shardsafe.load``); ``check(index)`` may refuse the checkpoint before any read."""
     storage, spath = storage_for(path, storage_options, deadline=Deadline.for_call(
         timeout, get_comm(process_group).rank, f"load of {path}"))
+    whole = state is None or mmap  # else a version 4 index is read in parts (what the targets need)
     if collective is not False and distributed_active(process_group):
-        index = read_index_collective(storage, spath, get_comm(process_group), timeout)
+        read = read_index_collective(storage, spath, get_comm(process_group), timeout, whole)
         if check is not None:
-            check(index)
-        return _load_from(storage, spath, index, path, state, strict, mmap)
+            check(read.index)
+        return _load_from(storage, spath, read, path, state, strict, mmap)
     for attempt in range(ATTEMPTS):
         before = _identity(storage, spath)
         try:
-            index = read_index(storage, spath)
+            read = read_index_alone(storage, spath, whole)
             if check is not None:
-                check(index)
-            return _load_from(storage, spath, index, path, state, strict, mmap)
+                check(read.index)
+            return _load_from(storage, spath, read, path, state, strict, mmap)
         except (CorruptCheckpointError, CheckpointNotFoundError) as e:
             if not is_committed(storage, spath):  # deleted (e.g. by retention) while we read it
                 raise CheckpointNotFoundError(f"no committed checkpoint at {path!r} (deleted while "
@@ -91,23 +94,25 @@ def _identity(storage: Any, spath: str) -> tuple[int, int] | None:
 
 
 def _total(index: Index, path: str) -> str:
-    return f"{path!r} ({sum(t.nbytes for t in index.tensors)} bytes of tensors)"
+    size = sum(math.prod(t.shape) * lookup(t.dtype).itemsize for t in index.tensors)
+    return f"{path!r} ({size} bytes of tensors)"
 
 
-def _load_from(storage: Any, spath: str, index: Index, path: str,
+def _load_from(storage: Any, spath: str, read: IndexRead, path: str,
                state: MutableMapping[str, Any] | Stateful | None, strict: bool, mmap: bool) -> Any:
+    index = read.index
     if mmap:
         if state is not None or not isinstance(storage, LocalStorage):
             raise ValueError("mmap=True applies to load(path) of a local checkpoint, without a state")
         return load_mapped(spath, index)
-    reader = ChunkReader(storage, spath, index)
     jax_target = state is not None and jax_restore.holds_jax(state)
     if jax_target or (state is not None and _saved_from_jax(index)):  # names nested one way, flat the other
         tree = regroup(index.tree, state)
         index = index if tree is index.tree else dataclasses.replace(index, tree=tree)
     if jax_target:
-        return _restore_jax(reader, index, path, state, strict)
+        return _restore_jax(read, index, path, state, strict)
     if state is None:
+        reader = ChunkReader(storage, spath, index)
         with allocating(lambda: _total(index, path)):
             value, new = new_state.build(index)
         read_targets(reader, new.others, new)
@@ -120,6 +125,7 @@ def _load_from(storage: Any, spath: str, index: Index, path: str,
     if problems:
         log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(problems),
                     "\n  ".join(problems))
+    reader = ChunkReader(storage, spath, read.narrow(target_regions(m.reads, index)))
     with allocating(lambda: _total(index, path)):  # temporaries for device / strided targets
         read_targets(reader, m.reads)
     m.apply()
@@ -130,7 +136,7 @@ def _saved_from_jax(index: Index) -> bool:
     return any(t.kind == "jax" for t in (index.infos if index.infos is not None else index.tensors))
 
 
-def _restore_jax(reader: ChunkReader, index: Index, path: str, target: Any, strict: bool) -> Any:
+def _restore_jax(read: IndexRead, index: Index, path: str, target: Any, strict: bool) -> Any:
     """``load`` into a JAX target (``engine.load.jax_restore``): returns the restored pytree."""
     with allocating(lambda: _total(index, path)):
         r = jax_restore.plan(index, target)
@@ -139,7 +145,9 @@ def _restore_jax(reader: ChunkReader, index: Index, path: str, target: Any, stri
         if r.problems:
             log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(r.problems),
                         "\n  ".join(r.problems))
-        read_targets(reader, [TensorTarget(None, b.host, offsets=b.offsets, tid=b.tid) for b in r.reads])
+        targets = [TensorTarget(None, b.host, offsets=b.offsets, tid=b.tid) for b in r.reads]
+        reader = ChunkReader(read.storage, read.spath, read.narrow(target_regions(targets, index)))
+        read_targets(reader, targets)
     return r.finish()
 
 

@@ -108,7 +108,7 @@ class _Matcher:
         def leaf(_: KeyPath, n: Node) -> Any:
             e = self.index.tensors[n["id"]]
             value, dest = new_tensor(e.kind, e.dtype, e.shape)
-            self.m.reads.append(TensorTarget(e, value, dest))
+            self.m.reads.append(TensorTarget(e, value, dest, tid=n["id"]))
             return value
 
         return build(node, leaf, path, self.memo)

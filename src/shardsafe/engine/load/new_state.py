@@ -9,6 +9,7 @@ the reader's general path.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,9 +42,15 @@ class Allocated:
 
 
 def whole_raw(table: ChunkTable) -> np.ndarray:
-    """Per tensor: stored as one chunk with every block raw (validation made that chunk
-    cover the whole tensor). Such a tensor is one contiguous byte range of its file."""
+    """Per tensor: stored as one chunk, of the tensor's whole size, with every block raw.
+    Such a tensor is one contiguous byte range of its file. (In a whole table validation
+    made a tensor's one chunk cover it; a partial one, what a rank reads of a version 4
+    index, may hold one chunk of many.)"""
     one = np.diff(table.tensor_start) == 1
+    first = np.minimum(table.tensor_start[:-1], max(table.num_chunks - 1, 0))
+    if not table.whole and one.any():
+        size = np.array([math.prod(s) for s in table.shapes], dtype=np.int64) * table.itemsizes
+        one &= table.nbytes[first] == size
     cd = table.coding
     if cd is None or not one.any():
         return one
@@ -51,7 +58,6 @@ def whole_raw(table: ChunkTable) -> np.ndarray:
     coded_block = np.isin(cd.codec, coded_ids)
     per_chunk = np.add.reduceat(coded_block.astype(np.int64), table.block_start[:-1]) \
         if len(coded_block) else np.zeros(table.num_chunks, dtype=np.int64)
-    first = np.minimum(table.tensor_start[:-1], max(table.num_chunks - 1, 0))
     return one & (per_chunk[first] == 0) if table.num_chunks else one
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ... import dtensor, tensors
+from ...format.index.objects import Index
 from .match import TensorTarget
 from .new_state import Allocated, whole_raw
 from .reader import ChunkReader, ReadJob
@@ -42,7 +43,7 @@ def read_targets(reader: ChunkReader, targets: list[TensorTarget], new: Allocate
                 direct.rows.append(starts[tt.tid])
                 direct.addrs.append(addr)
                 continue
-        e = tt.entry if tt.entry is not None else reader.index.tensors[tt.tid]
+        e = reader.index.tensors[tt.tid] if tt.tid >= 0 else tt.entry
         if tt.dest is not None:  # a new tensor: its bytes are known, and it is the whole
             jobs.append(ReadJob(e, tt.dest, (0,) * len(e.shape), e.shape))
             continue
@@ -71,6 +72,23 @@ def read_targets(reader: ChunkReader, targets: list[TensorTarget], new: Allocate
             job.done()
 
 
+def target_regions(targets: list[TensorTarget], index: Index) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+    """``(tensor id, offsets, shape)``: the region of its tensor each target is read from
+    (what a load needs of the index). A DTensor target's box is worked out once, here:
+    its local tensor and offsets replace it in the target."""
+    out = []
+    for tt in targets:
+        if tt.dest is not None:
+            shape = tuple(index.tensors[tt.tid].shape)
+            out.append((tt.tid, (0,) * len(shape), shape))
+            continue
+        if tt.offsets is None and dtensor.is_dtensor(tt.target):
+            tt.target, tt.offsets, _ = dtensor.target_region(tt.target)
+        shape = tensors.shape_of(tt.target)
+        out.append((tt.tid, tt.offsets if tt.offsets is not None else (0,) * len(shape), shape))
+    return out
+
+
 def _address(x: Any) -> int | None:
     """The address of a plain host tensor's memory when a load may write it directly
     (contiguous, on the CPU, no conj/neg bit, numpy: writeable); else None."""
@@ -83,4 +101,4 @@ def _address(x: Any) -> int | None:
     return None
 
 
-__all__ = ["read_targets"]
+__all__ = ["read_targets", "target_regions"]

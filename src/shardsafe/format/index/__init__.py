@@ -9,7 +9,8 @@ The index is a checkpoint's commit record. Modules, from the leaves up:
 * ``model``: ``ColumnarIndex``, what every version decodes into;
 * ``container``: the binary container of versions 2 and later, and their chunk columns;
 * ``objects``: ``Index``, the same index as objects built on demand;
-* ``v1``, ``v2``, ``v3``: each version's encoder and decoder;
+* ``v1``, ``v2``, ``v3``, ``v4``: each version's encoder and decoder; ``v4_layout`` and
+  ``v4_global``: version 4's byte layout and its global part, which a rank reads alone;
 * ``versions``: the version saves write (``WRITE_VERSION``) and reading any version.
 
 Pure: no threads, no I/O, no torch.distributed.

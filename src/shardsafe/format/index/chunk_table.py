@@ -96,6 +96,7 @@ class ChunkTable:
         block_start: ``(rows + 1,)`` first checksum of each chunk.
         block_size: Checksum block size in bytes.
         coding: How each block is stored, when some chunk is compressed (else None).
+        whole: Whether the chunks cover every tensor (False: a ``partial`` table).
     """
 
     shapes: tuple[tuple[int, ...], ...]
@@ -112,6 +113,7 @@ class ChunkTable:
     block_start: np.ndarray
     block_size: int
     coding: BlockCoding | None = None
+    whole: bool = True
 
     @property
     def num_chunks(self) -> int:
@@ -227,6 +229,45 @@ class ChunkTable:
                          table.checksums, block_size, np.asarray(data_starts, dtype=I64), name)
         _check_byte_ranges(table, np.asarray(file_sizes, dtype=I64),
                            np.asarray(data_starts, dtype=I64), name)
+        return table
+
+
+    @staticmethod
+    def partial(shapes: Sequence[Sequence[int]], itemsizes: np.ndarray, counts: np.ndarray, file: np.ndarray,
+                offset: np.ndarray, nbytes: np.ndarray, pos: np.ndarray, extent: np.ndarray,
+                checksums: np.ndarray, block_size: int, file_sizes: np.ndarray, data_starts: np.ndarray,
+                name: Callable[[int], str] = str, coding: BlockCoding | None = None) -> ChunkTable:
+        """A table of *some* chunks of an index (what a rank reads of a version 4 index):
+        every tensor in general form (``pos``/``extent`` flat, row after row), ``counts``
+        chunks per tensor, in each tensor's chunk order.
+
+        Checks what ``build`` checks of a whole table's chunks, except that they cover
+        their tensors: one checksum per block, the coding rules, every chunk's bytes
+        inside its file's data section without overlapping another chunk's. The caller
+        has checked that each chunk lies inside its tensor and that ``nbytes`` is its
+        volume times the item size.
+
+        Raises:
+            CorruptCheckpointError: naming the first inconsistency found.
+        """
+        shapes_t = tuple(tuple(int(d) for d in s) for s in shapes)
+        counts_a = np.asarray(counts, dtype=I64)
+        tensor_start = np.concatenate([[0], np.cumsum(counts_a)]).astype(I64)
+        ndims = np.fromiter(map(len, shapes_t), dtype=I64, count=len(shapes_t))
+        general_start = np.concatenate([[0], np.cumsum(counts_a * ndims)]).astype(I64)
+        block_start = np.concatenate([[0], np.cumsum(num_blocks(np.asarray(nbytes, dtype=I64), block_size))])
+        if len(pos) != general_start[-1] or len(file) != tensor_start[-1] or block_start[-1] != len(checksums):
+            raise bad(f"{len(checksums)} checksums and {len(pos)} positions for {int(tensor_start[-1])} chunks "
+                      f"of {int(block_start[-1])} blocks and {int(general_start[-1])} positions")
+        table = ChunkTable(shapes_t, np.asarray(itemsizes, dtype=I64), (None,) * len(shapes_t), tensor_start,
+                           np.asarray(file, dtype=I64), np.asarray(offset, dtype=I64), np.asarray(nbytes, dtype=I64),
+                           np.asarray(pos, dtype=I64), np.asarray(extent, dtype=I64), general_start,
+                           np.asarray(checksums, dtype=np.uint32), block_start.astype(I64), block_size, coding,
+                           whole=False)
+        if coding is not None:
+            check_coding(coding, table.nbytes, table.block_start, table.tensor_start, table.file,
+                         table.checksums, block_size, np.asarray(data_starts, dtype=I64), name)
+        _check_byte_ranges(table, np.asarray(file_sizes, dtype=I64), np.asarray(data_starts, dtype=I64), name)
         return table
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import repeat
 from operator import eq
 from typing import Any
 
@@ -138,11 +139,15 @@ def _check_tree_size(root: dict[str, Any]) -> None:
 
     Validation walks every leaf's key path, so its work is the sum of the node depths;
     a tree of millions of leaves hundreds of levels deep is refused here, in O(nodes).
+    Nodes and their depths are kept in two lists, not as a tuple per node: pushing
+    millions of new tuples would run the garbage collector over the whole parsed index
+    again and again (most of the walk's time).
     """
-    stack: list[tuple[Any, int]] = [(root, 0)]
+    stack: list[Any] = [root]
+    depths: list[int] = [0]
     nodes = total_depth = 0
     while stack:
-        node, depth = stack.pop()
+        node, depth = stack.pop(), depths.pop()
         nodes += 1
         total_depth += depth
         if depth > MAX_TREE_DEPTH:
@@ -153,7 +158,9 @@ def _check_tree_size(root: dict[str, Any]) -> None:
             raise bad(f"tree leaves lie more than {MAX_MEAN_DEPTH} levels deep on average")
         v = node.get("v") if isinstance(node, dict) else None
         if isinstance(v, list):
-            stack.extend((c, depth + 1) for c in v if isinstance(c, dict))
+            children = [c for c in v if isinstance(c, dict)]
+            stack += children
+            depths += repeat(depth + 1, len(children))
 
 
 def check_tree(node: Any, keys: Sequence[tree.KeyPath]) -> None:

@@ -118,7 +118,7 @@ def _check_extents(ndim: np.ndarray, dims: np.ndarray, itemsize: np.ndarray,
             raise bad(f"tensor {t}: absurd shape {list(shapes[t])}")
 
 
-def _tensor_table(raw: Any, cols: dict[str, np.ndarray]) -> tuple[
+def tensor_table(raw: Any, cols: dict[str, np.ndarray]) -> tuple[
         list[str], list[str], list[tuple[int, ...]], list[int], list[int], list[Split | None]]:
     """The tensor columns, checked, as lists: kinds, dtype names, shapes, chunk counts,
     itemsizes and split rules (whose fit to their shape and to the files
@@ -168,7 +168,7 @@ def decode(data: bytes) -> ColumnarIndex:
     block_size = check_int(raw.get("block_size"), "block_size", 4096, 1 << 40)
     files = decode_files(raw.get("files"))
     cols = read_columns(raw.get("columns"), section, TENSOR_COLUMNS + COLUMNS, CODED_COLUMNS, {})
-    kinds, dtypes, shapes, counts, itemsizes, splits = _tensor_table(raw, cols)
+    kinds, dtypes, shapes, counts, itemsizes, splits = tensor_table(raw, cols)
     keys = tree_keys(raw.get("tree"), len(kinds))
 
     def name(t: int) -> str:

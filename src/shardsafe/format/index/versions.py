@@ -12,16 +12,18 @@ from collections.abc import Callable, Sequence
 
 from ...errors import CorruptCheckpointError
 from .. import INDEX_NAME
-from . import v1, v2, v3
+from . import v1, v2, v3, v4
 from .container import is_container, version_of
 from .model import ColumnarIndex
 from .objects import Index, from_columnar, to_columnar
 from .rows import FileEntry
 
-WRITE_VERSION = v3.VERSION
+WRITE_VERSION = v4.VERSION
 # the binary versions: each one's encoder and decoder (version 1 is JSON: ``v1``)
-_ENCODERS: dict[int, Callable[[ColumnarIndex], bytes]] = {v2.VERSION: v2.encode, v3.VERSION: v3.encode}
-_DECODERS: dict[int, Callable[[bytes], ColumnarIndex]] = {v2.VERSION: v2.decode, v3.VERSION: v3.decode}
+_ENCODERS: dict[int, Callable[[ColumnarIndex], bytes]] = {v2.VERSION: v2.encode, v3.VERSION: v3.encode,
+                                                           v4.VERSION: v4.encode}
+_DECODERS: dict[int, Callable[[bytes], ColumnarIndex]] = {v2.VERSION: v2.decode, v3.VERSION: v3.decode,
+                                                           v4.VERSION: v4.decode}
 READ_VERSIONS = (v1.VERSION, *_DECODERS)
 
 
