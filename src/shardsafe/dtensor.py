@@ -13,22 +13,27 @@ Only this module and ``shardsafe.comm`` know about torch.distributed types.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
-try:
-    from torch.distributed.tensor import DTensor, Partial, Replicate
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    HAVE_DTENSOR = True
-except ImportError:  # pragma: no cover - numpy-only installs or torch without distributed
-    DTensor = Partial = Replicate = None  # type: ignore[assignment,misc]
-    HAVE_DTENSOR = False
+_DTENSOR_MODULE = "torch.distributed.tensor"
+_dtensor_class: Any = None  # DTensor, once its module is imported
 
 
 def is_dtensor(x: Any) -> bool:
-    """True for ``torch.distributed.tensor.DTensor`` values."""
-    return HAVE_DTENSOR and isinstance(x, DTensor)
+    """True for ``torch.distributed.tensor.DTensor`` values.
+
+    Nothing is imported here: a DTensor exists only once ``torch.distributed.tensor`` has
+    been imported (by whoever made it), and importing it costs about a second, which
+    ``import shardsafe`` (and every ``shardsafe`` command) would otherwise pay.
+    """
+    global _dtensor_class
+    if _dtensor_class is None:
+        _dtensor_class = getattr(sys.modules.get(_DTENSOR_MODULE), "DTensor", None)
+        if _dtensor_class is None:
+            return False
+    return isinstance(x, _dtensor_class)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +78,9 @@ def local_shard(x: Any, key: str = "<tensor>") -> LocalShard:
         TypeError: ``x`` has a ``Partial`` placement (its value is a pending reduction,
             not data: redistribute it first), or this rank is not in its mesh.
     """
+    from torch.distributed.tensor import Partial, Replicate  # imported already: x is a DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
     placements = tuple(x.placements)
     if any(isinstance(p, Partial) for p in placements):
         raise TypeError(f"cannot save DTensor at key path {key!r}: placement Partial holds a pending "
