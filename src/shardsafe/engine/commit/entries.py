@@ -1,10 +1,10 @@
-"""Each rank's part of the index as columns, and the v2 chunk table built from all parts.
+"""Each rank's part of the index as columns, and the chunk table built from all parts.
 
 A rank describes the chunks it wrote, and those it references in earlier steps' files
 (``ChunkRef``, incremental saves), as a few numpy arrays (``Entries``); a collective
 save sends them to rank 0 as compact binary (``encode``/``decode``: a small JSON head
 for the file list, then little-endian columns), and rank 0 concatenates every rank's
-columns, orders the chunks and builds the v2 ``ChunkTable`` directly (``columnar_index``)
+columns, orders the chunks and builds the ``ChunkTable`` directly (``columnar_index``)
 without a Python object per chunk. Pure: no I/O, no communication.
 """
 
@@ -337,7 +337,7 @@ def _splits(items: Sequence[TensorItem], counts: np.ndarray, starts: np.ndarray,
 
 def columnar_index(items: Sequence[TensorItem], parts: Sequence[Entries], block_size: int,
                    **header: object) -> ColumnarIndex:
-    """The v2 index of a save from every rank's entries (``header``: tree, world_size, ...).
+    """The columnar index of a save from every rank's entries (``header``: tree, world_size, ...).
 
     Raises:
         CheckpointError: the ranks' chunks do not hold exactly each tensor's elements.

@@ -161,7 +161,7 @@ class ChunkReader:
         """The I/O-pool tasks that fill ``jobs`` (planning only: no byte is read here).
 
         Per job, only the saved chunks that overlap its region become Python objects
-        (``TensorEntry.overlapping``): a v2 index keeps the rest as columns.
+        (``TensorEntry.overlapping``): a decoded index keeps the rest as columns.
         """
         tasks: list[tuple[Callable[..., None], tuple]] = []
         small: list[_Small] = []
