@@ -2,21 +2,44 @@
 
 Storage backends do I/O when called and own no threads; the engine (writers, readers,
 in-place loads) and the CLI submit their ranged jobs here. ``io_pool()`` is the one
-getter of the process-wide pool, so resetting it (e.g. in a forked child) means
-dropping one module-level reference.
+getter of the process-wide pool; ``ProcessPool`` is the one lazily created, fork-safe
+pool that the save pipeline's copy and transform pools are made of too.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from .. import knobs
 
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
+
+class ProcessPool:
+    """A process-wide thread pool, created on first use with ``threads()`` threads.
+
+    After ``fork`` the child has none of the parent's pool threads, and a job queued on the
+    inherited pool would wait forever: the pool (and a lock a parent thread may have held at
+    the fork) is forgotten there, and the child's first use creates its own."""
+
+    def __init__(self, threads: Callable[[], int], prefix: str) -> None:
+        self._threads = threads
+        self._prefix = prefix
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        os.register_at_fork(after_in_child=self._forget)
+
+    def get(self) -> ThreadPoolExecutor:
+        """The pool, created now if this process has none yet."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._threads(), thread_name_prefix=self._prefix)
+            return self._pool
+
+    def _forget(self) -> None:
+        self._lock = threading.Lock()
+        self._pool = None
 
 
 def io_threads() -> int:
@@ -24,25 +47,12 @@ def io_threads() -> int:
     return knobs.io_threads()
 
 
+_io = ProcessPool(io_threads, "shardsafe-io")
+
+
 def io_pool() -> ThreadPoolExecutor:
     """The process-wide pool for file I/O (created lazily on first use)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(io_threads(), thread_name_prefix="shardsafe-io")
-        return _pool
-
-
-def _reset_in_child() -> None:
-    """After ``fork``: the child has none of the parent's pool threads, and a job queued on
-    the inherited pool would wait forever. Forget it (and a lock a parent thread may have
-    held at the fork); the child's first I/O creates its own pool."""
-    global _pool, _pool_lock
-    _pool_lock = threading.Lock()
-    _pool = None
-
-
-os.register_at_fork(after_in_child=_reset_in_child)
+    return _io.get()
 
 
 def wait_all(futures: Sequence[Future]) -> None:

@@ -32,7 +32,6 @@ behind the writes it feeds.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,31 +44,16 @@ from ... import knobs
 from ...plan.layout import FilePlan
 from .. import cuda
 from ..buffers import BouncePool, HostBuffer, HostSlice
-from ..io_pool import wait_all
+from ..io_pool import ProcessPool, wait_all
 from .sources import Sources, copy_device_parts, copy_unit, pin_device
 from .units import FileUnits
 
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
+_pool = ProcessPool(lambda: max(1, knobs.copy_threads() - 1), "shardsafe-copy")
 
 
 def copy_pool() -> ThreadPoolExecutor:
     """The process-wide pool of staging helpers (``SHARDSAFE_COPY_THREADS`` - 1 threads)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max(1, knobs.copy_threads() - 1), thread_name_prefix="shardsafe-copy")
-        return _pool
-
-
-def _reset_in_child() -> None:
-    """After ``fork``: drop the parent's copy pool (its threads do not exist in the child)."""
-    global _pool, _pool_lock
-    _pool_lock = threading.Lock()
-    _pool = None
-
-
-os.register_at_fork(after_in_child=_reset_in_child)
+    return _pool.get()
 
 
 class Fed(Protocol):

@@ -17,7 +17,6 @@ Skipping unchanged chunks (incremental saves) is decided at planning time
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,30 +26,17 @@ from ... import knobs
 from ...format.blockfile import RAW, CodedBlock, code_block
 from ...format.checksum import crc32c
 from ...format.crc_combine import crc32c_combine
+from ..io_pool import ProcessPool
 from .feeds import Unit
 from .units import BlockSums, FileUnits
 
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
+_pool = ProcessPool(knobs.copy_threads, "shardsafe-transform")
 
 
 def transform_pool() -> ThreadPoolExecutor:
     """The process-wide pool that runs transforms (``SHARDSAFE_COPY_THREADS`` threads:
     the CPUs, at most 4), apart from the I/O pool so that coding never holds back writes."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(knobs.copy_threads(), thread_name_prefix="shardsafe-transform")
-        return _pool
-
-
-def _reset_in_child() -> None:
-    global _pool, _pool_lock
-    _pool_lock = threading.Lock()
-    _pool = None
-
-
-os.register_at_fork(after_in_child=_reset_in_child)
+    return _pool.get()
 
 
 class Checksum:
