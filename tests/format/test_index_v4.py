@@ -261,6 +261,13 @@ FORGED = [
      "part_files lists"),
     ("general file beyond", _col("file", 0, 3), "names file 3"),
     ("general chunk outside", _col("pos", 0, 2), "outside shape"),
+    ("general chunks share a box", _col("pos", 3, 0), "tensor g.0: chunks overlap"),
+    ("general chunks leave a gap", _col("extent", 1, 2), "outside shape|hold 5 elements"),
+    ("whole_files omits a file", lambda f: f.js.__setitem__("whole_files", f.js["whole_files"][:-1]),
+     "its one chunk lies in data file 2, which whole_files does not list"),
+    ("whole_files lists an extra file", lambda f: f.js.__setitem__("whole_files", [[0, {
+        "name": F0, "size": 4128, "data_start": 4096, "rank": 0}]] + f.js["whole_files"]),
+     "whole_files lists data file 0, which holds no tensor stored as one chunk"),
     ("scalar chunk count", _col("chunks", 2, 2), "column|chunks"),
     ("split file beyond", _col("split_file0", 0, 1), "files beyond"),
     ("file count", _set(lambda f: f.js, "files", 4), "part_files lists"),

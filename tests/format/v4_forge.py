@@ -86,3 +86,56 @@ def seal_v4(f: Forged, fix_counts: bool = True) -> bytes:
     head = HEADER.pack(b"SSAFEIDX", 4, 64, at, len(stored), len(raw), len(parts), f.codec, crc32c(stored), 0, 0)[:60]
     head += struct.pack("<I", crc32c(head))
     return head + stored + b"\0" * (-len(stored) % 8) + entries + b"".join(parts)
+
+
+def halve_twice(ckpt: str, key: str) -> None:
+    """Rewrites checkpoint ``ckpt``'s index (version 4) so that the 1-D tensor ``key``
+    (stored as one chunk of an even length ``n``) is a general tensor of two chunks with
+    the *same* box, its first half: one chunk holds the first half's bytes, the other the
+    second half's. Volumes add up to ``n``; the second half of the tensor is covered by no
+    chunk. Checksums are right, so only a tiling check can refuse it."""
+    import dataclasses
+    import os
+
+    from shardsafe.format.index.chunk_table import ChunkTable
+    from shardsafe.format.index.versions import decode, encode_columnar
+
+    path = os.path.join(ckpt, "index.json")
+    with open(path, "rb") as f:
+        index, _ = decode(f.read())
+    ct = index.chunks
+    t = next(i for i, info in enumerate(index.tensors) if info.key == (key,))
+    assert int(ct.tensor_start[t + 1] - ct.tensor_start[t]) == 1 and len(ct.shapes[t]) == 1
+    row = int(ct.tensor_start[t])
+    off, n = int(ct.offset[row]), int(ct.nbytes[row])
+    with open(os.path.join(ckpt, index.files[int(ct.file[row])].name), "rb") as f:
+        f.seek(off)
+        data = f.read(n)
+    half, length = n // 2, ct.shapes[t][0] // 2
+    counts = np.diff(ct.tensor_start).copy()
+    counts[t] = 2
+    rows = list(range(row)) + [row, row] + list(range(row + 1, ct.num_chunks))
+    pos, ext, gen = [], [], [0]
+    for u in range(len(ct.shapes)):
+        if u == t:
+            pos += [0, 0]
+            ext += [length, length]
+        else:
+            c = ct.tensor_chunks(u)
+            pos += c.pos.reshape(-1).tolist()
+            ext += c.extent.reshape(-1).tolist()
+        gen.append(len(pos))
+    nbytes = ct.nbytes[rows].copy()
+    nbytes[row : row + 2] = half
+    offset = ct.offset[rows].copy()
+    offset[row + 1] = off + half
+    sums = np.concatenate([ct.checksums[: ct.block_start[row]],
+                           np.array([crc32c(data[:half]), crc32c(data[half:])], dtype=np.uint32),
+                           ct.checksums[ct.block_start[row + 1] :]])
+    blocks = np.concatenate([[0], np.cumsum(np.maximum(1, -(-nbytes // ct.block_size)))]).astype(np.int64)
+    table = ChunkTable(ct.shapes, ct.itemsizes, tuple(None for _ in ct.shapes),
+                       np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), ct.file[rows], offset, nbytes,
+                       np.array(pos, dtype=np.int64), np.array(ext, dtype=np.int64), np.array(gen, dtype=np.int64),
+                       sums, blocks, ct.block_size, None)
+    with open(path, "wb") as f:
+        f.write(encode_columnar(dataclasses.replace(index, chunks=table), 4))

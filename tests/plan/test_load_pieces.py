@@ -57,6 +57,21 @@ def test_uncovered_regions_raise(chunks, offsets, shape) -> None:
         pieces_for(chunks, offsets, shape)
 
 
+@pytest.mark.parametrize(("chunks", "offsets", "shape", "message"), [
+    # as many elements as the region, but one half twice and the other never
+    ([chunk((0, 0), (2, 4)), chunk((0, 0), (2, 4))], (0, 0), (4, 4), r"element \[0, 0\] lies in 2 chunks"),
+    ([chunk((0, 0), (2, 4)), chunk((1, 0), (2, 4)), chunk((3, 0), (1, 4)), chunk((2, 0), (1, 4))], (0, 0), (4, 4),
+     r"hold 24 elements, shape needs 16"),
+    ([chunk((0, 0), (2, 4)), chunk((1, 0), (2, 4))], (0, 0), (4, 4), r"element \[1, 0\] lies in 2 chunks"),
+    # inside a region that one chunk covers twice
+    ([chunk((0, 0), (4, 4)), chunk((1, 1), (1, 1))], (1, 1), (2, 2), r"lies in 2 chunks|hold 5 elements"),
+    ([chunk((), ()), chunk((), ())], (), (), "2 chunks of a scalar overlap"),
+])
+def test_regions_covered_twice_raise(chunks, offsets, shape, message) -> None:
+    with pytest.raises(CoverageError, match=message):
+        pieces_for(chunks, offsets, shape)
+
+
 @pytest.mark.parametrize(("rows", "cols"), [(1, 1), (3, 2), (5, 7)])
 def test_reassembly_of_random_regions_matches_numpy(rows: int, cols: int) -> None:
     rng = np.random.default_rng(rows * 10 + cols)

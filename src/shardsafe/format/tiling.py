@@ -21,6 +21,7 @@ Dimensions that every chunk spans whole are dropped first: they change nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -63,6 +64,25 @@ def tiling_problem(pos: np.ndarray, extent: np.ndarray, shape: Sequence[int]) ->
     if times == 0:  # the volumes add up, so another element is covered twice
         return f"chunks overlap and leave a gap: element {element} lies in 0 chunks"
     return f"chunks overlap: element {element} lies in {times} chunks"
+
+
+def cover_problem(pos: np.ndarray, extent: np.ndarray, shape: Sequence[int]) -> str | None:
+    """Why the boxes ``pos``/``extent`` (``(n, ndim)`` int64, each inside ``shape``) do not
+    cover ``shape`` exactly once, or None when they do: their element counts must add up
+    to the shape's, and then ``tiling_problem`` decides on the boxes themselves (equal
+    volumes do not prove coverage: two copies of one half hold as many elements as both
+    halves)."""
+    n = len(pos)
+    if not shape and n > 1:
+        return f"{n} chunks of a scalar overlap"
+    vol = np.prod(extent, axis=1, dtype=I64) if extent.shape[1] else np.ones(n, I64)
+    numel = math.prod(shape)
+    # each volume is <= numel <= 2^62; a float sum below 2^62 means the int64 one is exact
+    held = int(vol.sum()) if float(vol.sum(dtype=np.float64)) < 2.0**62 else None
+    if held != numel:
+        return f"chunks hold {held if held is not None else 'over 2^62'} elements, shape needs {numel}"
+    keep = vol > 0
+    return tiling_problem(pos[keep], extent[keep], shape)
 
 
 def _is_grid(p: np.ndarray, e: np.ndarray, s: np.ndarray) -> bool:

@@ -6,11 +6,13 @@ Pure functions over plain tuples and columns; unit-tested with synthetic chunk l
 from __future__ import annotations
 
 from collections.abc import Sequence
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..format.index.rows import ChunkEntry
+from ..format.tiling import cover_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,11 +36,14 @@ def pieces_for(chunks: Sequence[ChunkEntry], offsets: Sequence[int],
                shape: Sequence[int]) -> list[Piece]:
     """The pieces of saved ``chunks`` that fill the region ``offsets``/``shape``.
 
+    Coverage is proven on the pieces' boxes, not on their volumes: the region must be
+    covered exactly once (two chunks with one box hold as many elements as two halves).
+
     Raises:
-        CoverageError: when the chunks leave part of the region uncovered.
+        CoverageError: when the chunks leave part of the region uncovered or cover some
+            of it twice.
     """
     out: list[Piece] = []
-    covered = 0
     for c in chunks:
         src, dst = [], []
         for co, cs, wo, ws in zip(c.offsets, c.shape, offsets, shape):
@@ -50,15 +55,18 @@ def pieces_for(chunks: Sequence[ChunkEntry], offsets: Sequence[int],
         else:
             if len(shape) == 0 or all(b > a for a, b in dst):
                 out.append(Piece(c, tuple(src), tuple(dst)))
-                vol = 1
-                for a, b in dst:
-                    vol *= b - a
-                covered += vol
-    want = 1
-    for s in shape:
-        want *= s
-    if want and covered < want:
-        raise CoverageError(f"saved chunks cover {covered} of the {want} wanted elements")
+    if math.prod(shape) == 0:
+        return out
+    if len(out) == 1 and all(a == 0 and b == s for (a, b), s in zip(out[0].dst, shape)):
+        return out  # one piece filling the region (every same-layout read)
+    if not out:
+        raise CoverageError(f"no saved chunk covers the wanted region {list(offsets)}+{list(shape)}")
+    nd = len(shape)
+    boxes = np.array([[a for a, _ in p.dst] + [b - a for a, b in p.dst] for p in out], dtype=np.int64)
+    problem = cover_problem(boxes[:, :nd].reshape(len(out), nd), boxes[:, nd:].reshape(len(out), nd), shape)
+    if problem is not None:
+        raise CoverageError(f"saved chunks do not cover the wanted region {list(offsets)}+{list(shape)} "
+                            f"exactly once: {problem}")
     return out
 
 

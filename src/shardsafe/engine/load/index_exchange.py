@@ -42,6 +42,7 @@ from ...storage import Storage
 from ..commit import transaction as commit
 
 GAP = 64 << 10  # index byte ranges closer than this are read in one request
+SIZE_FIRST = 1 << 20  # index reads above this compare their end with the file's size first
 
 
 @dataclass(slots=True)
@@ -69,10 +70,16 @@ STATS = IndexStats()
 
 
 def _read(storage: Storage, spath: str, offset: int, n: int) -> bytes:
-    """Bytes ``[offset, offset + n)`` of the index (counted in ``STATS``)."""
-    buf = bytearray(n)
+    """Bytes ``[offset, offset + n)`` of the index (counted in ``STATS``). A read of more
+    than ``SIZE_FIRST`` bytes asks for the file's size first: a forged header's sizes must
+    not make a reader allocate what the file does not hold."""
+    path = storage.join(spath, INDEX_NAME)
     try:
-        storage.read_into(storage.join(spath, INDEX_NAME), offset, memoryview(buf))
+        if n > SIZE_FIRST and (size := storage.size(path)) < offset + n:
+            raise CorruptCheckpointError(f"index is truncated or forged: it is {size} bytes, its header "
+                                         f"places {n} bytes at {offset}", file=INDEX_NAME)
+        buf = bytearray(n)
+        storage.read_into(path, offset, memoryview(buf))
     except (FileNotFoundError, NotADirectoryError):
         raise CheckpointNotFoundError(f"no committed checkpoint at {spath!r} (no {INDEX_NAME})") from None
     except EOFError:

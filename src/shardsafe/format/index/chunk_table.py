@@ -27,7 +27,7 @@ from operator import attrgetter, getitem, is_not
 import numpy as np
 
 from ..blockfile import RAW, BlockCoding, check_coding
-from ..tiling import tiling_problem
+from ..tiling import cover_problem
 from .rules import bad
 
 I64 = np.int64
@@ -377,17 +377,8 @@ def _check_general(table: ChunkTable, name: Callable[[int], str]) -> None:
         k = len(c.file)
         vol = np.prod(c.extent, axis=1, dtype=I64) if c.extent.shape[1] else np.ones(k, I64)
         table.nbytes[c.start : c.start + k] = vol * int(table.itemsizes[t])
-        if not table.shapes[t] and k > 1:
-            raise bad(f"tensor {name(t)}: {k} chunks of a scalar overlap")
-        numel = math.prod(table.shapes[t])
-        # each volume is <= numel <= 2^62; a float sum below 2^62 means the int64 one is exact
-        held = int(vol.sum()) if float(vol.sum(dtype=np.float64)) < 2.0**62 else None
-        if held != numel:
-            raise bad(f"tensor {name(t)}: chunks hold {held if held is not None else 'over 2^62'} "
-                      f"elements, shape needs {numel}")
-        keep = vol > 0
-        problem = tiling_problem(c.pos[keep], c.extent[keep], table.shapes[t])
-        if problem is not None:  # boxes inside the shape holding numel elements in all
+        problem = cover_problem(c.pos, c.extent, table.shapes[t])
+        if problem is not None:
             raise bad(f"tensor {name(t)}: {problem}")
 
 

@@ -33,8 +33,8 @@ from ..blockfile import BlockCoding
 from ..checksum import ALGORITHM, crc32c
 from .chunk_table import ChunkTable
 from .model import ColumnarIndex
-from .rules import (MAX_DIM, MAX_INDEX_BYTES, bad, check_int, encode_files, finite_float, reject_constant,
-                    unique_members)
+from .rules import (MAX_DIM, MAX_INDEX_BYTES, bad, check_int, dumps, encode_files, finite_float,
+                    metadata_size_problem, reject_constant, unique_members)
 
 MAGIC = b"SSAFEIDX"
 HEADER = struct.Struct("<8sIIQQ")
@@ -67,15 +67,13 @@ def pad8(n: int) -> int:
     return -n % 8
 
 
-def dumps(value: Any) -> str:
-    """JSON text as every index writes it (compact, UTF-8 as is, no NaN)."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-
-
 def check_metadata(metadata: Mapping[str, Any]) -> None:
     """Raises TypeError/ValueError unless ``metadata`` can be written into an index's JSON
-    part as the encoders write it (``dumps``, then UTF-8: no NaN, no lone surrogate)."""
-    dumps(dict(metadata)).encode("utf-8")
+    part as the encoders write it (``dumps``, then UTF-8: no NaN, no lone surrogate) and
+    is at most ``MAX_METADATA_BYTES`` long that way (what every reader accepts)."""
+    problem = metadata_size_problem(dict(metadata))
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def header_members(index: ColumnarIndex) -> dict[str, Any]:
@@ -160,6 +158,14 @@ def read_columns(raw: Any, section: memoryview, names: Sequence[str], optional: 
     """The stored columns: exactly ``names``, then ``optional`` when the first of them is
     described, in that order; lengths must be the ``expected`` ones (None: any). Values are
     int64 (CRC32C columns: uint32), none above 2^62."""
+    return widen(column_views(raw, section, names, optional, expected), {})
+
+
+def column_views(raw: Any, section: memoryview, names: Sequence[str], optional: Sequence[str],
+                 expected: Mapping[str, int | None] | None = None) -> dict[str, np.ndarray]:
+    """``read_columns``' columns as stored (views of ``section``, their own element
+    types): checked descriptors, ``expected`` lengths, bounds, padding and values,
+    nothing allocated."""
     names = tuple(names) + (tuple(optional) if isinstance(raw, dict) and optional and optional[0] in raw
                             else ())
     if not isinstance(raw, dict) or sorted(raw) != sorted(names):
@@ -172,7 +178,7 @@ def read_columns(raw: Any, section: memoryview, names: Sequence[str], optional: 
                 or (n.endswith("crc32c") and desc[0] != "<u4")):
             raise bad(f"column {n}: bad descriptor {desc!r}")
         count = check_int(desc[1], f"length of column {n}", 0, len(section))
-        if expected.get(n) is not None and count != expected[n]:
+        if expected and expected.get(n) is not None and count != expected[n]:
             raise bad(f"column {n} holds {count} values, the tensor rows need {expected[n]}")
         size = count * np.dtype(desc[0]).itemsize
         if at + size + pad8(size) > len(section):
@@ -182,8 +188,17 @@ def read_columns(raw: Any, section: memoryview, names: Sequence[str], optional: 
             raise bad(f"column {n}: padding must be zero bytes")
         if desc[0] == "<u8" and count and int(arr.max()) > MAX_DIM:
             raise bad(f"column {n} holds a value above 2^62")
-        out[n] = arr.astype(np.int64) if not n.endswith("crc32c") else arr
+        out[n] = arr
         at += size + pad8(size)
     if at != len(section):
         raise bad("bytes after the last column")
     return out
+
+
+def widen(views: Mapping[str, np.ndarray], expected: Mapping[str, int | None]) -> dict[str, np.ndarray]:
+    """Column ``views`` as int64 (CRC32C columns as uint32), each length checked against
+    ``expected`` (None or absent: any) before anything is widened."""
+    for n, arr in views.items():
+        if expected.get(n) is not None and len(arr) != expected[n]:
+            raise bad(f"column {n} holds {len(arr)} values, the tensor rows need {expected[n]}")
+    return {n: arr if n.endswith("crc32c") else arr.astype(np.int64) for n, arr in views.items()}

@@ -7,6 +7,7 @@ rules, so a rule changed here changes for every version.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from itertools import repeat
@@ -28,6 +29,13 @@ MAX_DIM = 1 << 62
 # that overflow numpy's size arithmetic or look absurd to any reader.
 MAX_EXTENT_BYTES = 1 << 62
 TENSOR_KINDS = ("torch", "numpy", "jax")
+# What a compressed JSON may describe (docs/FORMAT.md 9.8): a JSON of ``n`` stored bytes
+# holds at most JSON_VALUES_FLOOR + JSON_VALUES_PER_BYTE * n values (a raw JSON always
+# does: every value takes at least two bytes), so parsing it costs memory linear in the
+# bytes stored, not in what they inflate to.
+JSON_VALUES_FLOOR = 1 << 20
+JSON_VALUES_PER_BYTE = 4
+MAX_METADATA_BYTES = 1 << 22  # user metadata, as the encoders write it (JSON, UTF-8)
 
 
 def bad(msg: str) -> CorruptCheckpointError:
@@ -120,11 +128,46 @@ def tensor_header(t: dict[str, Any], name: str) -> tuple[str, DType, tuple[int, 
     return t["kind"], dt, shape_t
 
 
+def dumps(value: Any) -> str:
+    """JSON text as every index writes it (compact, UTF-8 as is, no NaN)."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def json_values(text: bytes | memoryview) -> int:
+    """An upper bound on the number of values (and member names) in JSON ``text``: one
+    more than its commas, colons and opening brackets (C-speed scans, no parse)."""
+    b = bytes(text)
+    return 1 + b.count(b",") + b.count(b":") + b.count(b"[") + b.count(b"{")
+
+
+def check_json_size(text: bytes | memoryview, stored: int, what: str) -> None:
+    """Refuses, before it is parsed, a JSON that holds more values than its ``stored``
+    bytes may describe (``JSON_VALUES_FLOOR + JSON_VALUES_PER_BYTE * stored``): a
+    compressed JSON of constant values would otherwise parse into far more memory than
+    the index occupies."""
+    n, limit = json_values(text), JSON_VALUES_FLOOR + JSON_VALUES_PER_BYTE * stored
+    if n > limit:
+        raise bad(f"{what}: its JSON holds up to {n} values, more than its {stored} stored bytes may "
+                  f"describe ({limit})")
+
+
+def metadata_size_problem(metadata: Any) -> str | None:
+    """Why ``metadata`` is too large to be written into (or read from) an index, or None."""
+    size = len(dumps(metadata).encode("utf-8"))
+    if size > MAX_METADATA_BYTES:
+        return (f"metadata takes {size} bytes as JSON, more than the {MAX_METADATA_BYTES} allowed "
+                "(store large values in the state itself)")
+    return None
+
+
 def header_fields(raw: dict[str, Any]) -> dict[str, Any]:
     """``metadata``, ``created``, ``world_size`` and ``library`` of an index, checked."""
     metadata = raw.get("metadata", {})
     if not isinstance(metadata, dict):
         raise bad("metadata must be an object")
+    problem = metadata_size_problem(metadata)
+    if problem is not None:
+        raise bad(problem)
     created = raw.get("created", 0.0)
     # compared, not converted: float(10**400) would raise OverflowError
     if not isinstance(created, (int, float)) or isinstance(created, bool) or not -1e300 < created < 1e300:

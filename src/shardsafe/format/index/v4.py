@@ -34,11 +34,11 @@ from ..checksum import ALGORITHM, crc32c
 from .chunk_table import ChunkTable, num_blocks
 from .container import CODED_COLUMNS, stored_columns
 from .model import ColumnarIndex
-from .rules import bad, decode_files, encode_files
+from .rules import JSON_VALUES_FLOOR, JSON_VALUES_PER_BYTE, bad, decode_files, encode_files, json_values
 from .v3 import tensor_columns
 from .v4_global import GLOBAL_CODED, GLOBAL_COLUMNS, PART_COLUMNS, GlobalPart
 from .v4_layout import (ENTRY, GLOBAL_HEAD, HEADER, MAGIC, PART_HEAD, RAW, VERSION, ZLIB, blocks_of, check_part,
-                        describe, files_per_part, group_rows, pack_section, pad8, products, ranges)
+                        describe, files_per_part, group_rows, max_inflated, pack_section, pad8, products, ranges)
 
 __all__ = ["VERSION", "COMPRESS_MIN", "encode", "decode"]
 
@@ -111,6 +111,14 @@ def _parts(index: ColumnarIndex, part_files: np.ndarray, rows: np.ndarray, bound
     return out
 
 
+def _readable_compressed(raw: bytes, stored: int) -> bool:
+    """Whether readers accept ``raw`` (a global part) stored as ``stored`` zlib bytes: it
+    inflates within ``max_inflated`` and its JSON within ``rules.check_json_size``."""
+    (n,) = GLOBAL_HEAD.unpack_from(raw)
+    return (len(raw) <= max_inflated(stored)
+            and json_values(raw[GLOBAL_HEAD.size : GLOBAL_HEAD.size + n]) <= JSON_VALUES_FLOOR + JSON_VALUES_PER_BYTE * stored)
+
+
 def encode(index: ColumnarIndex, *, compress: bool | None = None) -> bytes:
     """The bytes of a version 4 index. Each run of consecutive data files written by one
     rank makes a part; the global part is zlib-compressed (level 9) when it holds at
@@ -121,6 +129,8 @@ def encode(index: ColumnarIndex, *, compress: bool | None = None) -> bytes:
     raw = _global(index, part_files, whole)
     codec = ZLIB if (len(raw) >= COMPRESS_MIN if compress is None else compress) else RAW
     stored = zlib.compress(raw, 9) if codec == ZLIB else raw
+    if codec == ZLIB and not _readable_compressed(raw, len(stored)):
+        codec, stored = RAW, raw  # what compresses beyond the readers' bounds is stored as it is
     parts = _parts(index, part_files, rows, bounds)
     at = HEADER.size + len(stored) + pad8(len(stored)) + ENTRY.size * len(parts)
     entries = []

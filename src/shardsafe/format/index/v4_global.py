@@ -1,7 +1,9 @@
 """The global part of a v4 index, decoded: what every rank holds, and which parts it needs.
 
 ``GlobalPart.decode`` checks the header and the global part: the tensor columns (as
-version 3 does), the positions of general chunks (inside their tensor), the files per
+version 3 does), the positions of general chunks (inside their tensor, and tiling it
+exactly once: the global part holds every chunk's box, so a reader of parts proves each
+tensor's layout as a whole read does; a split rule tiles by construction), the files per
 part, and the rows of the tensors stored as one chunk (each the whole tensor, one
 checksum per block). ``parts_for`` answers which parts hold the chunks a set of regions
 overlaps, from each tensor's layout rule alone. ``narrow`` turns the global part and
@@ -21,11 +23,12 @@ import numpy as np
 
 from .. import tree
 from ..blockfile import BlockCoding
+from ..tiling import cover_problem
 from .chunk_table import ChunkTable, Split, check_tensor_rows, num_blocks
-from .container import CODED_COLUMNS, block_coding, read_columns
+from .container import CODED_COLUMNS, block_coding, column_views, widen
 from .model import ColumnarIndex, TensorInfo
 from .rows import FileEntry
-from .rules import bad, check_int, decode_files, header_fields, tree_keys
+from .rules import MAX_NDIM, bad, check_int, decode_files, header_fields, tree_keys
 from .v3 import TENSOR_COLUMNS, tensor_table
 from .v4_layout import (GLOBAL_HEAD, PART_HEAD, Header, check_part, open_section, products, ranges,
                         section_columns)
@@ -145,14 +148,15 @@ class GlobalPart:
             CorruptCheckpointError: naming the first rule broken.
         """
         header = Header(head)
-        raw, section = open_section(header.inflate(head), GLOBAL_HEAD, "global part")
+        raw, section = open_section(header.inflate(head), GLOBAL_HEAD, "global part", header.stored)
         if raw.get("checksum") != "crc32c":
             raise bad(f"unknown checksum algorithm {raw.get('checksum')!r}")
         block_size = check_int(raw.get("block_size"), "block_size", 4096, 1 << 40)
         num_files = check_int(raw.get("files"), "files", 0, 1 << 31)
-        cols = read_columns(raw.get("columns"), section, GLOBAL_COLUMNS, GLOBAL_CODED, {})
+        views = column_views(raw.get("columns"), section, GLOBAL_COLUMNS, GLOBAL_CODED)
+        keys = tree_keys(raw.get("tree"), len(views["kind"]))  # the tree proves the tensor count
+        cols = widen(views, _column_counts(views, header))
         kinds, dtypes, shapes, counts, itemsizes, splits = tensor_table(raw, cols)
-        keys = tree_keys(raw.get("tree"), len(kinds))
         infos = tuple(map(TensorInfo, keys, kinds, dtypes, shapes))
 
         def name(t: int) -> str:
@@ -173,6 +177,8 @@ class GlobalPart:
         for c, n in {"whole_offset": len(whole_t), "whole_crc32c": int(blocks[-1])}.items():
             if len(cols[c]) != n:
                 raise bad(f"column {c} holds {len(cols[c])} values, the tensors stored as one chunk need {n}")
+        whole_files = _whole_files(raw.get("whole_files"), num_files)
+        _check_whole_files(whole_t, general, layout, cols["file"], whole_files, name)
         coding = block_coding(raw, {c[len("whole_"):]: cols[c] for c in GLOBAL_CODED if c in cols})
         if coding is not None and len(coding.codec) != int(blocks[-1]):
             raise bad(f"the global part's coding columns must hold one value per block ({int(blocks[-1])})")
@@ -181,7 +187,7 @@ class GlobalPart:
             cols["file"], cols["pos"], cols["extent"], at,
             np.concatenate([[0], np.cumsum(part_files)]).astype(I64), whole, cols["whole_offset"],
             cols["whole_crc32c"], blocks, None if coding is None else (coding.codec, coding.stored, coding.checksums),
-            _whole_files(raw.get("whole_files"), num_files), None if coding is None else coding.codecs)
+            whole_files, None if coding is None else coding.codecs)
 
     # ------------------------------------------------------------------ which parts
 
@@ -355,6 +361,31 @@ class GlobalPart:
 # ----------------------------------------------------------------------------- decoding helpers
 
 
+def _column_counts(views: dict[str, np.ndarray], header: Header) -> dict[str, int]:
+    """How many values each column of the global part must hold, from the tensor columns
+    (as many values as the tree has tensors) and the header, before anything is widened:
+    every chunk of a tensor with several chunks takes at least 5 bytes of the parts (an
+    offset and a block checksum), so the parts' size bounds how many there are."""
+    t = len(views["kind"])
+    per_tensor = {c: t for c in ("kind", "dtype", "ndim", "chunks", "split")}
+    tc = widen({c: views[c] for c in per_tensor}, per_tensor)
+    ndim, chunks, split = tc["ndim"], tc["chunks"], tc["split"] > 0
+    if t and (int(ndim.max()) > MAX_NDIM or int(chunks.max()) > 1 << 40):
+        raise bad(f"a tensor has more than {MAX_NDIM} dimensions or 2^40 chunks")
+    multi = chunks >= 2
+    room = max(0, header.file_size - header.parts_start) // (1 + 4)
+    if float(chunks[multi].sum(dtype=np.float64)) > room:
+        raise bad(f"the tensors have {float(chunks[multi].sum(dtype=np.float64)):.0f} chunks stored in parts, "
+                  f"the index's {header.file_size - header.parts_start} bytes of parts hold at most {room}")
+    if len(views["part_files"]) != header.parts:
+        raise bad(f"part_files lists the files of {len(views['part_files'])} parts, the index has {header.parts}")
+    general = ~split
+    boxes = int((chunks * ndim)[general].sum())
+    return {**per_tensor, "shape": int(ndim.sum()), "split_step": int(split.sum()), "split_file0": int(split.sum()),
+            "split_stride": int(split.sum()), "file": int(chunks[general].sum()), "pos": boxes, "extent": boxes,
+            "part_files": header.parts, "whole_offset": int((chunks == 1).sum())}
+
+
 def _layout(cols: dict[str, np.ndarray], counts: Sequence[int], itemsizes: Sequence[int],
             splits: Sequence[Split | None]) -> TensorLayout:
     """The per-tensor arrays of checked tensor columns."""
@@ -373,8 +404,8 @@ def _layout(cols: dict[str, np.ndarray], counts: Sequence[int], itemsizes: Seque
 
 def _general(lay: TensorLayout, cols: dict[str, np.ndarray], num_files: int, shapes: Sequence[tuple[int, ...]],
              name: Any) -> tuple[Rows, np.ndarray]:
-    """The general tensors' chunks, checked (file ids listed, positions inside the tensor),
-    and ``(T + 1,)`` where each tensor's positions begin in ``pos``/``extent``."""
+    """The general tensors' chunks, checked (file ids listed, positions inside the tensor,
+    the boxes of each tensor tiling it exactly once, as a whole read checks them), and ``(T + 1,)`` where each tensor's positions begin in ``pos``/``extent``."""
     gt = np.flatnonzero(~lay.split)
     per = np.zeros(len(lay.split), dtype=I64)
     per[gt] = lay.counts[gt] * lay.ndim[gt]
@@ -394,6 +425,12 @@ def _general(lay: TensorLayout, cols: dict[str, np.ndarray], num_files: int, sha
     if not inside.all():
         t = int(np.searchsorted(at, int(np.argmin(inside)), side="right")) - 1
         raise bad(f"tensor {name(t)}: a chunk lies outside shape {list(shapes[t])}")
+    for t in gt[lay.counts[gt] > 1].tolist():  # a whole read's tiling rule, on every general tensor's boxes
+        k, nd = int(lay.counts[t]), int(lay.ndim[t])
+        problem = cover_problem(pos[at[t] : at[t + 1]].reshape(k, nd).astype(I64),
+                                ext[at[t] : at[t + 1]].reshape(k, nd).astype(I64), shapes[t])
+        if problem is not None:
+            raise bad(f"tensor {name(t)}: {problem}")
     return Rows(lay.tensor_start[tensor] + index, tensor, index), at
 
 
@@ -411,6 +448,24 @@ def _check_whole(whole_t: np.ndarray, general: Rows, at: np.ndarray, lay: Tensor
                      or not np.array_equal(cols["extent"][at[x] : at[x + 1]],
                                            lay.shape[lay.shape_at[x] : lay.shape_at[x + 1]]))
         raise bad(f"tensor {name(first)}: its one chunk is not the whole tensor")
+
+
+def _check_whole_files(whole_t: np.ndarray, general: Rows, lay: TensorLayout, file: np.ndarray,
+                       whole_files: dict[int, FileEntry], name: Any) -> None:
+    """``whole_files`` lists exactly the files of the tensors stored as one chunk."""
+    wfile = lay.file0[whole_t].copy()
+    gw = np.flatnonzero(~lay.split[whole_t])
+    if len(gw):
+        wfile[gw] = file[np.searchsorted(general.row, lay.tensor_start[whole_t[gw]])]
+    listed = np.fromiter(whole_files, dtype=I64, count=len(whole_files))
+    missing = np.flatnonzero(~np.isin(wfile, listed))
+    if len(missing):
+        j = int(missing[0])
+        raise bad(f"tensor {name(int(whole_t[j]))}: its one chunk lies in data file {int(wfile[j])}, "
+                  "which whole_files does not list")
+    extra = np.setdiff1d(listed, wfile)
+    if len(extra):
+        raise bad(f"whole_files lists data file {int(extra[0])}, which holds no tensor stored as one chunk")
 
 
 def _whole_files(raw: Any, num_files: int) -> dict[int, FileEntry]:

@@ -27,7 +27,8 @@ from ...errors import CorruptCheckpointError
 from .. import INDEX_NAME
 from ..checksum import crc32c
 from .container import MAGIC, WIDTHS, dumps, narrowest, pad8
-from .rules import MAX_DIM, MAX_INDEX_BYTES, bad, finite_float, reject_constant, unique_members
+from .rules import (MAX_DIM, MAX_INDEX_BYTES, bad, check_json_size, finite_float, reject_constant,
+                    unique_members)
 
 VERSION = 4
 HEADER = struct.Struct("<8sIIQQQQIIII")
@@ -40,6 +41,11 @@ GLOBAL_HEAD = struct.Struct("<Q")  # the global part's JSON length
 PART_HEAD = struct.Struct("<I")  # a part's JSON length
 RAW, ZLIB = 0, 1  # codecs of the global part
 MAX_RATIO = 1032  # deflate never inflates more than this much: a larger claim is forged
+# What a stored global part may inflate to (docs/FORMAT.md 15.1): an index's tree, columns
+# and metadata compress well, but not as constant bytes do; a writer stores a global part
+# raw rather than beyond this bound, and a reader refuses a larger claim before inflating.
+INFLATE_FLOOR = 1 << 26
+INFLATE_RATIO = 64
 I64 = np.int64
 
 
@@ -72,8 +78,9 @@ class Header:
         if self.file_size > MAX_INDEX_BYTES or self.directory + ENTRY.size * self.parts > self.file_size:
             raise bad(f"header: a {self.file_size}-byte index cannot hold a {self.stored}-byte global part "
                       f"and {self.parts} parts (an index holds at most {MAX_INDEX_BYTES} bytes)")
-        if (self.raw != self.stored if self.codec == RAW else self.raw > MAX_RATIO * self.stored + 64):
-            raise bad(f"header: a {self.stored}-byte global part cannot hold {self.raw} bytes")
+        if (self.raw != self.stored if self.codec == RAW else self.raw > max_inflated(self.stored)):
+            raise bad(f"header: a {self.stored}-byte global part cannot hold {self.raw} bytes "
+                      f"(at most {max_inflated(self.stored)} once inflated)")
 
     @property
     def head_size(self) -> int:
@@ -119,6 +126,11 @@ class Header:
         return list(zip(e["o"].tolist(), e["n"].tolist(), e["c"].tolist()))
 
 
+def max_inflated(stored: int) -> int:
+    """The most bytes a global part of ``stored`` zlib bytes may inflate to."""
+    return min(MAX_RATIO * stored + 64, INFLATE_FLOOR + INFLATE_RATIO * stored)
+
+
 def check_part(data: bytes | memoryview, k: int, entry: tuple[int, int, int]) -> None:
     """Part ``k``'s bytes match its directory entry (length and CRC32C)."""
     if len(data) != entry[1]:
@@ -146,8 +158,11 @@ def pack_section(js: dict[str, Any], cols: dict[str, np.ndarray], head: struct.S
     return b"".join(out)
 
 
-def open_section(data: bytes | memoryview, head: struct.Struct, what: str) -> tuple[dict[str, Any], memoryview]:
-    """The JSON object and the column bytes of a section (strict JSON, zero padding)."""
+def open_section(data: bytes | memoryview, head: struct.Struct, what: str,
+                 stored: int | None = None) -> tuple[dict[str, Any], memoryview]:
+    """The JSON object and the column bytes of a section (strict JSON, zero padding);
+    ``stored``: the section's size as stored when it was compressed (its JSON may hold
+    only as many values as ``rules.check_json_size`` allows for that)."""
     view = memoryview(data)
     if len(view) < head.size:
         raise bad(f"{what} is truncated")
@@ -157,6 +172,8 @@ def open_section(data: bytes | memoryview, head: struct.Struct, what: str) -> tu
         raise bad(f"{what}: its JSON runs past its end")
     if any(view[head.size + n : a]):
         raise bad(f"{what}: JSON padding must be zero bytes")
+    if stored is not None:
+        check_json_size(view[head.size : head.size + n], stored, what)
     try:
         raw = json.loads(bytes(view[head.size : head.size + n]).decode("utf-8"), parse_constant=reject_constant,
                          parse_float=finite_float, object_pairs_hook=unique_members)
