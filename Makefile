@@ -23,7 +23,7 @@ $(KERNEL): $(STAMP) src/shardsafe/format/_planes.c setup.py
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[torch,s3,dev,lightning,accelerate,torchtitan,zstd,bench,docs,jax]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[torch,s3,dev,lightning,accelerate,transformers,torchtitan,zstd,bench,docs,jax]'
 	touch $(STAMP)
 
 demo: $(STAMP) $(KERNEL)

@@ -1,0 +1,140 @@
+"""shardsafe.transformers.Trainer with a real transformers.Trainer on the CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from helpers import same  # noqa: E402
+from transformers_job import STEPS, trainer, weights  # noqa: E402
+
+import shardsafe  # noqa: E402
+from shardsafe.transformers import CheckpointingMixin, Trainer, committed_checkpoints  # noqa: E402
+
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "transformers_job.py")
+
+
+def _job(python: str, env: dict, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([python, JOB, *argv], env=env, capture_output=True, text=True, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def ours(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict, dict]:
+    """One run of the shardsafe Trainer: its output directory, the final weights and the
+    weights after step 8."""
+    out = str(tmp_path_factory.mktemp("hf") / "out")
+    at8: dict = {}
+
+    class Keep8(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs) -> None:  # noqa: ANN001
+            if state.global_step == 8:
+                at8.update(weights(model))
+
+    t = trainer(out, callbacks=[Keep8()])
+    t.train()
+    return out, weights(t.model), at8
+
+
+def test_sigkill_between_checkpoints_then_resume_is_bit_exact(tmp_path, python, subprocess_env) -> None:
+    plain, ours_ = str(tmp_path / "plain"), str(tmp_path / "ours")
+    r = _job(python, subprocess_env, plain, "plain")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _job(python, subprocess_env, ours_, "ours", "--kill-at", "10")
+    assert r.returncode == -9, r.stderr[-3000:]
+    assert [s for s, _ in committed_checkpoints(ours_)] == [4, 8]
+    r = _job(python, subprocess_env, ours_, "ours", "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    want = torch.load(os.path.join(plain, "final.pt"))
+    got = torch.load(os.path.join(ours_, "final.pt"))
+    assert same(got, want)
+    assert [s for s, _ in committed_checkpoints(ours_)] == [4, 8, 12]
+
+
+def test_resume_from_a_path_is_bit_exact(ours, tmp_path) -> None:  # noqa: ANN001
+    out, final, _ = ours
+    t = trainer(str(tmp_path / "again"))
+    t.train(resume_from_checkpoint=os.path.join(out, "checkpoint-4"))
+    assert same(weights(t.model), final)
+
+
+def test_checkpoints_hold_the_whole_training_state(ours) -> None:  # noqa: ANN001
+    out, _, after8 = ours
+    saved = shardsafe.load(os.path.join(out, "checkpoint-8"))
+    assert same({k: saved[k] for k in after8}, after8)  # the weights, under their own names
+    assert {"optimizer", "lr_scheduler", "rng", "trainer_state"} <= set(saved)
+    assert saved["trainer_state"]["global_step"] == 8
+    assert len(saved["optimizer"]["state"]) == len(list(trainer(out + "-x").model.parameters()))
+    assert saved["rng"]["0"]["python"]["state"]  # every rank's generators
+    for name in ("config.json", "trainer_state.json", "model.safetensors.index.json"):
+        assert os.path.isfile(os.path.join(out, "checkpoint-8", name)), name
+
+
+def test_from_pretrained_reads_the_trained_weights(ours) -> None:  # noqa: ANN001
+    out, final, after8 = ours
+    for step, want in (("12", final), ("8", after8)):
+        m = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(out, f"checkpoint-{step}"))
+        assert same(weights(m), want), step
+
+
+def test_save_total_limit_keeps_the_newest_committed(tmp_path) -> None:
+    seen: list[list[int]] = []
+
+    class Watch(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs) -> None:  # noqa: ANN001
+            seen.append([s for s, _ in committed_checkpoints(str(tmp_path / "lim"))])
+
+    t = trainer(str(tmp_path / "lim"), save_steps=2, save_total_limit=2, callbacks=[Watch()])
+    t.train()
+    assert [s for s, _ in committed_checkpoints(str(tmp_path / "lim"))] == [10, 12]
+    assert sorted(os.listdir(tmp_path / "lim")) == ["checkpoint-10", "checkpoint-12"]
+    # retention runs once a checkpoint is committed: never fewer than the limit once reached,
+    # at most one more until the oldest is deleted
+    counts = [len(s) for s in seen]
+    first = next(i for i, n in enumerate(counts) if n >= 2)
+    assert all(n >= 2 for n in counts[first:]) and max(counts) <= 3, seen
+
+
+def test_save_only_model_holds_the_weights_only(tmp_path) -> None:
+    t = trainer(str(tmp_path / "only"), steps=4, save_only_model=True)
+    t.train()
+    saved = shardsafe.load(os.path.join(str(tmp_path / "only"), "checkpoint-4"))
+    assert "optimizer" not in saved and "rng" not in saved and "trainer_state" in saved
+    assert same({k: v for k, v in saved.items() if k != "trainer_state"}, weights(t.model))
+
+
+class CountingTrainer(transformers.Trainer):
+    """A Trainer subclass from 'another library': it changes the loss."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: ANN001, ANN201
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        return loss * 0.5 if not return_outputs else (loss[0] * 0.5, loss[1])
+
+
+class MyTrainer(CheckpointingMixin, CountingTrainer):
+    pass
+
+
+def test_the_mixin_checkpoints_a_trainer_subclass(tmp_path) -> None:
+    full = trainer(str(tmp_path / "full"), cls=MyTrainer, steps=8)
+    full.train()
+    assert [s for s, _ in committed_checkpoints(str(tmp_path / "full"))] == [4, 8]
+    resumed = trainer(str(tmp_path / "res"), cls=MyTrainer, steps=8)
+    resumed.train(resume_from_checkpoint=os.path.join(str(tmp_path / "full"), "checkpoint-4"))
+    assert same(weights(resumed.model), weights(full.model))
+    plain = trainer(str(tmp_path / "plain"), cls=CountingTrainer, steps=8)
+    plain.train()
+    assert same(weights(plain.model), weights(full.model))  # the same training as without shardsafe
+
+
+def test_a_checkpoint_verifies(ours, cli) -> None:  # noqa: ANN001
+    out, _, _ = ours
+    r = cli("verify", os.path.join(out, "checkpoint-12"))
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+    assert isinstance(Trainer.__mro__[1], type) and sys.modules["shardsafe.transformers"]
