@@ -101,6 +101,19 @@ def test_save_total_limit_keeps_the_newest_committed(tmp_path) -> None:
     assert all(n >= 2 for n in counts[first:]) and max(counts) <= 3, seen
 
 
+def test_load_best_model_at_end_keeps_and_loads_the_best(tmp_path) -> None:
+    out = str(tmp_path / "best")
+    t = trainer(out, save_total_limit=1, eval_strategy="steps", eval_steps=4, load_best_model_at_end=True,
+                metric_for_best_model="loss", greater_is_better=False)
+    t.eval_dataset = t.train_dataset
+    t.train()
+    best = t.state.best_model_checkpoint
+    left = [p for _, p in committed_checkpoints(out)]
+    assert best in left and left[-1].endswith("checkpoint-12") and len(left) == (1 if best == left[-1] else 2)
+    saved = shardsafe.load(best)
+    assert same({k: saved[k] for k in weights(t.model)}, weights(t.model))  # loaded at the end
+
+
 def test_save_only_model_holds_the_weights_only(tmp_path) -> None:
     t = trainer(str(tmp_path / "only"), steps=4, save_only_model=True)
     t.train()

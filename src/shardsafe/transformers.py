@@ -80,6 +80,7 @@ def committed_checkpoints(output_dir: str) -> list[tuple[int, str]]:
 
 
 def is_shardsafe_checkpoint(path: str) -> bool:
+    """Whether ``path`` is a committed shardsafe checkpoint (else a plain Trainer's, or none)."""
     return os.path.isfile(os.path.join(path, INDEX_NAME))
 
 
@@ -175,21 +176,25 @@ class CheckpointingMixin:
                 self._background_errors.append(e)
 
     def _rotate(self, run_dir: str) -> None:
-        """Deletes the oldest committed checkpoints beyond ``save_total_limit`` (never the
-        best one, never one still being written: those are not committed yet)."""
+        """Deletes the oldest committed checkpoints beyond ``save_total_limit``, as the
+        Trainer would (the best one is kept: it moves to just before the newest, and a limit
+        of 1 keeps both); one still being written is not committed, so never a candidate."""
         limit = self.args.save_total_limit
         if not limit or limit <= 0:
             return
         with self._lock:
-            found = committed_checkpoints(run_dir)
+            found = [path for _, path in committed_checkpoints(run_dir)]
             best = self.state.best_model_checkpoint
-            keep = limit + 1 if best is not None and limit == 1 and found and found[-1][1] != best else limit
-            for _, path in found[: max(0, len(found) - keep)]:
-                if best is not None and os.path.abspath(path) == os.path.abspath(best):
-                    continue
-                log.info("deleting %s (save_total_limit=%d)", path, limit)
+            best = next((p for p in found if best is not None and os.path.abspath(p) == os.path.abspath(best)), None)
+            if best is not None:
+                found.remove(best)
+                found.insert(max(len(found) - 1, 0), best)
+                if limit == 1 and found[-1] != best:
+                    limit = 2
+            for path in found[: max(0, len(found) - limit)]:
+                log.info("deleting %s (save_total_limit=%d)", path, self.args.save_total_limit)
                 delete(path)
-                shutil.rmtree(path, ignore_errors=True)  # what the ecosystem files left
+                shutil.rmtree(path, ignore_errors=True)  # the files written beside the checkpoint
 
     def _wait_staged(self) -> None:
         handle = self._in_flight
@@ -319,8 +324,7 @@ def _write_beside(path: str, model: Any, state_json: str) -> None:
     to a temporary name and renamed. The weights index is written only when every weight
     lies whole in one data file (not for a sharded FSDP checkpoint: ``shardsafe export``
     writes the standard layout of one)."""
-    for name, text in [(TRAINER_STATE_NAME, state_json)]:
-        _write_atomically(os.path.join(path, name), text)
+    _write_atomically(os.path.join(path, TRAINER_STATE_NAME), state_json)
     config = getattr(model, "config", None)
     if config is not None:
         config.save_pretrained(path)
