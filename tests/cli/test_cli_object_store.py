@@ -100,3 +100,47 @@ def test_gc_on_s3_removes_expired_steps_partial_prefixes_and_unfinished_uploads(
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{s3.bucket}/run")) == ["step_00000002", "step_00000003"]
     assert [u["UploadId"] for u in fs.list_multipart_uploads(s3.bucket)] == []
     assert mpu["UploadId"]
+
+
+def test_gc_on_s3_aborts_only_the_uploads_shardsafe_started(cli, s3) -> None:  # noqa: ANN001
+    run, opts = s3.url + "/run", s3.storage_options
+    save_step(run, 1, storage_options=opts)
+    fs = s3.filesystem()
+
+    def start(key: str) -> str:
+        return fs.call_s3("create_multipart_upload", Bucket=s3.bucket, Key=key)["UploadId"]
+
+    ours = start("run/step_00000002/data-r00000-000.safetensors")  # a save killed mid-upload
+    foreign = {"run/tensorboard/events.out": start("run/tensorboard/events.out"),
+               "run/notes/step_00000003/data-r00000-000.safetensors":  # a shardsafe name, too deep
+                   start("run/notes/step_00000003/data-r00000-000.safetensors"),
+               "other-app/dataset.tar": start("other-app/dataset.tar")}
+    o = ["--storage-options", s3.options_json()]
+
+    def open_uploads() -> set[str]:
+        return {u["UploadId"] for u in fs.list_multipart_uploads(s3.bucket)}
+
+    left = (f"left 2 unfinished upload(s) not written by shardsafe: {s3.bucket}/run/notes/step_00000003/"
+            f"data-r00000-000.safetensors, {s3.bucket}/run/tensorboard/events.out")
+    dry = cli("gc", run, "--min-age", "0", "--dry-run", *o)
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.splitlines()[-1] == left
+    assert open_uploads() == {ours, *foreign.values()}
+
+    proc = cli("gc", run, "--min-age", "0", *o)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(
+        f"deleted unfinished upload {s3.bucket}/run/step_00000002/data-r00000-000.safetensors (upload id {ours}")
+    assert lines[1] == left
+    assert open_uploads() == set(foreign.values())
+
+    # at the bucket root, run/... lies a level too deep to be a checkpoint of this directory
+    root = cli("gc", s3.url, "--min-age", "0", *o)
+    assert root.returncode == 0, root.stderr
+    assert root.stdout.splitlines() == [
+        "nothing to remove",
+        "left 3 unfinished upload(s) not written by shardsafe: " + ", ".join(
+            f"{s3.bucket}/{k}" for k in sorted(foreign))]
+    assert open_uploads() == set(foreign.values())
+    assert shardsafe.load(run + "/step_00000001", storage_options=opts)["optim"]["step"] == 1

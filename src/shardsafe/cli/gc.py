@@ -8,6 +8,9 @@ decision is the manager's own policy code (``manager.retention``), so ``gc`` and
 ``.<name>.shardsafe-tmp-<id>`` directories, object-store prefixes holding data but no
 index, and unfinished S3 multipart uploads (a save aborts its own when it fails; one
 killed mid-upload cannot, and the upload holds storage invisibly until it is aborted).
+Only uploads whose keys are names shardsafe writes, at the depth it writes them
+(``engine.commit.names``), are aborted: another tool's upload under the same prefix is
+left and reported.
 A leftover younger than ``--min-age`` may belong to a save still running, so it is kept;
 ``--dry-run`` lists what would go, uploads with their id and age.
 
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from . import EXIT_OK
 from ._common import Entry, add_command, modified, scan, storage_options
 from ..engine.commit import is_temporary, uncommit
+from ..engine.commit.names import written_by_shardsafe
 from ..engine.commit.sweep import plan_sweep, sweep
 from ..manager.retention import (AnyPreservationPolicy, EveryNSteps, LatestN, PreservationPolicy,
                               StepRecord, steps_to_delete)
@@ -42,6 +46,9 @@ class Plan:
     expired: list[Entry]
     leftovers: list[Entry]
     uploads: list[tuple[str, str, float | None]]
+    """Unfinished uploads shardsafe started: ``(key path, upload id, start time)``."""
+    foreign: list[str]
+    """Key paths of unfinished uploads under the directory that shardsafe did not start (left)."""
 
 
 def _time(e: Entry) -> float:
@@ -92,8 +99,17 @@ def plan(storage: Storage, path: str, max_to_keep: int | None, min_age: float,
     leftovers = [e for e in entries
                  if e.state == "partial" and _old(modified(storage, e.path), now, min_age)]
     find = getattr(storage, "incomplete_uploads", None)
-    uploads = [u for u in (find(path) if find else []) if _old(u[2], now, min_age)]
-    return Plan(expired(entries, max_to_keep, keep_period), leftovers, uploads)
+    found = find(path) if find else []
+    own = [u for u in found if written_by_shardsafe(_relative(path, u[0]))]
+    foreign = sorted(u[0] for u in found if u not in own)
+    uploads = [u for u in own if _old(u[2], now, min_age)]
+    return Plan(expired(entries, max_to_keep, keep_period), leftovers, uploads, foreign)
+
+
+def _relative(directory: str, key_path: str) -> str:
+    """``key_path`` relative to ``directory`` (both backend paths, ``bucket/prefix``)."""
+    prefix = directory.rstrip("/") + "/"
+    return key_path[len(prefix):] if key_path.startswith(prefix) else key_path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -137,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{verb} unfinished upload {key} (upload id {upload_id}{age})")
     if not (todo.expired or todo.leftovers or todo.uploads):
         print("nothing to remove")
+    if todo.foreign:
+        print(f"left {len(todo.foreign)} unfinished upload(s) not written by shardsafe: "
+              f"{', '.join(todo.foreign)}")
     return EXIT_OK
 
 

@@ -9,6 +9,8 @@ retired and made self-contained.
 - ``entries``: each rank's part of the index as columns, and the index built from all.
 - ``locations``: where the data files an index names live.
 - ``sweep``: mark-and-sweep deletion; ``detach``: copying referenced data in.
+- ``names``: which keys under a directory of checkpoints shardsafe writes (what ``gc``
+  may abort of the unfinished uploads it finds).
 """
 
 from .transaction import (
