@@ -6,7 +6,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from .._gc_pause import paused
-from ..engine.commit import read_index
+from ..engine.commit.diagnose import read_index_explained
 from ..engine.load.loader import LoadResult, load_path
 from ..format.index.objects import Index
 from ..engine.load.jax_restore import holds_jax
@@ -44,7 +44,9 @@ def load(path: str, state: MutableMapping[str, Any] | Stateful | None = None, *,
     rank, the file and the request abandoned).
 
     Raises:
-        CheckpointNotFoundError: No committed checkpoint at ``path``.
+        CheckpointNotFoundError: No committed checkpoint at ``path``; the message says what
+            the path is instead (missing, a torch.save file, a DCP checkpoint, a directory of
+            checkpoints, an unfinished save, ...).
         CorruptCheckpointError: A checksum fails or a file is truncated/malformed.
         StateMismatchError: ``strict`` and the target's keys, shapes or dtypes differ.
     """
@@ -69,9 +71,15 @@ def load_checked(path: str, state: MutableMapping[str, Any] | Stateful | None,
 
 
 def read_checkpoint_index(path: str, storage_options: dict | None = None) -> Index:
-    """The validated index of a committed checkpoint (for tools such as the CLI)."""
+    """The validated index of a committed checkpoint (for tools such as the CLI).
+
+    Raises:
+        CheckpointNotFoundError: No committed checkpoint at ``path`` (the message says
+            what the path is instead).
+        CorruptCheckpointError: The index is damaged or a data file is truncated.
+    """
     storage, spath = storage_for(path, storage_options)
-    return read_index(storage, spath)
+    return read_index_explained(storage, spath, path)
 
 
 __all__ = ["LoadResult", "load", "load_checked", "read_checkpoint_index"]

@@ -19,6 +19,7 @@ import numpy as np
 
 from .._numbers import human_bytes as human_bytes  # one definition; ls and info format sizes
 from ..engine.commit import is_committed, read_index
+from ..engine.commit.diagnose import read_index_explained
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ..format.index.objects import Index
 from ..manager.steps import StepDirectory, StepEntry, recorded
@@ -68,9 +69,13 @@ def storage_options(args: argparse.Namespace, name: str = "storage_options") -> 
 
 
 def open_checkpoint(path: str, options: dict) -> tuple[Storage, str, Index]:
-    """Storage, backend path and validated index of the committed checkpoint at ``path``."""
+    """Storage, backend path and validated index of the committed checkpoint at ``path``.
+
+    Raises:
+        CheckpointNotFoundError: ``path`` holds none; the message says what it is instead.
+    """
     storage, spath = storage_for(path, options)
-    return storage, spath, read_index(storage, spath)
+    return storage, spath, read_index_explained(storage, spath, path)
 
 
 @dataclass(slots=True)

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import EXIT_FAILED, EXIT_OK
 from ._common import Entry, add_command, checkpoints_at, progress, storage_options
-from ..errors import CheckpointError, CheckpointNotFoundError
+from ..errors import CheckpointError
 from ..format.block_verify import BlockSpan, BlockStream, index_spans
 from ..format.blockfile import DATA_START, MAGIC
 from ..format.datafile import parse_header
@@ -36,6 +36,7 @@ from ..plan.header_check import MAX_HEADER_BYTES, header_problems
 from ..plan.load_plan import coalesce
 from ..storage import Storage, storage_for
 from ..engine.io_pool import io_pool
+from ..engine.commit.diagnose import not_found
 from ..engine.commit.locations import data_file
 
 MAX_READ = 64 << 20
@@ -199,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     storage, path = storage_for(args.path, storage_options(args))
     entries = [e for e in checkpoints_at(storage, path) if e.state != "partial"]
     if not entries:
-        raise CheckpointNotFoundError(f"no committed checkpoint in {args.path!r}")
+        raise not_found(storage, path, args.path)
     single = len(entries) == 1 and entries[0].path == path
     total = sum(f.size for e in entries if e.index is not None for f in e.index.files)
     bar = progress(total, "verify")

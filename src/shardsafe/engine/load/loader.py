@@ -26,6 +26,7 @@ from ...plan.regroup import regroup
 from ...storage import Deadline, LocalStorage, storage_for
 from ..buffers import allocating
 from ..commit import is_committed
+from ..commit.diagnose import not_found
 from . import jax_restore, new_state
 from .index_exchange import IndexRead, read_index_alone, read_index_collective
 from .mapped import load_mapped
@@ -61,21 +62,27 @@ def load_path(path: str, state: MutableMapping[str, Any] | Stateful | None,
         timeout, get_comm(process_group).rank, f"load of {path}"))
     whole = state is None or mmap  # else a version 4 index is read in parts (what the targets need)
     if collective is not False and distributed_active(process_group):
-        read = read_index_collective(storage, spath, get_comm(process_group), timeout, whole)
+        try:
+            read = read_index_collective(storage, spath, get_comm(process_group), timeout, whole)
+        except CheckpointNotFoundError:
+            raise not_found(storage, spath, path) from None
         if check is not None:
             check(read.index)
         return _load_from(storage, spath, read, path, state, strict, mmap)
     for attempt in range(ATTEMPTS):
         before = _identity(storage, spath)
+        read = None
         try:
             read = read_index_alone(storage, spath, whole)
             if check is not None:
                 check(read.index)
             return _load_from(storage, spath, read, path, state, strict, mmap)
-        except (CorruptCheckpointError, CheckpointNotFoundError) as e:
-            if not is_committed(storage, spath):  # deleted (e.g. by retention) while we read it
-                raise CheckpointNotFoundError(f"no committed checkpoint at {path!r} (deleted while "
-                                              f"being loaded)") from e
+        except (CorruptCheckpointError, CheckpointNotFoundError):
+            if not is_committed(storage, spath):
+                if read is None:  # never found an index: say what the path is instead
+                    raise not_found(storage, spath, path) from None
+                raise CheckpointNotFoundError(f"the checkpoint at {path!r} was deleted while being "
+                                              f"loaded (by retention, or another process?)") from None
             if before is None or _identity(storage, spath) == before or attempt == ATTEMPTS - 1:
                 raise
             log.info("%s was replaced (overwrite) while being loaded; loading the new one", path)
