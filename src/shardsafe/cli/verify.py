@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import EXIT_FAILED, EXIT_OK
-from ._common import Entry, add_command, checkpoints_at, progress, storage_options
+from ._common import Entry, add_command, add_quiet_option, checkpoints_at, progress, storage_options
 from ..errors import CheckpointError
 from ..format.block_verify import BlockSpan, BlockStream, index_spans
 from ..format.blockfile import DATA_START, MAGIC
@@ -189,11 +189,12 @@ def verify_checkpoint(storage: Storage, entry: Entry, label: str,
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    add_command(sub, "verify", run, "check every checksum of a checkpoint or directory",
+    p = add_command(sub, "verify", run, "check every checksum of a checkpoint or directory",
                 "Check the index, the data-file headers and every chunk checksum of CKPT, or of "
                 "every checkpoint in DIR. Prints one line per damaged file/key and exits 1 if any "
                 "is found.",
                 ("path", "CKPT|DIR", "checkpoint, or directory of checkpoints"))
+    add_quiet_option(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -203,18 +204,18 @@ def run(args: argparse.Namespace) -> int:
         raise not_found(storage, path, args.path)
     single = len(entries) == 1 and entries[0].path == path
     total = sum(f.size for e in entries if e.index is not None for f in e.index.files)
-    bar = progress(total, "verify")
+    bar = progress(total, "verify", args.quiet)
     bad = 0
     try:
         for e in entries:
             label = args.path if single else e.name
             problems = verify_checkpoint(storage, e, label, bar.update)
-            for p in problems:
-                print(p)
-            if problems:
-                bad += 1
-            else:
-                print(f"OK  {label}: {len(e.index.tensors)} tensors, {len(e.index.files)} file(s)")
+            with bar.paused():
+                for p in problems:
+                    print(p)
+                if not problems:
+                    print(f"OK  {label}: {len(e.index.tensors)} tensors, {len(e.index.files)} file(s)")
+            bad += bool(problems)
     finally:
         bar.close()
     if bad:
