@@ -47,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                  "prefix is dropped from the exported keys")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="cast floating-point tensors")
     p.add_argument("--format", choices=("safetensors", "pt"), help="default: from OUT's suffix")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     add_quiet_option(p)
 
 
@@ -151,11 +152,21 @@ def _build_pt(reader: ChunkReader, node: Node, dtype: str | None) -> Any:
     return value.item() if t == "npscalar" else value
 
 
+def _check_out(out: str, overwrite: bool) -> None:
+    """Refuses an ``out`` that exists (unless ``overwrite``) or is a directory, before
+    anything is read."""
+    if os.path.isdir(out):
+        raise ValueError(f"{out!r} is a directory; OUT names the file to write")
+    if os.path.lexists(out) and not overwrite:
+        raise ValueError(f"{out!r} already exists; pass --overwrite to replace it")
+
+
 def run(args: argparse.Namespace) -> int:
     require_torch("export")
     fmt = _out_format(args)
     if "://" in args.out:
         raise ValueError("export writes a local file; OUT must be a local path")
+    _check_out(args.out, args.overwrite)
     storage, spath, index = open_checkpoint(args.ckpt, storage_options(args))
     try:
         node, base = subtree(index, args.only)
