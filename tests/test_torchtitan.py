@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 
 import pytest
 
@@ -61,3 +62,21 @@ def test_config_checks() -> None:
     disabled = ShardsafeCheckpointManager.Config().build(
         dataloader=None, model_parts=[], optimizers=None, lr_schedulers=None, states={}, sd_adapter=None)
     assert isinstance(disabled, ShardsafeCheckpointManager) and disabled.save(10) is False
+
+
+_UNCLOSED = """
+import sys, torch
+from shardsafe.torchtitan import ShardsafeCheckpointManager as M
+ck = M(M.Config(enable=True, folder="ck", interval=1), dataloader=None, model_parts=[torch.nn.Linear(2, 2)],
+       optimizers=None, lr_schedulers=None, states={}, sd_adapter=None, base_folder=sys.argv[1])
+keep = [ck]  # referenced until the interpreter tears down, as a trainer's attribute is
+raise RuntimeError("an error of the user's own")
+"""
+
+
+def test_an_unclosed_checkpointer_prints_nothing_of_its_own(tmp_path, python, subprocess_env) -> None:  # noqa: ANN001
+    proc = subprocess.run([python, "-c", _UNCLOSED, str(tmp_path)], capture_output=True, text=True,
+                          env=subprocess_env, timeout=120)
+    assert proc.returncode == 1
+    assert "Exception ignored" not in proc.stderr and "NoneType" not in proc.stderr, proc.stderr
+    assert proc.stderr.rstrip().endswith("RuntimeError: an error of the user's own"), proc.stderr

@@ -193,9 +193,16 @@ def empty(kind: str, dtype: str, shape: tuple[int, ...]) -> tuple[Any, np.ndarra
     return a, a.reshape(-1).view(np.uint8)
 
 
+_FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+                if HAVE_TORCH and hasattr(torch, n))
+
+
 def copy_into(target: Any, source: Any) -> None:
-    """Copies ``source`` (a host tensor/array of the same shape and dtype) into ``target``."""
+    """Copies ``source`` (a host tensor/array of the same shape) into ``target``, converting
+    a floating-point dtype that differs (``load(..., cast=True)``)."""
     if isinstance(target, np.ndarray):
+        if is_torch_tensor(source) and source.dtype in (torch.bfloat16,) + _FLOAT8:
+            source = source.to(torch.float32)  # numpy has no such dtype; float32 holds every value
         np.copyto(target, source if isinstance(source, np.ndarray) else source.numpy())
         return
     src = source if is_torch_tensor(source) else torch.from_numpy(np.asarray(source))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -35,7 +36,7 @@ from torchtitan.components.checkpointer import BaseCheckpointManager, ModelWrapp
 from torchtitan.components.checkpointer.base import DATALOADER, LR_SCHEDULER, MODEL, OPTIMIZER
 
 from .api.load import load
-from .errors import CheckpointNotFoundError
+from .errors import CheckpointError, CheckpointNotFoundError
 from .manager import CheckpointManager
 
 log = logging.getLogger("shardsafe")
@@ -99,14 +100,15 @@ class ShardsafeCheckpointManager(BaseCheckpointManager):
                 self.folder, save_interval_steps=config.interval, max_to_keep=config.keep_latest_k or None,
                 async_save=config.async_mode != "disabled", max_staging_bytes=config.max_staging_bytes,
                 compression=None if config.compression == "none" else config.compression)
+        # a checkpointer nobody closed (the trainer raised) is closed at garbage collection or
+        # exit, while the interpreter is still whole; never from a __del__, which may run
+        # during its teardown
+        self._finalizer = weakref.finalize(self, _close_unclosed, self._mgr, self.folder)
 
     @property
     def manager(self) -> CheckpointManager:
         """The shardsafe ``CheckpointManager`` underneath (``all_steps()``, ``latest_step()``...)."""
         return self._mgr
-
-    def __del__(self) -> None:
-        self.close()
 
     # ------------------------------------------------------------------ saving
     @torch.no_grad()
@@ -195,7 +197,17 @@ class ShardsafeCheckpointManager(BaseCheckpointManager):
 
     def _close(self) -> None:
         if hasattr(self, "_mgr"):
+            self._finalizer.detach()
             self._mgr.close()
+
+
+def _close_unclosed(mgr: CheckpointManager, folder: str) -> None:
+    """Closes the manager of a checkpointer that was never closed (waiting for its save in
+    flight); a failure is logged: a finalizer has nobody to raise to."""
+    try:
+        mgr.close()
+    except (CheckpointError, OSError) as e:
+        log.error("closing the checkpointer of %s, which nobody closed, failed: %s", folder, e)
 
 
 __all__ = ["EXPORT_DTYPE", "EXPORT_DTYPES", "MODEL_ONLY", "ShardsafeCheckpointManager"]

@@ -58,13 +58,15 @@ EXPECTED = {
     "missing in checkpoint: x",
     "unexpected in checkpoint (absent from target): b",
     "mismatch: a: target float32[3, 2], checkpoint float32[2, 3]",
-    "mismatch: c.e: target float64[2], checkpoint float32[2]",
+    "mismatch: c.e: target float64[2], checkpoint float32[2]"
+    " (pass cast=True to convert floating-point values to the target's dtype)",
     "mismatch: f: target has 3 items, checkpoint 2",
     "mismatch: g.weight: target float32[3, 3], checkpoint float32[2, 3]",
     "mismatch: g.bias: target float32[3], checkpoint float32[2]",
     "mismatch: h: target is dict, checkpoint holds tensor",
     "mismatch: i: target is a tensor, checkpoint holds dict",
-    "mismatch: k: target float64[3], checkpoint float32[3]",
+    "mismatch: k: target float64[3], checkpoint float32[3]"
+    " (pass cast=True to convert floating-point values to the target's dtype)",
 }
 
 
@@ -111,7 +113,7 @@ def test_non_strict_loads_the_intersection(tmp_path, caplog) -> None:
     assert isinstance(result, shardsafe.LoadResult)
     assert result.missing == ["x"]
     assert result.unexpected == ["b"]
-    assert {m.split(":")[0] for m in result.mismatched} == {"a", "c.e", "f", "g.weight", "g.bias", "h", "i", "k"}
+    assert set(result.mismatched) == {"a", "c.e", "f", "g.weight", "g.bias", "h", "i", "k"}
     assert "skipped 10 key path(s)" in caplog.text and "c.e" in caplog.text
     # what matched is loaded
     assert torch.equal(target["same"], torch.full((2,), 9.0))
@@ -166,4 +168,4 @@ def test_targets_of_unsupported_dtypes_are_mismatches(tmp_path) -> None:
         shardsafe.load(path, target)
     assert [p.split(":")[1].strip() for p in info.value.problems] == ["q", "s"]
     result = shardsafe.load(path, target, strict=False)
-    assert [m.split(":")[0] for m in result.mismatched] == ["q", "s"]
+    assert result.mismatched == ["q", "s"]

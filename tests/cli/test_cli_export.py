@@ -107,3 +107,18 @@ def test_export_of_empty_tensors_and_arrays(cli, tmp_path) -> None:  # noqa: ANN
     pt = torch.load(tmp_path / "out.pt", weights_only=True)
     assert pt["t"].shape == (0, 3) and torch.equal(pt["w"], state["w"])
 
+
+
+def test_export_refuses_an_existing_file_without_overwrite(cli, tmp_path) -> None:  # noqa: ANN001
+    path = save_step(str(tmp_path / "run"), 1)
+    out = tmp_path / "w.safetensors"
+    out.write_bytes(b"precious")
+    proc = cli("export", path, out)
+    assert proc.returncode == 1
+    assert f"{str(out)!r} already exists; pass --overwrite to replace it" in one_line_error(proc)
+    assert out.read_bytes() == b"precious"
+    proc = cli("export", path, out, "--overwrite")
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() != b"precious" and out.stat().st_size > 100
+    proc = cli("export", path, tmp_path, "--format", "pt", "--overwrite")
+    assert proc.returncode == 1 and "is a directory" in one_line_error(proc)

@@ -11,6 +11,7 @@ pytest.importorskip("torch")
 
 from cli_helpers import one_line_error, save_step  # noqa: E402
 from helpers import flip_byte  # noqa: E402
+import torch  # noqa: E402
 
 
 def test_info_text_lists_every_key(cli, tmp_path) -> None:  # noqa: ANN001
@@ -56,7 +57,21 @@ def test_info_on_damaged_index_exits_4_in_one_line(cli, tmp_path) -> None:  # no
 def test_info_on_a_directory_without_checkpoint_exits_3(cli, tmp_path) -> None:  # noqa: ANN001
     proc = cli("info", tmp_path)
     assert proc.returncode == 3
-    assert "no committed checkpoint" in one_line_error(proc)
+    assert "is an empty directory" in one_line_error(proc)
+
+
+def test_info_export_diff_verify_on_a_manager_directory_name_its_steps(cli, tmp_path) -> None:  # noqa: ANN001
+    run = str(tmp_path / "run")
+    for step in (100, 200):
+        save_step(run, step)
+    for args in (["info", run], ["export", run, str(tmp_path / "out.safetensors")], ["diff", run, run]):
+        proc = cli(*args)
+        assert proc.returncode == 3, args
+        assert "is a directory of checkpoints (steps 100, 200)" in one_line_error(proc), args
+    torch.save({"w": torch.ones(2)}, tmp_path / "w.pt")
+    proc = cli("verify", tmp_path / "w.pt")
+    assert proc.returncode == 3
+    assert "is a torch.save file, not a shardsafe checkpoint: `shardsafe import` converts it" in one_line_error(proc)
 
 
 FIXTURE_V1 = os.path.join(os.path.dirname(__file__), "..", "fixtures", "v1_checkpoint")

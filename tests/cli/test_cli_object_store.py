@@ -70,7 +70,7 @@ def test_import_into_s3_and_missing_prefix(cli, s3, tmp_path) -> None:  # noqa: 
     assert torch.equal(shardsafe.load(s3.url + "/imported", storage_options=s3.storage_options)["w"],
                        torch.arange(4.0))
     missing = cli("info", s3.url + "/nothing", *o)
-    assert missing.returncode == 3 and "no committed checkpoint" in one_line_error(missing)
+    assert missing.returncode == 3 and f"'{s3.url}/nothing' does not exist" in one_line_error(missing)
     no_credentials = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_SESSION_TOKEN": None,
                       "AWS_PROFILE": None, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
                       "AWS_CONFIG_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}

@@ -6,7 +6,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from .._gc_pause import paused
-from ..engine.commit import read_index
+from ..engine.commit.diagnose import read_index_explained
 from ..engine.load.loader import LoadResult, load_path
 from ..format.index.objects import Index
 from ..engine.load.jax_restore import holds_jax
@@ -16,12 +16,18 @@ from ..storage import storage_for
 
 def load(path: str, state: MutableMapping[str, Any] | Stateful | None = None, *, strict: bool = True,
          storage_options: dict | None = None, mmap: bool = False, process_group: Any = None,
-         collective: bool | None = None, timeout: float | None = None) -> Any:
+         collective: bool | None = None, timeout: float | None = None, cast: bool = False) -> Any:
     """Loads the checkpoint at ``path``.
 
     With ``state``: restores in place. Tensors are copied into the existing tensors (same
     objects, same memory), containers are updated, Stateful objects receive
     ``load_state_dict``. Returns a LoadResult listing what was skipped (``strict=False``).
+    A tensor whose dtype differs from the stored one is refused (``StateMismatchError``;
+    skipped with ``strict=False``), unless ``cast=True`` and both are floating point
+    (float64, float32, float16, bfloat16, float8): then the stored values are converted
+    to the target's dtype, as ``torch.nn.Module.load_state_dict`` does (a matching dtype
+    is still copied bit for bit). Integers, booleans and complex numbers are never
+    converted, nor one kind into another.
     ``state`` may also be a single Stateful object (a module, an optimizer,
     ``ModelOptimizerState``, ...), for a checkpoint saved from one: it is loaded as if
     it stood inside a mapping (into its ``state_dict()``, then ``load_state_dict``), and
@@ -44,18 +50,20 @@ def load(path: str, state: MutableMapping[str, Any] | Stateful | None = None, *,
     rank, the file and the request abandoned).
 
     Raises:
-        CheckpointNotFoundError: No committed checkpoint at ``path``.
+        CheckpointNotFoundError: No committed checkpoint at ``path``; the message says what
+            the path is instead (missing, a torch.save file, a DCP checkpoint, a directory of
+            checkpoints, an unfinished save, ...).
         CorruptCheckpointError: A checksum fails or a file is truncated/malformed.
         StateMismatchError: ``strict`` and the target's keys, shapes or dtypes differ.
     """
     return load_checked(path, state, None, strict=strict, storage_options=storage_options, mmap=mmap,
-                        process_group=process_group, collective=collective, timeout=timeout)
+                        process_group=process_group, collective=collective, timeout=timeout, cast=cast)
 
 
 def load_checked(path: str, state: MutableMapping[str, Any] | Stateful | None,
                  check: Callable[[Index], None] | None, *, strict: bool = True,
                  storage_options: dict | None = None, mmap: bool = False, process_group: Any = None,
-                 collective: bool | None = None, timeout: float | None = None) -> Any:
+                 collective: bool | None = None, timeout: float | None = None, cast: bool = False) -> Any:
     """``load``, first calling ``check(index)`` with the validated index: it raises (a
     ``CheckpointError``) to refuse the checkpoint before anything is read. The manager
     checks that a step's index records the step and run it restores."""
@@ -65,13 +73,19 @@ def load_checked(path: str, state: MutableMapping[str, Any] | Stateful | None,
                         f"state_dict() and load_state_dict()) to load into, got {type(state).__name__}")
     with paused():  # building thousands of tensors and entries: no collection meanwhile
         return load_path(path, state, check, strict=strict, storage_options=storage_options, mmap=mmap,
-                         process_group=process_group, collective=collective, timeout=timeout)
+                         process_group=process_group, collective=collective, timeout=timeout, cast=cast)
 
 
 def read_checkpoint_index(path: str, storage_options: dict | None = None) -> Index:
-    """The validated index of a committed checkpoint (for tools such as the CLI)."""
+    """The validated index of a committed checkpoint (for tools such as the CLI).
+
+    Raises:
+        CheckpointNotFoundError: No committed checkpoint at ``path`` (the message says
+            what the path is instead).
+        CorruptCheckpointError: The index is damaged or a data file is truncated.
+    """
     storage, spath = storage_for(path, storage_options)
-    return read_index(storage, spath)
+    return read_index_explained(storage, spath, path)
 
 
 __all__ = ["LoadResult", "load", "load_checked", "read_checkpoint_index"]

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 
 from .._numbers import human_bytes as human_bytes  # one definition; ls and info format sizes
 from ..engine.commit import is_committed, read_index
+from ..engine.commit.diagnose import read_index_explained
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ..format.index.objects import Index
 from ..manager.steps import StepDirectory, StepEntry, recorded
@@ -68,9 +70,13 @@ def storage_options(args: argparse.Namespace, name: str = "storage_options") -> 
 
 
 def open_checkpoint(path: str, options: dict) -> tuple[Storage, str, Index]:
-    """Storage, backend path and validated index of the committed checkpoint at ``path``."""
+    """Storage, backend path and validated index of the committed checkpoint at ``path``.
+
+    Raises:
+        CheckpointNotFoundError: ``path`` holds none; the message says what it is instead.
+    """
     storage, spath = storage_for(path, options)
-    return storage, spath, read_index(storage, spath)
+    return storage, spath, read_index_explained(storage, spath, path)
 
 
 @dataclass(slots=True)
@@ -209,14 +215,45 @@ class _NoProgress:
     def close(self) -> None:
         pass
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        yield
 
-def progress(total: int, desc: str) -> Any:
-    """A byte progress bar on stderr when it is a terminal and tqdm is installed; else silent."""
-    if not sys.stderr.isatty():
+
+class _Progress:
+    """A tqdm bar on stderr. ``paused()`` clears it while the command prints a result line
+    to stdout (the same terminal), then draws it again below the line."""
+
+    def __init__(self, bar: Any) -> None:
+        self._bar = bar
+
+    def update(self, n: int) -> None:
+        self._bar.update(n)
+
+    def close(self) -> None:
+        self._bar.close()  # leave=False: the bar's line is cleared
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        with self._bar.external_write_mode(file=sys.stdout):
+            yield
+            sys.stdout.flush()
+
+
+def add_quiet_option(parser: argparse.ArgumentParser) -> None:
+    """Adds ``-q/--quiet``: no progress bar."""
+    parser.add_argument("-q", "--quiet", action="store_true", help="draw no progress bar")
+
+
+def progress(total: int, desc: str, quiet: bool = False) -> Any:
+    """A byte progress bar on stderr when it is a terminal, tqdm is installed and not
+    ``quiet``; else silent. Result lines printed while it runs go inside ``paused()``;
+    ``close()`` clears it."""
+    if quiet or not sys.stderr.isatty():
         return _NoProgress()
     try:
         from tqdm import tqdm
     except ImportError:
         return _NoProgress()
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                file=sys.stderr, leave=False)
+    return _Progress(tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+                          file=sys.stderr, leave=False))

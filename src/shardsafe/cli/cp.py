@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 
 from . import EXIT_FAILED, EXIT_OK
-from ._common import add_command, human_bytes, progress, scan, storage_options
+from ._common import add_command, add_quiet_option, human_bytes, progress, scan, storage_options
 from ..engine.commit import is_committed, read_index
 from ..engine.transfer.verbatim import CopyResult, copy_checkpoint
 from ..engine.transfer.recode import recode_checkpoint
@@ -39,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     ("src", "SRC", "checkpoint (or, with --all, directory) path or URL"),
                     ("dst", "DST", "destination path or URL"),
                     json_help="print one JSON object instead of text")
+    add_quiet_option(p)
     p.add_argument("--all", action="store_true",
                    help="copy every committed checkpoint under SRC to DST/<name>; a damaged one "
                         "is listed as NOT COPIED (exit code 1) and the others are copied")
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     jobs, damaged = _jobs(args, src, spath, dst, dpath)
     if args.all:
         dst.makedirs(dpath)
-    bar = progress(sum(j.nbytes for j in jobs), "cp")
+    bar = progress(sum(j.nbytes for j in jobs), "cp", args.quiet)
     copied, skipped, nbytes = [], [], 0
     try:
         for j in jobs:
@@ -123,8 +124,9 @@ def run(args: argparse.Namespace) -> int:
             (skipped if r.skipped else copied).append(j.name)
             nbytes += r.nbytes
             if not args.json:
-                print(f"up to date {j.name}" if r.skipped else
-                      f"copied {j.name} ({r.files} file(s), {human_bytes(r.nbytes)})")
+                with bar.paused():
+                    print(f"up to date {j.name}" if r.skipped else
+                          f"copied {j.name} ({r.files} file(s), {human_bytes(r.nbytes)})")
     finally:
         bar.close()
     if args.json:

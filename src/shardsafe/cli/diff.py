@@ -17,7 +17,7 @@ import numpy as np
 
 from . import EXIT_FAILED, EXIT_OK
 from .. import tensors
-from ._common import add_command, open_checkpoint, progress, storage_options
+from ._common import add_command, add_quiet_option, open_checkpoint, progress, storage_options
 from ._tensors import Leaf, leaves, read_tensor
 from ..engine.load.reader import ChunkReader
 
@@ -109,11 +109,12 @@ def compare(ra: ChunkReader, rb: ChunkReader, on_bytes: Any = None) -> tuple[lis
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    add_command(sub, "diff", run, "compare two checkpoints",
+    p = add_command(sub, "diff", run, "compare two checkpoints",
                 "List keys only in A (-), only in B (+) and changed (~), with the max abs "
                 "difference per changed tensor. Exits 0 when identical, 1 when they differ.",
                 ("a", "A", "first checkpoint"), ("b", "B", "second checkpoint"),
                 json_help="print JSON for machines")
+    add_quiet_option(p)
 
 
 def _line(c: Change) -> str:
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     sa, pa, ia = open_checkpoint(args.a, opts)
     sb, pb, ib = open_checkpoint(args.b, opts)
     both = sum(t.nbytes for t in ia.tensors) + sum(t.nbytes for t in ib.tensors)
-    bar = progress(both, "diff")
+    bar = progress(both, "diff", args.quiet)
     try:
         changes, same = compare(ChunkReader(sa, pa, ia), ChunkReader(sb, pb, ib), bar.update)
     finally:

@@ -23,7 +23,7 @@ from typing import Any
 
 from . import EXIT_OK
 from .. import tensors
-from ._common import CKPT, add_command, open_checkpoint, progress, storage_options
+from ._common import CKPT, add_command, add_quiet_option, open_checkpoint, progress, storage_options
 from ._tensors import as_torch, leaves, read_tensor, require_torch, subtree
 from ..engine.load.reader import ChunkReader
 from ..format.datafile import safetensors_header
@@ -47,6 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                  "prefix is dropped from the exported keys")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="cast floating-point tensors")
     p.add_argument("--format", choices=("safetensors", "pt"), help="default: from OUT's suffix")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    add_quiet_option(p)
 
 
 def _out_format(args: argparse.Namespace) -> str:
@@ -114,9 +116,10 @@ def _st_header(index: Index, node: Node, base: KeyPath, dtype: str | None) -> tu
     return safetensors_header(meta, entries, 8), order, skipped
 
 
-def _write_safetensors(reader: ChunkReader, node: Node, base: KeyPath, out: str, dtype: str | None) -> list[str]:
+def _write_safetensors(reader: ChunkReader, node: Node, base: KeyPath, out: str, dtype: str | None,
+                       quiet: bool) -> list[str]:
     header, order, skipped = _st_header(reader.index, node, base, dtype)
-    bar = progress(sum(n for _, n in order), "export")
+    bar = progress(sum(n for _, n in order), "export", quiet)
     try:
         with open(out, "wb") as f:
             f.write(header)
@@ -149,11 +152,21 @@ def _build_pt(reader: ChunkReader, node: Node, dtype: str | None) -> Any:
     return value.item() if t == "npscalar" else value
 
 
+def _check_out(out: str, overwrite: bool) -> None:
+    """Refuses an ``out`` that exists (unless ``overwrite``) or is a directory, before
+    anything is read."""
+    if os.path.isdir(out):
+        raise ValueError(f"{out!r} is a directory; OUT names the file to write")
+    if os.path.lexists(out) and not overwrite:
+        raise ValueError(f"{out!r} already exists; pass --overwrite to replace it")
+
+
 def run(args: argparse.Namespace) -> int:
     require_torch("export")
     fmt = _out_format(args)
     if "://" in args.out:
         raise ValueError("export writes a local file; OUT must be a local path")
+    _check_out(args.out, args.overwrite)
     storage, spath, index = open_checkpoint(args.ckpt, storage_options(args))
     try:
         node, base = subtree(index, args.only)
@@ -164,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     tmp = f"{args.out}.tmp-{os.getpid()}"
     try:
         if fmt == "safetensors":
-            skipped = _write_safetensors(reader, node, base, tmp, dtype)
+            skipped = _write_safetensors(reader, node, base, tmp, dtype, args.quiet)
         else:
             skipped = []
             tensors.torch.save(_build_pt(reader, node, dtype), tmp)

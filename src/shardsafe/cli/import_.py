@@ -27,9 +27,8 @@ from .. import tensors
 from ..api.save import save
 from ._common import add_command, storage_options
 from ._tensors import require_torch
+from ..engine.commit.diagnose import DCP_METADATA
 from ..storage.files import kind_of
-
-DCP_METADATA = ".metadata"
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from . import EXIT_OK
 from ._common import (Entry, add_command, checkpoints_at, human_bytes, local_time,
                       modified, storage_options, table)
+from ..engine.commit.diagnose import describe
 from ..manager.steps import is_rolled_back
 from ..storage import storage_for
 
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(records, indent=2))
         return EXIT_OK
     if not records:
-        print(f"no checkpoints in {args.dir}")
+        print(f"no checkpoints: {describe(storage, path, args.dir)}")
         return EXIT_OK
     rows = [["NAME", "STATE", "STEP", "SIZE", "TIME", "METRICS"]]
     for r in records:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import EXIT_FAILED, EXIT_OK
-from ._common import Entry, add_command, checkpoints_at, progress, storage_options
-from ..errors import CheckpointError, CheckpointNotFoundError
+from ._common import Entry, add_command, add_quiet_option, checkpoints_at, progress, storage_options
+from ..errors import CheckpointError
 from ..format.block_verify import BlockSpan, BlockStream, index_spans
 from ..format.blockfile import DATA_START, MAGIC
 from ..format.datafile import parse_header
@@ -36,6 +36,7 @@ from ..plan.header_check import MAX_HEADER_BYTES, header_problems
 from ..plan.load_plan import coalesce
 from ..storage import Storage, storage_for
 from ..engine.io_pool import io_pool
+from ..engine.commit.diagnose import not_found
 from ..engine.commit.locations import data_file
 
 MAX_READ = 64 << 20
@@ -188,32 +189,33 @@ def verify_checkpoint(storage: Storage, entry: Entry, label: str,
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    add_command(sub, "verify", run, "check every checksum of a checkpoint or directory",
+    p = add_command(sub, "verify", run, "check every checksum of a checkpoint or directory",
                 "Check the index, the data-file headers and every chunk checksum of CKPT, or of "
                 "every checkpoint in DIR. Prints one line per damaged file/key and exits 1 if any "
                 "is found.",
                 ("path", "CKPT|DIR", "checkpoint, or directory of checkpoints"))
+    add_quiet_option(p)
 
 
 def run(args: argparse.Namespace) -> int:
     storage, path = storage_for(args.path, storage_options(args))
     entries = [e for e in checkpoints_at(storage, path) if e.state != "partial"]
     if not entries:
-        raise CheckpointNotFoundError(f"no committed checkpoint in {args.path!r}")
+        raise not_found(storage, path, args.path)
     single = len(entries) == 1 and entries[0].path == path
     total = sum(f.size for e in entries if e.index is not None for f in e.index.files)
-    bar = progress(total, "verify")
+    bar = progress(total, "verify", args.quiet)
     bad = 0
     try:
         for e in entries:
             label = args.path if single else e.name
             problems = verify_checkpoint(storage, e, label, bar.update)
-            for p in problems:
-                print(p)
-            if problems:
-                bad += 1
-            else:
-                print(f"OK  {label}: {len(e.index.tensors)} tensors, {len(e.index.files)} file(s)")
+            with bar.paused():
+                for p in problems:
+                    print(p)
+                if not problems:
+                    print(f"OK  {label}: {len(e.index.tensors)} tensors, {len(e.index.files)} file(s)")
+            bad += bool(problems)
     finally:
         bar.close()
     if bad:

@@ -28,7 +28,7 @@ from torch.futures import Future
 
 from ..engine.load.targets import read_targets
 from ..engine.load.match import TensorTarget
-from ..engine.commit import read_index
+from ..engine.commit.diagnose import read_index_explained
 from ..engine.load.reader import ChunkReader
 from ..errors import CheckpointError
 from ..format.index.objects import Index
@@ -85,11 +85,12 @@ class Reader(StorageReader):
         """The checkpoint's index as DCP's ``Metadata`` (every rank reads and validates it).
 
         Raises:
-            CheckpointNotFoundError: No committed checkpoint at the path.
+            CheckpointNotFoundError: No committed checkpoint at the path (the message says
+                what the path is instead).
             CorruptCheckpointError: The index (or its DCP record) is damaged.
         """
         storage, spath = storage_for(self.path, self.storage_options)
-        self._index = read_index(storage, spath)
+        self._index = read_index_explained(storage, spath, self.path)
         self._view = translate.view(self._index, self.path)
         return self._view.metadata
 

@@ -219,10 +219,11 @@ class LocalTier:
             self._retain(StepDirectory(storage, spath))
 
     # ------------------------------------------------------------------ loading
-    def load(self, path: str, state: MutableMapping[str, Any]) -> None:
-        """Loads the local checkpoint at ``path`` into ``state`` (this rank alone, verified)."""
+    def load(self, path: str, state: MutableMapping[str, Any], cast: bool = False) -> None:
+        """Loads the local checkpoint at ``path`` into ``state`` (this rank alone, verified;
+        ``cast`` as ``shardsafe.load``'s)."""
         # a JAX state is restored by replacing its arrays (its mutable containers in place)
-        load(path, {ROOT_KEY: state if holds_jax(state) else LocalView(state)}, collective=False)
+        load(path, {ROOT_KEY: state if holds_jax(state) else LocalView(state)}, collective=False, cast=cast)
 
     def receive_directory(self) -> str:
         """Where a copy fetched from a peer is stored: this rank's own directory, or (read-only)

@@ -351,7 +351,7 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ restoring
     def restore(self, state: MutableMapping[str, Any] | Stateful, step: int | None = None, *,
-                rollback: bool = False) -> int | None:
+                rollback: bool = False, cast: bool = False) -> int | None:
         """Loads a checkpoint into ``state`` in place and returns its step.
 
         With ``step=None`` the newest committed step is loaded; if it fails verification
@@ -370,6 +370,9 @@ class CheckpointManager:
         each can get from its node or a peer (``tier_restore``; a read-only manager too);
         the persistent tier is read only if that is older than its newest step.
         ``last_restore`` says which tier was used.
+
+        ``cast=True`` converts floating-point values saved in another floating-point dtype
+        than ``state``'s (as ``shardsafe.load(..., cast=True)``).
 
         Returns:
             The restored step, or None when there is no committed step.
@@ -393,16 +396,16 @@ class CheckpointManager:
         t0 = time.monotonic()
         listing = lambda: recovery.listed_once(self._dir, self._agree)  # noqa: E731 - one rank lists
         if step is None and self._local is not None:
-            got = restore_local(self._local, self._agree, state, max(listing(), default=None))
+            got = restore_local(self._local, self._agree, state, max(listing(), default=None), cast)
             if got is not None:  # the newest step every rank could get from its node or a peer
                 self._last_restore = got
                 return got.step
         if step is not None:
-            self._restore_step(state, step, rollback, listing().get(step, step_name(step)))
+            self._restore_step(state, step, rollback, listing().get(step, step_name(step)), cast)
         else:
             out = recovery.restore_newest(self._dir, self._url, state, fallback=self._opts.restore_fallback,
                                           storage_options=self._opts.storage_options, agree=self._agree.worst,
-                                          timeout=self._agree.timeout, listing=listing)
+                                          timeout=self._agree.timeout, listing=listing, cast=cast)
             if out.step is not None:
                 self._set_aside(out.corrupt, out.step)
             step, rollback = out.step, True
@@ -411,9 +414,10 @@ class CheckpointManager:
             self._local.forget_newer(step)  # training continues from ``step``
         return step
 
-    def _restore_step(self, state: MutableMapping[str, Any], step: int, rollback: bool, name: str) -> None:
+    def _restore_step(self, state: MutableMapping[str, Any], step: int, rollback: bool, name: str,
+                      cast: bool) -> None:
         recovery.load_step(self._dir, self._url, step, name, state, self._opts.storage_options,
-                           agree=self._agree.worst, timeout=self._agree.timeout)
+                           agree=self._agree.worst, timeout=self._agree.timeout, cast=cast)
         if rollback:
             self._agree.leader_decides(lambda: recovery.roll_back_after(self._dir, self._url, step),
                                        what=f"rolling back {self._url!r} to step {step}")

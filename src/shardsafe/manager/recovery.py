@@ -36,8 +36,10 @@ OK, VANISHED, CORRUPT, FAILED = 0, 1, 2, 3
 
 def load_step(steps: StepDirectory, base_url: str, step: int, name: str,
               state: MutableMapping[str, Any], storage_options: Mapping[str, Any] | None,
-              agree: Callable[[int], int] | None = None, timeout: float | None = None) -> None:
-    """Loads step ``step`` (directory ``name`` under ``base_url``) into ``state`` in place.
+              agree: Callable[[int], int] | None = None, timeout: float | None = None,
+              cast: bool = False) -> None:
+    """Loads step ``step`` (directory ``name`` under ``base_url``) into ``state`` in place
+    (``cast``: as ``shardsafe.load``'s).
 
     ``agree`` (collective restores) turns this rank's outcome into the worst outcome of
     all ranks: each rank verifies only the bytes it reads, so a damaged chunk may be
@@ -51,7 +53,7 @@ def load_step(steps: StepDirectory, base_url: str, step: int, name: str,
     url = steps.storage.join(base_url, name)
     outcome, error = OK, None
     try:
-        _load(url, step, state, storage_options, timeout)
+        _load(url, step, state, storage_options, timeout, cast)
     except CheckpointNotFoundError as e:
         outcome, error = VANISHED, e
     except CorruptCheckpointError as e:
@@ -70,11 +72,11 @@ def load_step(steps: StepDirectory, base_url: str, step: int, name: str,
 
 
 def _load(url: str, step: int, state: MutableMapping[str, Any],
-          storage_options: Mapping[str, Any] | None, timeout: float | None) -> None:
+          storage_options: Mapping[str, Any] | None, timeout: float | None, cast: bool) -> None:
     try:
         load_checked(url, state, _records(step),
                      storage_options=dict(storage_options) if storage_options is not None else None,
-                     timeout=timeout)
+                     timeout=timeout, cast=cast)
     except FileNotFoundError as e:
         if isinstance(e, CheckpointNotFoundError):
             raise
@@ -121,7 +123,7 @@ def listed_once(steps: StepDirectory, agreement: Agreement) -> dict[int, str]:
 def restore_newest(steps: StepDirectory, base_url: str, state: MutableMapping[str, Any], *,
                    fallback: bool, storage_options: Mapping[str, Any] | None,
                    agree: Callable[[int], int] | None = None, timeout: float | None = None,
-                   listing: Callable[[], dict[int, str]] | None = None) -> Outcome:
+                   listing: Callable[[], dict[int, str]] | None = None, cast: bool = False) -> Outcome:
     """Loads the newest committed step that verifies into ``state``.
 
     ``listing`` gives the committed steps (default: ``steps.committed()``; a collective
@@ -141,7 +143,7 @@ def restore_newest(steps: StepDirectory, base_url: str, state: MutableMapping[st
             break
         step, name = max(candidates.items())
         try:
-            load_step(steps, base_url, step, name, state, storage_options, agree, timeout)
+            load_step(steps, base_url, step, name, state, storage_options, agree, timeout, cast)
         except CheckpointNotFoundError:
             vanished.add(step)
             continue

@@ -28,6 +28,7 @@ from typing import Any, Literal
 from .. import tensors
 from ..engine import commit
 from ..engine.commit import sweep
+from ..engine.commit.step_names import parse_step, step_name
 from ..engine.load.index_exchange import read_index_alone
 from ..format.index.objects import Index
 from ..plan.layout import is_data_file_name
@@ -39,23 +40,11 @@ log = logging.getLogger("shardsafe")
 MANAGER_KEY = "shardsafe.manager"
 QUARANTINE_SUFFIX = ".corrupt"
 ROLLBACK_MARKER = ".rolled-back-"
-_STEP_RE = re.compile(r"^step_(\d+)$")
 # a step set aside as damaged: step_N.corrupt (or step_N.corrupt.2, ... when taken)
 _SET_ASIDE_RE = re.compile(re.escape(QUARANTINE_SUFFIX) + r"(\.\d+)?$")
 # JSON has no non-finite numbers (the index is encoded with allow_nan=False): a NaN loss
 # must not make a save fail, so non-finite metric values are stored as these strings.
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-def step_name(step: int) -> str:
-    """Directory name of ``step`` (``step_00000042``)."""
-    return f"step_{step:08d}"
-
-
-def parse_step(name: str) -> int | None:
-    """The step a directory name stands for, or None if it is not a step directory."""
-    m = _STEP_RE.match(name)
-    return int(m.group(1)) if m else None
 
 
 Kind = Literal["step", "temporary", "set-aside", "rolled-back", "other"]

@@ -73,12 +73,12 @@ def choose(reports: Sequence[dict[str, Any]], holders: Sequence[int | None],
 
 
 def restore_local(tier: LocalTier, agreement: Agreement, state: MutableMapping[str, Any],
-                  at_least: int | None) -> RestoreInfo | None:
+                  at_least: int | None, cast: bool = False) -> RestoreInfo | None:
     """Restores the newest step every rank can get from the local tier or its peers.
 
     Collective (every rank calls it; each round is bounded by the agreement's timeout).
     Returns None when no such step is at least ``at_least`` (the caller then restores
-    from the persistent tier).
+    from the persistent tier). ``cast``: as ``shardsafe.load``'s.
     """
     t0 = time.monotonic()
     holders = tier.link.holder if tier.link is not None else [None] * agreement.world_size
@@ -95,7 +95,7 @@ def restore_local(tier: LocalTier, agreement: Agreement, state: MutableMapping[s
         if mine == "peer" and step not in bad_local:
             log.warning("step %d: rank %d has no usable local copy in %s; fetching it from rank %s",
                         step, tier.rank, tier.own_path, holders[tier.rank])
-        error = _fetch_and_load(tier, state, plan, holders)
+        error = _fetch_and_load(tier, state, plan, holders, cast)
         if agreement.worst(0 if error is None else 1, what=f"restoring step {step} from the local tier") == 0:
             return RestoreInfo(step, mine, time.monotonic() - t0)
         if error is not None:
@@ -136,7 +136,7 @@ def _fetch(tier: LocalTier, step: int, tiers: Sequence[str], holders: Sequence[i
 
 
 def _fetch_and_load(tier: LocalTier, state: MutableMapping[str, Any], plan: dict[str, Any],
-                    holders: Sequence[int | None]) -> str | None:
+                    holders: Sequence[int | None], cast: bool) -> str | None:
     """Moves the planned peer copies to their owners, then loads; this rank's error or None."""
     step, tiers = plan["step"], plan["tiers"]
     into = tier.receive_directory() if tiers[tier.rank] == "peer" else tier.own_path
@@ -147,7 +147,7 @@ def _fetch_and_load(tier: LocalTier, state: MutableMapping[str, Any], plan: dict
             except (OSError, CheckpointError) as e:
                 return f"fetching from rank {holders[tier.rank]} failed: {e}"
         try:
-            tier.load(f"{into}/{step_name(step)}", state)
+            tier.load(f"{into}/{step_name(step)}", state, cast)
         except (OSError, CheckpointError) as e:
             return f"{type(e).__name__}: {e}"
         return None

@@ -139,6 +139,11 @@ class Transaction:
     """A committed checkpoint is at ``final`` and is replaced (``overwrite=True``)."""
 
 
+def _is_file(storage: Storage, path: str) -> bool:
+    """Whether ``path`` is there but is neither a directory nor a link (a file, a FIFO, ...)."""
+    return storage.exists(path) and not storage.is_directory(path) and not storage.is_link(path)
+
+
 def _split(path: str) -> tuple[str, str]:
     p = path.rstrip("/")
     return posixpath.dirname(p), posixpath.basename(p)
@@ -162,6 +167,9 @@ def plan_transaction(storage: Storage, path: str, *, overwrite: bool, token: str
         if storage.atomic_rename:
             raise CheckpointError(f"{path!r} exists and is not a shardsafe checkpoint; refusing to "
                                   f"write over it")
+    elif not committed and storage.atomic_rename and _is_file(storage, path):
+        raise CheckpointError(f"{path!r} is an existing file, not a checkpoint directory; refusing to "
+                              f"write over it (remove it, or save to another path)")
     if not storage.atomic_rename:
         return Transaction(storage, path, path, committed)
     parent, name = _split(path)
@@ -200,6 +208,10 @@ def finish(txn: Transaction, index_bytes: bytes) -> None:
                 raise CheckpointError(f"cannot commit the save to {txn.final!r}: it is a symbolic "
                                       f"link, and shardsafe never writes through one (give the "
                                       f"real path)") from None
+            if _is_file(s, txn.final):
+                raise CheckpointError(f"cannot commit the save to {txn.final!r}: it is an existing "
+                                      f"file, not a checkpoint directory (remove it, or save to "
+                                      f"another path)") from None
             what = ("another save committed a checkpoint there first" if is_committed(s, txn.final)
                     else "something else appeared there")
             raise CheckpointError(f"cannot commit the save to {txn.final!r}: {what} "

@@ -26,6 +26,7 @@ from ...plan.regroup import regroup
 from ...storage import Deadline, LocalStorage, storage_for
 from ..buffers import allocating
 from ..commit import is_committed
+from ..commit.diagnose import not_found
 from . import jax_restore, new_state
 from .index_exchange import IndexRead, read_index_alone, read_index_collective
 from .mapped import load_mapped
@@ -48,34 +49,42 @@ class LoadResult:
     unexpected: list[str] = field(default_factory=list)
     """Key paths in the checkpoint that ``state`` has no place for (not loaded)."""
     mismatched: list[str] = field(default_factory=list)
-    """Key paths whose shape or dtype differs between checkpoint and ``state`` (not loaded)."""
+    """Key paths whose shape, dtype or type differs between checkpoint and ``state`` (not loaded)."""
+    problems: list[str] = field(default_factory=list)
+    """One line per key path skipped, saying why (as ``StateMismatchError.problems``)."""
 
 
 def load_path(path: str, state: MutableMapping[str, Any] | Stateful | None,
               check: Callable[[Index], None] | None, *, strict: bool, storage_options: dict | None,
               mmap: bool, process_group: Any, collective: bool | None,
-              timeout: float | None) -> Any:
+              timeout: float | None, cast: bool = False) -> Any:
     """The new state (``state`` None), or the ``LoadResult`` of an in-place load (see
     ``shardsafe.load``); ``check(index)`` may refuse the checkpoint before any read."""
     storage, spath = storage_for(path, storage_options, deadline=Deadline.for_call(
         timeout, get_comm(process_group).rank, f"load of {path}"))
     whole = state is None or mmap  # else a version 4 index is read in parts (what the targets need)
     if collective is not False and distributed_active(process_group):
-        read = read_index_collective(storage, spath, get_comm(process_group), timeout, whole)
+        try:
+            read = read_index_collective(storage, spath, get_comm(process_group), timeout, whole)
+        except CheckpointNotFoundError:
+            raise not_found(storage, spath, path) from None
         if check is not None:
             check(read.index)
-        return _load_from(storage, spath, read, path, state, strict, mmap)
+        return _load_from(storage, spath, read, path, state, strict, mmap, cast)
     for attempt in range(ATTEMPTS):
         before = _identity(storage, spath)
+        read = None
         try:
             read = read_index_alone(storage, spath, whole)
             if check is not None:
                 check(read.index)
-            return _load_from(storage, spath, read, path, state, strict, mmap)
-        except (CorruptCheckpointError, CheckpointNotFoundError) as e:
-            if not is_committed(storage, spath):  # deleted (e.g. by retention) while we read it
-                raise CheckpointNotFoundError(f"no committed checkpoint at {path!r} (deleted while "
-                                              f"being loaded)") from e
+            return _load_from(storage, spath, read, path, state, strict, mmap, cast)
+        except (CorruptCheckpointError, CheckpointNotFoundError):
+            if not is_committed(storage, spath):
+                if read is None:  # never found an index: say what the path is instead
+                    raise not_found(storage, spath, path) from None
+                raise CheckpointNotFoundError(f"the checkpoint at {path!r} was deleted while being "
+                                              f"loaded (by retention, or another process?)") from None
             if before is None or _identity(storage, spath) == before or attempt == ATTEMPTS - 1:
                 raise
             log.info("%s was replaced (overwrite) while being loaded; loading the new one", path)
@@ -99,13 +108,18 @@ def _total(index: Index, path: str) -> str:
 
 
 def _load_from(storage: Any, spath: str, read: IndexRead, path: str,
-               state: MutableMapping[str, Any] | Stateful | None, strict: bool, mmap: bool) -> Any:
+               state: MutableMapping[str, Any] | Stateful | None, strict: bool, mmap: bool,
+               cast: bool) -> Any:
     index = read.index
     if mmap:
         if state is not None or not isinstance(storage, LocalStorage):
             raise ValueError("mmap=True applies to load(path) of a local checkpoint, without a state")
         return load_mapped(spath, index)
     jax_target = state is not None and jax_restore.holds_jax(state)
+    if cast and (state is None or jax_target):
+        raise ValueError("cast=True converts into the dtypes of a torch or numpy target state: "
+                         + ("a JAX target is restored in the stored dtypes" if jax_target
+                            else "load(path) without a state returns the stored dtypes"))
     if jax_target or (state is not None and _saved_from_jax(index)):  # names nested one way, flat the other
         tree = regroup(index.tree, state)
         index = index if tree is index.tree else dataclasses.replace(index, tree=tree)
@@ -118,7 +132,7 @@ def _load_from(storage: Any, spath: str, read: IndexRead, path: str,
         read_targets(reader, new.others, new)
         return value
     with loading():  # PerRank values describe only this rank's entry
-        m = match(index, state)
+        m = match(index, state, cast)
     problems = m.problems()
     if problems and strict:
         raise StateMismatchError(problems)
@@ -129,7 +143,7 @@ def _load_from(storage: Any, spath: str, read: IndexRead, path: str,
     with allocating(lambda: _total(index, path)):  # temporaries for device / strided targets
         read_targets(reader, m.reads)
     m.apply()
-    return LoadResult(m.missing, m.unexpected, m.mismatched)
+    return LoadResult(m.missing, m.unexpected, m.mismatched, problems)
 
 
 def _saved_from_jax(index: Index) -> bool:

@@ -39,6 +39,9 @@ class TensorTarget:
     read item); None: derived from ``target`` (all of it, or a DTensor's local shard)."""
     tid: int = -1
     """The tensor's position in the index's tensor table (-1: not known)."""
+    cast: bool = False
+    """``target`` has another floating-point dtype than the stored tensor (``load(...,
+    cast=True)``): the bytes are read into a temporary of the stored dtype, then converted."""
 
 
 @dataclass(slots=True)
@@ -57,11 +60,13 @@ class Matching:
     """Key paths of the checkpoint absent from the target."""
     mismatched: list[str] = field(default_factory=list)
     """Key paths whose shape, dtype or type differ."""
+    reasons: list[str] = field(default_factory=list)
+    """``"<key path>: <how it differs>"``, one per entry of ``mismatched``."""
 
     def problems(self) -> list[str]:
         return ([f"missing in checkpoint: {k}" for k in self.missing]
                 + [f"unexpected in checkpoint (absent from target): {k}" for k in self.unexpected]
-                + [f"mismatch: {m}" for m in self.mismatched])
+                + [f"mismatch: {m}" for m in self.reasons])
 
     def apply(self) -> None:
         """Applies the container assignments, then the Stateful ``load_state_dict`` calls."""
@@ -93,9 +98,10 @@ def _kind(node: Node) -> str:
 
 
 class _Matcher:
-    def __init__(self, index: Index) -> None:
+    def __init__(self, index: Index, cast: bool = False) -> None:
         assert index.infos is not None, "a decoded index has its tensor table as columns"
         self.index = index
+        self.cast = cast
         self.infos = index.infos
         self.m = Matching()
         self.memo: dict[int, Any] = {}  # tensor id -> new tensor (tied tensors come back tied)
@@ -114,7 +120,9 @@ class _Matcher:
         return build(node, leaf, path, self.memo)
 
     def mismatch(self, path: KeyPath, what: str) -> None:
-        self.m.mismatched.append(f"{render_path(path)}: {what}")
+        key = render_path(path)
+        self.m.mismatched.append(key)
+        self.m.reasons.append(f"{key}: {what}")
 
     def value(self, target: Any, node: Node, path: KeyPath, open_: bool, copy_: bool = False) -> Any:
         """What should stand at ``path`` after loading (``target`` itself when restored in place).
@@ -203,8 +211,10 @@ class _Matcher:
                                     f"{want_dtype}{list(want_shape)}")
                 return target
             shape = tensors.shape_of(target)
-        if shape != want_shape or dtype != want_dtype:
-            self.mismatch(path, f"target {dtype}{list(shape)}, checkpoint {want_dtype}{list(want_shape)}")
+        cast = dtype != want_dtype and shape == want_shape and self.cast and castable(want_dtype, dtype)
+        if shape != want_shape or (dtype != want_dtype and not cast):
+            self.mismatch(path, f"target {dtype}{list(shape)}, checkpoint {want_dtype}{list(want_shape)}"
+                                f"{_cast_hint(want_dtype, dtype, self.cast) if shape == want_shape else ''}")
             return target
         key = alias_key(target)
         done = self.read_into.get(i)
@@ -214,7 +224,7 @@ class _Matcher:
             return target
         else:
             done.add(key)
-        self.m.reads.append(TensorTarget(None, target, tid=i))
+        self.m.reads.append(TensorTarget(None, target, tid=i, cast=cast))
         return target
 
     def _header(self, i: int) -> tuple[str, tuple[int, ...]]:
@@ -223,15 +233,36 @@ class _Matcher:
         return info.dtype, info.shape
 
 
-def match(index: Index, target: MutableMapping[str, Any] | Stateful) -> Matching:
+def castable(stored: str, target: str) -> bool:
+    """Whether ``load(..., cast=True)`` converts a stored ``stored`` tensor into a ``target``
+    one: both floating point (not packed, such as ``float4_e2m1fn_x2``); never integers,
+    booleans or complex numbers, never from one kind to another."""
+    return stored in CASTABLE and target in CASTABLE
+
+
+CASTABLE = frozenset({"float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2",
+                      "float8_e4m3fnuz", "float8_e5m2fnuz"})
+
+
+def _cast_hint(stored: str, target: str, cast: bool) -> str:
+    if castable(stored, target):
+        return " (pass cast=True to convert floating-point values to the target's dtype)"
+    if cast:
+        return " (cast=True converts only between floating-point dtypes)"
+    return ""
+
+
+def match(index: Index, target: MutableMapping[str, Any] | Stateful, cast: bool = False) -> Matching:
     """Matches ``target`` against the checkpoint ``index`` without changing either.
 
     A Stateful target is matched as it would be inside a mapping: through its
-    ``state_dict()``, with a ``load_state_dict`` call among the finalizers.
+    ``state_dict()``, with a ``load_state_dict`` call among the finalizers. ``cast``: a
+    floating-point tensor of another floating-point dtype than the target is read and
+    converted (``castable``), not refused.
     """
     if index.tree.get("t") != "dict":
         raise TypeError("the checkpoint's root is not a mapping")
-    matcher = _Matcher(index)
+    matcher = _Matcher(index, cast)
     if is_stateful(target):
         matcher.value(target, index.tree, (), open_=False)
     else:

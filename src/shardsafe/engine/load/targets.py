@@ -4,8 +4,8 @@ A target is a live tensor to restore in place (``match``), a new tensor of ``loa
 (``new_state``) or a region a DCP read item asks for. Whole tensors stored as one raw
 chunk whose target is contiguous host memory are read by table row and address, with no
 per-tensor object (``ChunkReader.whole_tasks``); the others through ``ReadJob``s; a target
-the reader cannot fill directly (device memory, strided) gets a temporary copied in
-once every read succeeded.
+the reader cannot fill directly (device memory, strided, another dtype: ``cast=True``)
+gets a temporary of the stored dtype, copied (converted) in once every read succeeded.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def read_targets(reader: ChunkReader, targets: list[TensorTarget], new: Allocate
     whole = whole_raw(table).tolist()
     starts = table.tensor_start.tolist()
     for tt in targets:
-        if tt.dest is None and tt.offsets is None and tt.tid >= 0 and whole[tt.tid]:
+        if tt.dest is None and tt.offsets is None and tt.tid >= 0 and whole[tt.tid] and not tt.cast:
             addr = _address(tt.target)
             if addr is not None:
                 direct.tensors.append(tt.tid)
@@ -52,11 +52,11 @@ def read_targets(reader: ChunkReader, targets: list[TensorTarget], new: Allocate
             target, offsets, shape = dtensor.target_region(tt.target)
         else:
             target, offsets, shape = tt.target, tt.offsets, tensors.shape_of(tt.target)
-        dest = tensors.writable_bytes(target)
+        dest = None if tt.cast else tensors.writable_bytes(target)
         if dest is not None:
             jobs.append(ReadJob(e, dest, offsets, shape))
             continue
-        tmp, tmp_bytes = tensors.empty(e.kind, e.dtype, shape)  # device / strided target
+        tmp, tmp_bytes = tensors.empty(e.kind, e.dtype, shape)  # device / strided / cast target
 
         def done(target: Any = target, tmp: Any = tmp) -> None:
             tensors.copy_into(target, tmp)
