@@ -49,7 +49,9 @@ def trainer(out: str, cls: type = Trainer, steps: int = STEPS, callbacks: list |
     kw: dict[str, Any] = dict(max_steps=steps, save_steps=SAVE_STEPS, per_device_train_batch_size=4, report_to=[],
                               logging_steps=1000, seed=0, use_cpu=True, disable_tqdm=True)
     kw.update(args)
-    return cls(model=model(), args=TrainingArguments(out, **kw), train_dataset=Tokens(), callbacks=callbacks)
+    evaluate = kw.get("eval_strategy", "no") != "no"
+    return cls(model=model(), args=TrainingArguments(out, **kw), train_dataset=Tokens(),
+               eval_dataset=Tokens(16) if evaluate else None, callbacks=callbacks)
 
 
 def weights(m: torch.nn.Module) -> dict[str, torch.Tensor]:

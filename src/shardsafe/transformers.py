@@ -140,6 +140,10 @@ class CheckpointingMixin:
                              name="shardsafe-trainer-commit", daemon=True)
         t.start()
         self._after_commit = [x for x in self._after_commit if x.is_alive()] + [t]
+        if self.state.global_step >= self.state.max_steps > 0:
+            # the last save: the Trainer's own clean-up at the end of training (a limit of 1
+            # with a best checkpoint) lists the directory next, so it must be settled
+            self.wait_for_checkpoints()
         if self.args.push_to_hub:
             handle.result()  # the Trainer uploads the directory: it must be complete
             self._push_from_checkpoint(output_dir)
