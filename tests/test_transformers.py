@@ -150,3 +150,25 @@ def test_a_checkpoint_verifies(ours, cli) -> None:  # noqa: ANN001
     r = cli("verify", os.path.join(out, "checkpoint-12"))
     assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
     assert isinstance(Trainer.__mro__[1], type) and sys.modules["shardsafe.transformers"]
+
+
+def test_ddp_on_two_ranks_killed_and_resumed_is_bit_exact(tmp_path) -> None:
+    """The same Trainer under torchrun (DDP on gloo, 2 ranks): killed with SIGKILL between
+    checkpoints and resumed, it ends where the plain Trainer's uninterrupted run ends; the
+    checkpoint also resumes on one process (the Trainer allows another rank count)."""
+    from dist_harness import run_job
+
+    plain, ours_ = str(tmp_path / "plain"), str(tmp_path / "ours")
+    job = run_job(JOB, 2, plain, "plain", timeout=240)
+    assert job.codes == [0, 0], job.logs()
+    job = run_job(JOB, 2, ours_, "ours", "--kill-at", "10", timeout=240)
+    assert job.codes == [-9, -9], job.logs()
+    assert [s for s, _ in committed_checkpoints(ours_)] == [4, 8]
+    job = run_job(JOB, 2, ours_, "ours", "--resume", timeout=240)
+    assert job.codes == [0, 0], job.logs()
+    assert same(torch.load(os.path.join(ours_, "final.pt")), torch.load(os.path.join(plain, "final.pt")))
+    saved = shardsafe.load(os.path.join(ours_, "checkpoint-8"))
+    assert sorted(saved["rng"]) == ["0", "1"]  # each rank's generators
+    one = trainer(str(tmp_path / "one"))
+    one.train(resume_from_checkpoint=os.path.join(ours_, "checkpoint-8"))
+    assert one.state.global_step == 12

@@ -3,7 +3,8 @@ the CPU (built from a config: nothing is downloaded). Run as a script it trains 
 saves the final weights, or (``--kill-at``) SIGKILLs itself mid-run once the checkpoint
 before is committed.
 
-Usage: ``python transformers_job.py OUT {plain,ours} [--resume] [--kill-at STEP]``.
+Usage: ``python transformers_job.py OUT {plain,ours} [--resume] [--kill-at STEP]``, also as
+the ranks of a torchrun-style job (DDP on gloo: every rank trains on its share of the batch).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def trainer(out: str, cls: type = Trainer, steps: int = STEPS, callbacks: list |
     transformers.set_seed(0)
     kw: dict[str, Any] = dict(max_steps=steps, save_steps=SAVE_STEPS, per_device_train_batch_size=4, report_to=[],
                               logging_steps=1000, seed=0, use_cpu=True, disable_tqdm=True)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        kw["ddp_backend"] = "gloo"
     kw.update(args)
     evaluate = kw.get("eval_strategy", "no") != "no"
     return cls(model=model(), args=TrainingArguments(out, **kw), train_dataset=Tokens(),
@@ -82,7 +85,8 @@ def main() -> int:
     if a.kill_at:
         t.add_callback(KillAt(t, a.kill_at))
     t.train(resume_from_checkpoint=True if a.resume else None)
-    torch.save(weights(t.model), os.path.join(a.out, "final.pt"))
+    if t.args.process_index == 0:
+        torch.save(weights(t.accelerator.unwrap_model(t.model)), os.path.join(a.out, "final.pt"))
     return 0
 
 
