@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -42,8 +43,15 @@ def test_gc_keeps_newest_steps_and_removes_old_leftovers(cli, tmp_path) -> None:
                                               os.path.basename(young), "logs"])
 
     period = cli("gc", run, "--max-to-keep", "2", "--keep-period", "2", "--min-age", "600", "--dry-run")
-    assert period.stdout.splitlines() == ["would delete step_00000001 (step 1)",  # 2 is kept: even
-                                          f"would delete leftover {os.path.basename(old)}"]
+    lines = period.stdout.splitlines()
+    assert lines[:5] == ["would delete step_00000001 (step 1)",  # 2 is kept: even
+                         f"would delete leftover {os.path.basename(old)}",
+                         "would keep step_00000002: its step is divisible by --keep-period 2",
+                         "would keep step_00000003: one of the 2 newest",
+                         "would keep step_00000010: one of the 2 newest"]
+    assert len(lines) == 6 and lines[5].startswith(
+        f"would keep {os.path.basename(young)}: unfinished save, last written ")
+    assert lines[5].endswith("s ago, younger than --min-age (600 s): a save may still be writing it")
 
     proc = cli("gc", run, "--max-to-keep", "2", "--min-age", "600")
     assert proc.returncode == 0, proc.stderr
@@ -68,9 +76,53 @@ def test_gc_orders_unnamed_checkpoints_by_creation_time(cli, tmp_path) -> None: 
     assert sorted(os.listdir(tmp_path)) == ["mid"]
 
 
-def test_gc_rejects_keeping_nothing(cli, tmp_path) -> None:  # noqa: ANN001
-    proc = cli("gc", tmp_path, "--max-to-keep", "0")
-    assert proc.returncode == 1 and "at least 1" in proc.stderr
+@pytest.mark.parametrize("args, message", [
+    (("--max-to-keep", "0"), "argument --max-to-keep: must be at least 1, got 0"),
+    (("--keep-period", "-2"), "argument --keep-period: must be at least 1, got -2"),
+    (("--min-age", "-1"), "argument --min-age: must be at least 0, got -1"),
+    (("--min-age", "an hour"), "argument --min-age: not a number: 'an hour'"),
+    (("--max-to-keep", "1.5"), "argument --max-to-keep: not a number: '1.5'"),
+])
+def test_gc_bad_arguments_are_usage_errors(cli, tmp_path, args, message) -> None:  # noqa: ANN001
+    save_step(str(tmp_path), 1)
+    proc = cli("gc", tmp_path, *args)
+    assert proc.returncode == 2, proc.stderr  # argparse's exit code, as for any bad argument
+    assert proc.stderr.splitlines()[-1] == f"shardsafe gc: error: {message}"
+    assert proc.stdout == "" and os.listdir(tmp_path) == ["step_00000001"]
+
+
+def test_gc_json_reports_what_it_deleted_and_kept(cli, tmp_path) -> None:  # noqa: ANN001
+    run = str(tmp_path / "run")
+    for step in (1, 2, 3):
+        save_step(run, step)
+    old = _leftover(run, ".step_00000004.shardsafe-tmp-aaaaaaaaaaaaaaaa", age=7200)
+    young = _leftover(run, "step_00000005", age=5)  # an object-store-like partial step
+    os.makedirs(os.path.join(run, "step_00000006"))
+    open(os.path.join(run, "step_00000006", "index.json"), "wb").close()  # committed, unreadable
+
+    def report(*extra: str) -> dict:
+        proc = cli("gc", run, "--max-to-keep", "1", "--min-age", "600", "--json", *extra)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    dry = report("--dry-run")
+    assert dry["dry_run"] is True
+    assert dry["deleted"] == [{"name": "step_00000001", "step": 1, "what": "checkpoint"},
+                              {"name": "step_00000002", "step": 2, "what": "checkpoint"},
+                              {"name": os.path.basename(old), "step": 4, "what": "leftover"}]
+    kept = {k["name"]: k["reason"] for k in dry["kept"]}
+    assert kept.keys() == {"step_00000003", "step_00000005", "step_00000006"}
+    assert kept["step_00000003"] == "one of the 1 newest"
+    assert "younger than --min-age (600 s)" in kept["step_00000005"]
+    assert kept["step_00000006"].startswith("damaged (")
+    assert (dry["uploads_aborted"], dry["uploads_kept"], dry["uploads_left"]) == ([], [], [])
+    assert len(os.listdir(run)) == 6  # a dry run removes nothing
+
+    done = report()
+    assert done["dry_run"] is False and done["deleted"] == dry["deleted"]
+    assert [k["name"] for k in done["kept"]] == [k["name"] for k in dry["kept"]]
+    assert sorted(os.listdir(run)) == ["step_00000003", "step_00000005", "step_00000006"]
+    assert os.path.basename(young) == "step_00000005"
 
 
 def _outside(tmp_path) -> tuple[str, str]:  # noqa: ANN001

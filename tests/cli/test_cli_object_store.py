@@ -127,13 +127,23 @@ def test_gc_on_s3_aborts_only_the_uploads_shardsafe_started(cli, s3) -> None:  #
     assert dry.stdout.splitlines()[-1] == left
     assert open_uploads() == {ours, *foreign.values()}
 
+    # moto dates every upload 2010: an age limit beyond that keeps shardsafe's upload
+    young = json.loads(cli("gc", run, "--min-age", "1e10", "--dry-run", "--json", *o).stdout)
+    assert young["uploads_aborted"] == [] and [u["upload_id"] for u in young["uploads_kept"]] == [ours]
+    assert "younger than --min-age (1e+10 s)" in young["uploads_kept"][0]["reason"]
+    assert sorted((u["key"], u["upload_id"]) for u in young["uploads_left"]) == sorted(
+        (f"{s3.bucket}/{k}", i) for k, i in foreign.items() if k.startswith("run/"))
+
     proc = cli("gc", run, "--min-age", "0", *o)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 2 and lines[0].startswith(
-        f"deleted unfinished upload {s3.bucket}/run/step_00000002/data-r00000-000.safetensors (upload id {ours}")
+        f"deleted unfinished upload {s3.bucket}/run/step_00000002/data-r00000-000.safetensors "
+        f"(upload id {ours}")
     assert lines[1] == left
     assert open_uploads() == set(foreign.values())
+    again = json.loads(cli("gc", run, "--min-age", "0", "--json", *o).stdout)
+    assert again["uploads_aborted"] == [] and len(again["uploads_left"]) == 2
 
     # at the bucket root, run/... lies a level too deep to be a checkpoint of this directory
     root = cli("gc", s3.url, "--min-age", "0", *o)

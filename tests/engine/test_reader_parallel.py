@@ -82,6 +82,29 @@ def test_partial_piece_reads_only_covering_blocks(saved):
         ChunkReader(storage, path, index).run([ReadJob(entry, dest, (5,), (10,))])
 
 
+def test_rows_on_block_bounds_are_read_in_place(saved):
+    import tracemalloc
+
+    path, state = saved
+    storage = LocalStorage()
+    index = read_index(storage, path)
+    entry = next(t for t in index.tensors if t.key == ("big",))
+    block = (16 << 20) // 4  # elements per checksum block
+    flip_byte(os.path.join(path, DATA), entry.chunks[0].offset + 100, 0x40)  # in the first block
+    dest = np.zeros((entry.shape[0] - block) * 4, dtype=np.uint8)  # the second block, to the end
+    tracemalloc.start()
+    try:
+        ChunkReader(storage, path, index).run([ReadJob(entry, dest, (block,), (entry.shape[0] - block,))])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert np.array_equal(dest.view(np.float32), state["big"][block:].numpy())
+    assert peak < 1 << 20  # no temporary of the 20 MiB chunk (or of the piece)
+    first = np.zeros(block * 4, dtype=np.uint8)
+    with pytest.raises(shardsafe.CorruptCheckpointError):
+        ChunkReader(storage, path, index).run([ReadJob(entry, first, (0,), (block,))])
+
+
 def test_byte_span_of_a_2d_region():
     from shardsafe.format.index.rows import ChunkEntry
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ import torch
 import shardsafe
 from shardsafe.cli import main
 from shardsafe.engine.commit import read_index
+from shardsafe.engine.transfer.recode import recode_checkpoint
+from shardsafe.errors import CorruptCheckpointError
 from shardsafe.storage import LocalStorage
 
 MiB = 1 << 20
@@ -53,6 +56,47 @@ def test_a_recoding_copy_takes_memory_that_does_not_grow_with_the_checkpoint(tmp
         assert b - a < 64 * 1024, (coding, a // 1024, b // 1024)  # KiB; MiB in the message
     got = shardsafe.load(str(tmp_path / f"raw{320 * MiB}"))
     assert all(torch.equal(got[k], v) for k, v in state.items())
+
+
+def test_a_recoding_copy_takes_at_most_half_again_the_memory_of_a_plain_copy(tmp_path, subprocess_env) -> None:
+    # both copies run in fresh processes of the same interpreter and imports (~230 MiB);
+    # at 256 MiB of state a copy holding the source whole would be far above the bound
+    src = str(tmp_path / "src")
+    shardsafe.save(_bf16_state(256 * MiB), src)
+    plain = _peak_rss(subprocess_env, src, str(tmp_path / "plain"))
+    auto = _peak_rss(subprocess_env, src, str(tmp_path / "auto"), "--compression", "auto")
+    assert auto <= 1.5 * plain, (auto // 1024, plain // 1024)  # MiB in the message
+    assert main(["verify", str(tmp_path / "auto")]) == 0
+
+
+def test_a_damaged_source_stops_the_copy_in_every_unit(tmp_path) -> None:
+    # 40 MiB in slabs of 64 KiB: the copy's units (16 MiB) each span many batches, and two
+    # are in flight; a bad block in the second unit's batches must stop the copy, not leave
+    # the first unit's thread waiting for batches that the failed unit never let go
+    state = {f"w{i}": torch.arange(i * (2 * MiB), (i + 1) * (2 * MiB), dtype=torch.float32) for i in range(5)}
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    shardsafe.save(state, src)
+    flip = os.path.join(src, "data-r00000-000.safetensors")
+    with open(flip, "r+b") as f:
+        f.seek(os.path.getsize(flip) - 19 * MiB)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    storage = LocalStorage()
+    errors: list[BaseException] = []
+
+    def copy() -> None:
+        try:
+            recode_checkpoint(storage, src, storage, dst, compression="zstd", limit=64 << 10)
+        except CorruptCheckpointError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=copy, daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "the copy hangs"
+    assert len(errors) == 1 and "checksum" in str(errors[0])
+    assert not os.path.exists(dst)
 
 
 def test_a_recoded_copy_is_one_data_file_and_one_block_file(tmp_path) -> None:

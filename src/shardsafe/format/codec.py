@@ -65,7 +65,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
-from .._scratch import ScratchBuffer
+from .._scratch import ScratchPool
 from ..errors import CheckpointError
 from . import planes_kernel
 from .dtypes import lookup
@@ -134,8 +134,9 @@ def codec_for(dtype: str, compression: Compression) -> str:
 def encode(raw: memoryview, dtype: str, compression: Compression) -> tuple[str, bytes | memoryview]:
     """Encodes one block of raw bytes of ``dtype``: ``(codec name, stored bytes)``.
 
-    Returns ``(RAW, raw)`` when coding does not pay. Thread-safe; the bulk of the work
-    runs without the GIL.
+    Returns ``(RAW, raw)`` when coding does not pay. Coded bytes belong to the caller
+    (never a view of scratch that a later call reuses), so they may be kept while more
+    blocks are coded. Thread-safe; the bulk of the work runs without the GIL.
     """
     codec = codec_for(dtype, compression)
     raw = memoryview(raw).cast("B")
@@ -408,7 +409,8 @@ def _plan(tr: _Planes, x: np.ndarray) -> tuple[int, int, list[Any]]:
     return layout, (c if layout == NIBBLES else 0), coded
 
 
-_scratch = ScratchBuffer().get  # a block's planes to code (at most a block, 16 MiB in the engine)
+# a block's planes to code (at most a block, 16 MiB in the engine): one per block being coded
+_scratch = ScratchPool().get
 
 
 def _encode_planes(raw: memoryview, k: int) -> np.ndarray | None:
@@ -420,14 +422,22 @@ def _encode_planes(raw: memoryview, k: int) -> np.ndarray | None:
     layout, c, coded = _plan(tr, x)
     if not coded:  # the header alone makes the block larger than 97% of its raw size
         return None
-    keys = _plane_keys(layout, k)
+    sizes = [_plane_size(i, len(x)) for i in coded]
+    with _scratch(sum(sizes)) as scratch:
+        return _encode_into(tr, x, layout, c, coded, scratch, len(raw))
+
+
+def _encode_into(tr: _Planes, x: np.ndarray, layout: int, c: int, coded: list[Any], scratch: np.ndarray,
+                 nbytes: int) -> np.ndarray | None:
+    """``_encode_planes`` once planned, with ``scratch`` for the planes to code."""
+    keys = _plane_keys(layout, tr.k)
     sizes = {i: _plane_size(i, len(x)) for i in keys}
     t = len(keys)
     while t and keys[t - 1] not in coded:
         t -= 1
     head, rest = 2 + _PLANE_HEAD * len(keys), sum(sizes[i] for i in keys[t:])
     buf = np.empty(head + sum(sizes.values()), np.uint8)
-    planes, at, scratch = {}, 0, _scratch(sum(sizes[i] for i in coded))
+    planes, at = {}, 0
     for i in coded:
         planes[i], at = scratch[at:at + sizes[i]], at + sizes[i]
     at = len(buf) - rest
@@ -438,7 +448,7 @@ def _encode_planes(raw: memoryview, k: int) -> np.ndarray | None:
     frames = {i: f for i, f in frames.items() if len(f) <= _PAYS * sizes[i]}
     lengths = [len(frames[i]) if i in frames else sizes[i] for i in keys]
     total = head + sum(lengths)
-    if total > _PAYS * len(raw):
+    if total > _PAYS * nbytes:
         return None
     out = buf[len(buf) - total:]
     out[0], out[1] = layout, c

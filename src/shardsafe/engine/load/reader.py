@@ -10,7 +10,9 @@ target's memory:
   per-thread scratch buffer, then verified and copied to each target (20,000 tiny
   tensors cost a few dozen system calls, not 20,000);
 - a piece of a chunk (resharded load): only the checksum blocks covering the piece are
-  read and verified, then the region is copied.
+  read and verified, then the region is copied; a piece of whole rows that begins and
+  ends on block bounds (a re-encoding copy's slabs) is read block by block straight into
+  the target instead, with no temporary.
 
 A compressed chunk (docs/FORMAT.md section 12) is read block by block whatever its size:
 each block's stored bytes are checked, decoded straight into the target (or, for a
@@ -106,9 +108,11 @@ class ChunkReader:
             raise CorruptCheckpointError("data file is missing", file=file, key=key()) from None
 
     # ------------------------------------------------------------------ task kinds
-    def _read_block(self, chunk: ChunkEntry, j: int, dest: np.ndarray, key: str) -> None:
+    def _read_block(self, chunk: ChunkEntry, j: int, dest: np.ndarray, key: str, base: int = 0) -> None:
+        """Reads (and verifies) block ``j`` of ``chunk`` into ``dest``, which holds the
+        chunk's bytes from ``base`` on."""
         lo, hi = j * self.block, min((j + 1) * self.block, chunk.nbytes)
-        out = memoryview(dest)[lo:hi]
+        out = memoryview(dest)[lo - base : hi - base]
         if chunk.stored is not None:
             self._decode_block(chunk, j, out, key)
             return
@@ -156,6 +160,19 @@ class ChunkReader:
         dst = _as_bytes_nd(job.dest, job.shape, itemsize)
         dst[_slices(p.dst)] = src[_slices(p.src)]
 
+    def _aligned_blocks(self, p: Piece, job: ReadJob) -> range | None:
+        """The checksum blocks of ``p.chunk`` that hold exactly the bytes of ``job.dest``,
+        when ``p`` fills the job with rows of the chunk that begin and end on block bounds
+        (the slabs of a re-encoding copy), else None: such a piece is read and verified
+        block by block in place, without a temporary of the chunk."""
+        c = p.chunk
+        if not c.shape or any(src != (0, n) for src, n in zip(p.src[1:], c.shape[1:])):
+            return None  # not a run of whole rows: its bytes are not contiguous in the chunk
+        lo, hi = _byte_span(p, c.shape, lookup(job.entry.dtype).itemsize)
+        if hi <= lo or lo % self.block or (hi % self.block and hi != c.nbytes):
+            return None
+        return range(lo // self.block, -(-hi // self.block))
+
     # ------------------------------------------------------------------ planning
     def tasks(self, jobs: Sequence[ReadJob]) -> list[tuple[Callable[..., None], tuple]]:
         """The I/O-pool tasks that fill ``jobs`` (planning only: no byte is read here).
@@ -173,7 +190,11 @@ class ChunkReader:
                 raise CorruptCheckpointError(str(e), key=key) from None
             full = tuple((0, s) for s in job.shape)
             for p in pieces:
-                if not (p.whole_chunk and p.dst == full):
+                blocks = self._aligned_blocks(p, job) if p.dst == full and not p.whole_chunk else None
+                if blocks is not None:  # rows of the chunk on block bounds: straight into dest
+                    base = blocks.start * self.block
+                    tasks += [(self._read_block, (p.chunk, j, job.dest, key, base)) for j in blocks]
+                elif not (p.whole_chunk and p.dst == full):
                     tasks.append((self._read_piece, (p, job, key)))
                 elif p.chunk.nbytes >= SPLIT_MIN or p.chunk.stored is not None:
                     for j in range(len(p.chunk.checksums)):

@@ -201,6 +201,8 @@ class PoolFeed:
                 try:
                     if s.live():
                         self.copy(s, k, buf, start)
+                    else:
+                        self.skip(s, k)
                 except BaseException:
                     self.pool.release(buf)
                     raise
@@ -216,6 +218,9 @@ class PoolFeed:
             if self.pool.pin:
                 buf.pin_for(pin_device(stream.sources, stream.units.plan))
             copy_device_parts(stream.units, k, stream.sources, buf.array, base=start, fence=self.fence)
+
+    def skip(self, stream: Fed, k: int) -> None:
+        """Unit ``k`` of ``stream`` is not copied (nobody wants the stream any more)."""
 
     def settle(self, emit: Emit) -> None:
         """Nothing is in flight once ``stage`` returns: each unit's device copies landed

@@ -118,10 +118,9 @@ def _code(raw: memoryview, dtype: str, compression: str) -> CodedBlock:
     if len(raw) == 0:
         crc = crc32c(b"")
         return CodedBlock(RAW, b"", crc, crc)
-    c = code_block(raw, dtype, compression)  # type: ignore[arg-type]
-    if c.codec != RAW and isinstance(c.data, memoryview):  # the coder's per-thread scratch
-        return CodedBlock(c.codec, bytes(c.data), c.raw_crc, c.stored_crc)
-    return c
+    # kept as the codec returns it, not copied: coded bytes are the codec's fresh buffer
+    # (``codec.encode``), and a copy would hold every block in flight twice
+    return code_block(raw, dtype, compression)  # type: ignore[arg-type]
 
 
 __all__ = ["Checksum", "Compress", "transform_pool"]

@@ -4,12 +4,13 @@ A re-encoding copy is a save whose state is read from another checkpoint: one ru
 the save pipeline (``engine.save.run``) whose feed, ``SourceFeed``, takes the items'
 bytes from the source instead of from training memory. The tensors are read batch by
 batch with the engine's reader (``ChunkReader``: every block verified, compressed blocks
-decoded) into two reused buffers of ``BATCH`` bytes, and from there copied unit by unit
+decoded) into one reused buffer of ``BATCH`` bytes, and from there copied unit by unit
 into the pipeline's buffers, coded and written like any save's: the copy is one data file
-and one block file, and its memory is two batches plus the pipeline's units, whatever
-the checkpoint holds. Each source chunk stays a chunk, cut along its first dimension
-where it is larger than a batch. The index, with the source's tree and metadata, is
-published once the files are durable.
+and one block file, and its memory is one batch, the pipeline's ``UNITS`` units and the
+blocks being coded, whatever the checkpoint holds. Each source chunk stays a chunk, cut
+along its first dimension where it is larger than a batch (slabs that begin and end on
+checksum blocks are read in place, ``ChunkReader``). The index, with the source's tree
+and metadata, is published once the files are durable.
 
 The copy's index metadata records what it was made from (``COPY_KEY``: the SHA-256 of the
 source's index and the coding), so copying the same source the same way again finds the
@@ -46,8 +47,14 @@ from ..save.run import Pipeline, Written, run
 from ..save.units import BLOCK_SIZE, HEADER, UNIT_SIZE
 from .verbatim import CopyResult, abandon, same_location
 
-BATCH = 16 << 20  # raw bytes read from the source at a time (two batches are held)
-UNITS = 3  # the pipeline's unit buffers (UNIT_SIZE each)
+BATCH = 16 << 20  # raw bytes read from the source at a time
+# Batches are read when a unit needs them, never ahead, so a second buffer would only let a
+# unit that spans two batches start on the next one before the others are past this one.
+BATCHES = 1
+# The pipeline's unit buffers (UNIT_SIZE each): one being coded per block the pipeline's
+# window codes at once (2); the copy into a unit takes a fraction of its coding time, so a
+# third buffer, filled ahead, costs 16 MiB and gains no speed.
+UNITS = 2
 COPY_KEY = "shardsafe.copy"  # index metadata of a re-coded copy: {"source": sha256, "compression": ...}
 
 Slab = tuple[int, tuple[int, ...], tuple[int, ...]]  # (tensor, offsets, shape)
@@ -70,16 +77,16 @@ def _slabs(t: int, entry: TensorEntry, limit: int) -> Iterator[Slab]:
 
 class SourceFeed(PoolFeed):
     """A ``PoolFeed`` whose items' bytes come from the source checkpoint, read batch by batch
-    into two buffers as the units that need them come up.
+    into ``buffers`` as the units that need them come up.
 
     The items are grouped into batches of at most ``limit`` bytes in the order the feed
-    stages them (each stream's file order); batch ``b`` is read into buffer ``b % 2`` once
-    every unit that uses batch ``b - 2`` has moved past it.
+    stages them (each stream's file order); with ``n`` buffers, batch ``b`` is read into
+    buffer ``b % n`` once every unit that uses batch ``b - n`` has moved past it.
 
     Args:
         pool: The pipeline's unit buffers.
         reader: The source's reader.
-        buffers: The two batch buffers (``limit`` bytes each).
+        buffers: The batch buffers (``limit`` bytes each).
         on_bytes: Called with the bytes of each batch once read (progress).
     """
 
@@ -94,6 +101,8 @@ class SourceFeed(PoolFeed):
         self._loaded = -1  # batches [0, loaded] are in their buffers
         self._loading = False
         self._waiting: list[int] = []  # units of each batch not yet past it
+        self._uses: dict[tuple[int, int], list[int]] = {}  # (id(stream), unit) -> its batches, in order
+        self._failed: BaseException | None = None  # why a unit could not be copied
 
     def stage(self, streams: Sequence[Any], emit: Emit, stopped: Stopped, threads: int | None = None) -> None:
         at = self.limit
@@ -105,7 +114,7 @@ class SourceFeed(PoolFeed):
                     self.batches.append([])
                     at = 0
                 b = len(self.batches) - 1
-                dest = self.buffers[b % 2].array[at : at + it.nbytes]
+                dest = self.buffers[b % len(self.buffers)].array[at : at + it.nbytes]
                 self.batches[-1].append(ReadJob(self.reader.index.tensors[it.id], dest, it.offsets,
                                                 it.local_shape))
                 self.where[id(it)] = (b, dest.ctypes.data)
@@ -114,31 +123,46 @@ class SourceFeed(PoolFeed):
         for s in streams:
             items = s.units.plan.items
             for k in range(s.units.nunits):
-                for b in {self.where[id(items[i])][0] for i in s.units.parts(k).item if i != HEADER}:
+                uses = sorted({self.where[id(items[i])][0] for i in s.units.parts(k).item if i != HEADER})
+                self._uses[(id(s), k)] = uses
+                for b in uses:
                     self._waiting[b] += 1
         super().stage(streams, emit, stopped, threads)
 
     def copy(self, stream: Any, k: int, buf: HostBuffer, start: int) -> None:
         """Copies unit ``k`` part by part, each batch read when its first part comes up and
         let go once the unit has moved past it (a unit may span more batches than there
-        are buffers)."""
+        are buffers). A unit that fails lets go of the batches it did not reach, so that
+        no other unit waits for it."""
         units = stream.units
         items, header = units.plan.items, units.plan.layout.header
         base = buf.array.ctypes.data - start
-        current: int | None = None
-        for item, src, dst, n in zip(*units.parts(k)):
-            if item == HEADER:
-                buf.array[dst - start : dst - start + n] = np.frombuffer(header, np.uint8, n, src)
-                continue
-            b, addr = self.where[id(items[item])]
-            if b != current:
-                if current is not None:
-                    self._done(current)
-                self._load_through(b)
-                current = b
-            ctypes.memmove(base + dst, addr + src, n)
-        if current is not None:
-            self._done(current)
+        uses = self._uses[(id(stream), k)]
+        passed, loaded = 0, False  # batches of ``uses`` let go; ``uses[passed]`` is loaded
+        try:
+            for item, src, dst, n in zip(*units.parts(k)):
+                if item == HEADER:
+                    buf.array[dst - start : dst - start + n] = np.frombuffer(header, np.uint8, n, src)
+                    continue
+                b, addr = self.where[id(items[item])]
+                if b != uses[passed] or not loaded:  # parts come in batch order (file order)
+                    while uses[passed] != b:
+                        self._done(uses[passed])
+                        passed += 1
+                    self._load_through(b)
+                    loaded = True
+                ctypes.memmove(base + dst, addr + src, n)
+        except BaseException as e:
+            with self._cond:
+                self._failed = self._failed or e  # the other units stop at their next batch
+            raise
+        finally:
+            for b in uses[passed:]:
+                self._done(b)
+
+    def skip(self, stream: Any, k: int) -> None:
+        for b in self._uses[(id(stream), k)]:
+            self._done(b)
 
     def _done(self, b: int) -> None:
         with self._cond:
@@ -149,10 +173,12 @@ class SourceFeed(PoolFeed):
         """Waits until batch ``b`` is in its buffer, reading batches in order meanwhile."""
         while True:
             with self._cond:
+                if self._failed is not None:
+                    raise self._failed
                 if self._loaded >= b:
                     return
                 nxt = self._loaded + 1
-                if self._loading or (nxt >= 2 and self._waiting[nxt - 2]):
+                if self._loading or (nxt >= len(self.buffers) and self._waiting[nxt - len(self.buffers)]):
                     self._cond.wait()
                     continue
                 self._loading = True
@@ -205,7 +231,7 @@ def recode_checkpoint(src: Storage, src_path: str, dst: Storage, dst_path: str, 
         return CopyResult(0, 0, skipped=True)
     table = [TensorItem(t, e.key, None, e.kind, e.dtype, tuple(e.shape), (0,) * len(e.shape), replicated=False)
              for t, e in enumerate(index.tensors)]
-    buffers = [HostBuffer(limit, prefault=False) for _ in range(2)]
+    buffers = [HostBuffer(limit, prefault=False) for _ in range(BATCHES)]
     pool = BouncePool(UNIT_SIZE, UNITS)
     txn = commit.plan_transaction(dst, dst_path, overwrite=overwrite, token=uuid.uuid4().hex[:16])
     commit.begin(txn)
