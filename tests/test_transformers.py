@@ -64,12 +64,27 @@ def test_resume_from_a_path_is_bit_exact(ours, tmp_path) -> None:  # noqa: ANN00
     assert same(weights(t.model), final)
 
 
+def test_a_crash_before_the_files_beside_it_still_resumes(ours, tmp_path) -> None:  # noqa: ANN001
+    """The commit comes first, then trainer_state.json and the rest: a checkpoint that a
+    crash left without them resumes all the same (the state is in the checkpoint)."""
+    import shutil
+
+    out, final, _ = ours
+    ckpt = str(tmp_path / "checkpoint-4")
+    shutil.copytree(os.path.join(out, "checkpoint-4"), ckpt)
+    for name in ("trainer_state.json", "config.json", "model.safetensors.index.json", "generation_config.json"):
+        os.remove(os.path.join(ckpt, name))
+    t = trainer(str(tmp_path / "again"))
+    t.train(resume_from_checkpoint=ckpt)
+    assert same(weights(t.model), final)
+
+
 def test_checkpoints_hold_the_whole_training_state(ours) -> None:  # noqa: ANN001
     out, _, after8 = ours
     saved = shardsafe.load(os.path.join(out, "checkpoint-8"))
     assert same({k: saved[k] for k in after8}, after8)  # the weights, under their own names
     assert {"optimizer", "lr_scheduler", "rng", "trainer_state"} <= set(saved)
-    assert saved["trainer_state"]["global_step"] == 8
+    assert saved["trainer_state"]["0"]["global_step"] == 8  # every rank's view
     assert len(saved["optimizer"]["state"]) == len(list(trainer(out + "-x").model.parameters()))
     assert saved["rng"]["0"]["python"]["state"]  # every rank's generators
     for name in ("config.json", "trainer_state.json", "model.safetensors.index.json"):
@@ -117,7 +132,7 @@ def test_save_only_model_holds_the_weights_only(tmp_path) -> None:
     t = trainer(str(tmp_path / "only"), steps=4, save_only_model=True)
     t.train()
     saved = shardsafe.load(os.path.join(str(tmp_path / "only"), "checkpoint-4"))
-    assert "optimizer" not in saved and "rng" not in saved and "trainer_state" in saved
+    assert "optimizer" not in saved and "rng" not in saved and saved["trainer_state"]["0"]["global_step"] == 4
     assert same({k: v for k, v in saved.items() if k != "trainer_state"}, weights(t.model))
 
 

@@ -11,8 +11,8 @@ while training goes on: the training loop waits only while the tensors are copie
 host buffers, and the copy itself overlaps the next step's forward and backward pass (the
 next optimizer step waits for it). The checkpoint holds the model's weights under their
 own names (``transformer.h.0.attn.c_attn.weight``), the optimizer, the LR scheduler, the
-gradient scaler, every random generator of every rank and the ``TrainerState`` with the
-callbacks' states: everything the Trainer's own checkpoints hold, checksummed, nothing
+gradient scaler, every random generator of every rank and every rank's ``TrainerState``
+with the callbacks' states: everything the Trainer's own checkpoints hold, checksummed, nothing
 pickled. The directory appears only once the checkpoint is committed; then
 ``config.json``, ``trainer_state.json`` and ``model.safetensors.index.json`` are written
 beside it, so ``AutoModel*.from_pretrained(checkpoint_dir)`` loads the weights straight
@@ -163,7 +163,7 @@ class CheckpointingMixin:
             if scaler is not None:
                 state["scaler"] = scaler
             state["rng"] = PerRank(RNGState())
-        state["trainer_state"] = dataclasses.asdict(self.state)
+        state["trainer_state"] = PerRank(dataclasses.asdict(self.state))  # flags and callbacks differ per rank
         return state
 
     def _finish_checkpoint(self, handle: SaveHandle, path: str, run_dir: str, state_json: str | None) -> None:
@@ -373,7 +373,8 @@ def _restore_state_file(path: str) -> None:
     target = os.path.join(path, TRAINER_STATE_NAME)
     if os.path.isfile(target):
         return
-    node = _top_level(read_checkpoint_index(path)).get("trainer_state")
+    per_rank = _top_level(read_checkpoint_index(path)).get("trainer_state")
+    node = dict(tree.dict_items(per_rank)).get("0") if per_rank is not None and per_rank.get("t") == "dict" else None
     if node is None:
         raise CheckpointError(f"{path} holds no trainer_state: not a checkpoint of shardsafe.transformers.Trainer")
 
