@@ -80,8 +80,10 @@ def main() -> int:
     p.add_argument("kind", choices=["plain", "ours"])
     p.add_argument("--resume", action="store_true")
     p.add_argument("--kill-at", type=int)
+    p.add_argument("--fsdp", action="store_true", help="FSDP2 through Accelerate (fully_shard)")
     a = p.parse_args()
-    t = trainer(a.out, transformers.Trainer if a.kind == "plain" else Trainer)
+    extra = dict(fsdp="full_shard", fsdp_config={"fsdp_version": 2}) if a.fsdp else {}
+    t = trainer(a.out, transformers.Trainer if a.kind == "plain" else Trainer, **extra)
     if a.kill_at:
         t.add_callback(KillAt(t, a.kill_at))
     t.train(resume_from_checkpoint=True if a.resume else None)
