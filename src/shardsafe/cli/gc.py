@@ -214,7 +214,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 @dataclass(slots=True)
-class Report:
+class GcReport:
     """What ``gc`` did (or, with ``--dry-run``, would do); ``--json`` prints it as is."""
 
     dry_run: bool
@@ -235,7 +235,7 @@ class Report:
 def run(args: argparse.Namespace) -> int:
     storage, path = storage_for(args.dir, storage_options(args))
     todo = plan(storage, path, args.max_to_keep, args.min_age, args.keep_period)
-    report = Report(args.dry_run)
+    report = GcReport(args.dry_run)
     for e in todo.expired:
         if not args.dry_run:
             uncommit(storage, e.path)
@@ -263,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _lines(report: Report, now: float) -> list[str]:
+def _lines(report: GcReport, now: float) -> list[str]:
     """The text report (kept checkpoints and young uploads only with ``--dry-run``)."""
     verb = "would delete" if report.dry_run else "deleted"
     what = {"leftover": "leftover ", "unreferenced files": "unreferenced files of leftover ", "checkpoint": ""}
@@ -294,7 +294,7 @@ def _age(seconds: float) -> str:
     return f"{max(0.0, seconds):.0f} s"
 
 
-def _sweep(storage: Storage, path: str, todo: Plan, report: Report) -> None:
+def _sweep(storage: Storage, path: str, todo: Plan, report: GcReport) -> None:
     """Removes the files of expired checkpoints and old partial directories that no
     committed checkpoint references; reports the directories whose files are kept."""
     expired = [e.name for e in todo.expired]

@@ -1,7 +1,7 @@
 """``shardsafe demo``: crash and preempt a training run, resume it, prove the result is exact.
 
 Modules:
-    train: the demo model, data and training loop (a reusable ``Trainer`` with a step hook).
+    train: the demo model, data and training loop (a reusable ``DemoTrainer`` with a step hook).
     hook: the step hook that checkpoints through a ``CheckpointManager``.
     worker: the training script (``python -m shardsafe.demo.worker``), reporting JSON events.
     events: the parent's view of a worker's events.

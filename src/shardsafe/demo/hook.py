@@ -1,6 +1,6 @@
 """The demo job's checkpointing: a per-step hook around ``shardsafe.CheckpointManager``.
 
-The training loop (``train.Trainer``) calls the hook after every step. The hook asks
+The training loop (``train.DemoTrainer``) calls the hook after every step. The hook asks
 the manager to save (the manager decides whether the step is due: the schedule, or a
 preemption signal that arrived), times how long ``save`` held the loop up, and stops
 the loop once the manager says a preemption has been answered by a checkpoint.

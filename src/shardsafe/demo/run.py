@@ -35,7 +35,7 @@ from ..harness.compare import differences, fingerprint, snapshot
 from .events import SaveEvent, WorkerLog
 from .plan import Interruptions, plan_interruptions
 from .process import DemoError, TrainingProcess
-from .train import TrainConfig, Trainer, deterministic_process
+from .train import DemoTrainer, TrainConfig, deterministic_process
 
 __all__ = ["DemoError", "DemoOptions", "DemoResult", "ReferenceRun", "Verdict", "in_demo_directory",
            "run_demo", "run_reference"]
@@ -164,7 +164,7 @@ def run_reference(cfg: TrainConfig) -> ReferenceRun:
     """Trains ``cfg`` without interruption in this process; keeps a copy of the final state."""
     deterministic_process()
     start = time.perf_counter()
-    trainer = Trainer(cfg)
+    trainer = DemoTrainer(cfg)
     trainer.run(cfg.steps)
     return ReferenceRun(snapshot(trainer.state), fingerprint(trainer.state), trainer.step,
                         time.perf_counter() - start)

@@ -1,6 +1,6 @@
 """The demo's training job: a small MLP with dropout, AdamW, warmup + cosine LR, shuffled data.
 
-Everything that influences the result lives in ``Trainer.state`` (model, optimizer,
+Everything that influences the result lives in ``DemoTrainer.state`` (model, optimizer,
 scheduler, data loader position, every RNG, the step counter and a running digest of
 the batches trained on), so saving that one mapping is enough to resume exactly.
 The loop knows nothing about checkpoints: after each step it calls a hook, which is
@@ -125,7 +125,7 @@ def build_state(cfg: TrainConfig) -> dict[str, Any]:
             "rng": shardsafe.RNGState(), "step": 0, "data_digest": 0}
 
 
-class Trainer:
+class DemoTrainer:
     """Runs the demo job on one process.
 
     Restore a checkpoint into ``trainer.state`` *before* the first ``run`` call: the

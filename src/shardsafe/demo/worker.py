@@ -34,7 +34,7 @@ import shardsafe
 
 from ..harness.compare import fingerprint
 from .hook import CheckpointHook, CommitClock
-from .train import TrainConfig, Trainer, deterministic_process
+from .train import DemoTrainer, TrainConfig, deterministic_process
 
 
 def _emit(event: str, **fields: Any) -> None:
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     deterministic_process()
     clock = CommitClock.install()
-    trainer = Trainer(TrainConfig(steps=args.steps, seed=args.seed))
+    trainer = DemoTrainer(TrainConfig(steps=args.steps, seed=args.seed))
     # the manager removes leftovers of unfinished saves when it opens the directory, so a
     # process started early must not open it while the previous process still writes
     if args.wait_for_go and sys.stdin.readline().strip() != "go":

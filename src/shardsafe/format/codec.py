@@ -409,8 +409,7 @@ def _plan(tr: _Planes, x: np.ndarray) -> tuple[int, int, list[Any]]:
     return layout, (c if layout == NIBBLES else 0), coded
 
 
-# a block's planes to code (at most a block, 16 MiB in the engine): one per block being coded
-_scratch = ScratchPool().get
+_scratch = ScratchPool().get  # a block's planes to code (at most 16 MiB in the engine), one per block coded
 
 
 def _encode_planes(raw: memoryview, k: int) -> np.ndarray | None:
@@ -422,8 +421,7 @@ def _encode_planes(raw: memoryview, k: int) -> np.ndarray | None:
     layout, c, coded = _plan(tr, x)
     if not coded:  # the header alone makes the block larger than 97% of its raw size
         return None
-    sizes = [_plane_size(i, len(x)) for i in coded]
-    with _scratch(sum(sizes)) as scratch:
+    with _scratch(sum(_plane_size(i, len(x)) for i in coded)) as scratch:
         return _encode_into(tr, x, layout, c, coded, scratch, len(raw))
 
 
@@ -444,8 +442,7 @@ def _encode_into(tr: _Planes, x: np.ndarray, layout: int, c: int, coded: list[An
     for i in keys[t:]:
         planes[i], at = buf[at:at + sizes[i]], at + sizes[i]
     tr.split(x, c, planes)
-    frames = {i: _compress(planes[i]) for i in coded}
-    frames = {i: f for i, f in frames.items() if len(f) <= _PAYS * sizes[i]}
+    frames = {i: f for i in coded if len(f := _compress(planes[i])) <= _PAYS * sizes[i]}  # the frames that pay
     lengths = [len(frames[i]) if i in frames else sizes[i] for i in keys]
     total = head + sum(lengths)
     if total > _PAYS * nbytes:
