@@ -191,3 +191,26 @@ def test_two_ranks_killed_and_resumed_are_bit_exact(tmp_path, mode) -> None:
         one = trainer(str(tmp_path / "one"))
         one.train(resume_from_checkpoint=os.path.join(ours_, "checkpoint-8"))
         assert one.state.global_step == 12
+
+
+def test_export_writes_the_standard_layout(ours, cli, tmp_path) -> None:  # noqa: ANN001
+    """``shardsafe export --exclude`` leaves out the training state: config.json beside the
+    exported model.safetensors is a directory from_pretrained reads."""
+    import shutil
+
+    out, final, _ = ours
+    ckpt = os.path.join(out, "checkpoint-12")
+    dest = tmp_path / "exported"
+    dest.mkdir()
+    shutil.copy(os.path.join(ckpt, "config.json"), dest)
+    excluded = [a for k in ("optimizer", "lr_scheduler", "rng", "trainer_state") for a in ("--exclude", k)]
+    r = cli("export", ckpt, str(dest / "model.safetensors"), *excluded, "-q")
+    assert r.returncode == 0, r.stderr
+    from safetensors import safe_open
+
+    with safe_open(str(dest / "model.safetensors"), "pt") as f:
+        assert not [k for k in f.keys() if k.split(".")[0] in ("optimizer", "rng", "lr_scheduler")]
+    m = transformers.AutoModelForCausalLM.from_pretrained(str(dest))
+    assert same(weights(m), final)
+    r = cli("export", ckpt, str(tmp_path / "x.safetensors"), "--exclude", "nope")
+    assert r.returncode != 0 and "--exclude 'nope'" in r.stderr

@@ -105,6 +105,23 @@ def subtree(index: Index, only: str | None) -> tuple[Node, KeyPath]:
     return hit
 
 
+def without(node: Node, keys: list[str] | None) -> Node:
+    """Dict ``node`` without its children named ``keys`` (every one must be there).
+
+    Raises:
+        KeyError: A key is not a child of ``node`` (or ``node`` is no dict).
+    """
+    if not keys:
+        return node
+    items = list(dict_items(node)) if node["t"] in ("dict", "namespace") else []
+    names = {str(k) for k, _ in items}
+    for k in keys:
+        if k not in names:
+            raise KeyError(k)
+    kept = [i for i, (k, _) in enumerate(items) if str(k) not in keys]
+    return {**node, "k": [node["k"][i] for i in kept], "v": [node["v"][i] for i in kept]}
+
+
 def read_tensor(reader: ChunkReader, entry: TensorEntry) -> Any:
     """Reads one whole tensor (torch, or numpy for arrays saved from numpy), verified.
 

@@ -24,7 +24,7 @@ from typing import Any
 from . import EXIT_OK
 from .. import tensors
 from ._common import CKPT, add_command, add_quiet_option, open_checkpoint, progress, storage_options
-from ._tensors import as_torch, leaves, read_tensor, require_torch, subtree
+from ._tensors import as_torch, leaves, read_tensor, require_torch, subtree, without
 from ..engine.load.reader import ChunkReader
 from ..format.datafile import safetensors_header
 from ..format.dtypes import lookup
@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "values go to __metadata__ as JSON) or .pt (loadable with "
                     "torch.load(weights_only=True)).",
                     CKPT, ("out", "OUT", "output file (.safetensors, .pt or .pth)"))
+    p.add_argument("--exclude", metavar="KEY", action="append",
+                   help="leave out this key of the exported subtree (repeatable), e.g. a Trainer "
+                        "checkpoint's 'optimizer'")
     p.add_argument("--only", metavar="KEY", help="export only this subtree (e.g. 'model'); its "
                                                  "prefix is dropped from the exported keys")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="cast floating-point tensors")
@@ -172,6 +175,10 @@ def run(args: argparse.Namespace) -> int:
         node, base = subtree(index, args.only)
     except KeyError:
         raise ValueError(f"no key path {args.only!r} in {args.ckpt}") from None
+    try:
+        node = without(node, args.exclude)
+    except KeyError as e:
+        raise ValueError(f"--exclude {e.args[0]!r}: no such key under {args.only or 'the root'} of {args.ckpt}") from None
     dtype = DTYPES[args.dtype] if args.dtype else None
     reader = ChunkReader(storage, spath, index)
     tmp = f"{args.out}.tmp-{os.getpid()}"
