@@ -57,6 +57,15 @@ def test_sigkill_between_checkpoints_then_resume_is_bit_exact(tmp_path, python, 
     assert [s for s, _ in committed_checkpoints(ours_)] == [4, 8, 12]
 
 
+def test_a_preemption_waits_for_the_checkpoint_in_flight(tmp_path, python, subprocess_env) -> None:
+    out = str(tmp_path / "term")
+    r = _job(python, subprocess_env, out, "ours", "--term-at", "8")
+    assert r.returncode == -15, r.stderr[-3000:]  # SIGTERM still ends the process, as before
+    assert [s for s, _ in committed_checkpoints(out)] == [4, 8]  # ... once step 8 is committed
+    assert "SIGTERM: waiting for the checkpoint in flight" in r.stderr
+    assert shardsafe.load(os.path.join(out, "checkpoint-8"))["trainer_state"]["0"]["global_step"] == 8
+
+
 def test_resume_from_a_path_is_bit_exact(ours, tmp_path) -> None:  # noqa: ANN001
     out, final, _ = ours
     t = trainer(str(tmp_path / "again"))

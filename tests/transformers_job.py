@@ -74,6 +74,17 @@ class KillAt(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class TermAfterSave(TrainerCallback):
+    """Sends this process SIGTERM (a preemption) right after the save at step ``step`` starts."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -81,11 +92,14 @@ def main() -> int:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--kill-at", type=int)
     p.add_argument("--fsdp", action="store_true", help="FSDP2 through Accelerate (fully_shard)")
+    p.add_argument("--term-at", type=int, help="SIGTERM right after the save at this step starts")
     a = p.parse_args()
     extra = dict(fsdp="full_shard", fsdp_config={"fsdp_version": 2}) if a.fsdp else {}
     t = trainer(a.out, transformers.Trainer if a.kind == "plain" else Trainer, **extra)
     if a.kill_at:
         t.add_callback(KillAt(t, a.kill_at))
+    if a.term_at:
+        t.add_callback(TermAfterSave(a.term_at))
     t.train(resume_from_checkpoint=True if a.resume else None)
     if t.args.process_index == 0:
         torch.save(weights(t.accelerator.unwrap_model(t.model)), os.path.join(a.out, "final.pt"))
