@@ -29,7 +29,7 @@ from shardsafe.engine.commit import is_committed
 from shardsafe.engine.save import replica as replica_mod
 from shardsafe.engine.save.feeds import PoolFeed
 from shardsafe.engine.save.prepare import prepare
-from shardsafe.engine.save.run import Pipeline, commit_save, run
+from shardsafe.engine.save.run import Pipeline, commit_written, run
 from shardsafe.engine.save.sinks import FileSink, Sink, UploadSink, open_sink
 from shardsafe.storage import LocalStorage, storage_for
 from shardsafe.storage.local import LocalFileWriter
@@ -262,7 +262,7 @@ def _save_through(kind: Kind, state: dict, name: str, *, compression: str | None
     pipe = Pipeline(prep, preps, feed, unit_size=16 * MiB, block_unit=16 * MiB, window=2)
     if fail is not None:
         pipe.stage = _failing(pipe.stage, fail)  # type: ignore[method-assign]
-    for _ in run(pipe, lambda written: commit_save(prep, written)):
+    for _ in run(pipe, lambda written: commit_written(prep, written)):
         pass
     if replicas:
         replicas[0].progress.handle.result()
@@ -322,7 +322,7 @@ def test_a_failing_sink_reaches_the_caller(kind: Kind, monkeypatch) -> None:
         pipe = Pipeline(prep, [replica_mod.prepare_replica(prep, rep)], PoolFeed(BouncePool(16 * MiB, 3)),
                         unit_size=16 * MiB, block_unit=16 * MiB, window=2)
         with pytest.raises(OSError, match="No space left"):  # the save's own file fails as well
-            for _ in run(pipe, lambda written: commit_save(prep, written)):
+            for _ in run(pipe, lambda written: commit_written(prep, written)):
                 pass
         with pytest.raises(OSError, match="No space left") as e:
             rep.progress.handle.result()

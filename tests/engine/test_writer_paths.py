@@ -20,7 +20,7 @@ from shardsafe.engine import cuda
 from shardsafe.engine.buffers import BouncePool, HostBuffer
 from shardsafe.engine.save.feeds import ImageFeed, PoolFeed
 from shardsafe.engine.save.prepare import prepare
-from shardsafe.engine.save.run import Pipeline, commit_save, run
+from shardsafe.engine.save.run import Pipeline, commit_written, run
 from shardsafe.engine.save.sources import Sources, copy_unit
 from shardsafe.engine.save.units import FileUnits
 from shardsafe.plan.flatten import flatten
@@ -198,6 +198,6 @@ def test_the_commit_waits_for_a_late_first_write(tmp_path, compression):
         for t in s.targets:
             opener = t.opener
             t.opener = lambda name, size, exact, opener=opener: _SlowFirst(opener(name, size, exact))
-    for _ in run(pipe, lambda written: commit_save(prep, written)):
+    for _ in run(pipe, lambda written: commit_written(prep, written)):
         pass
     assert_same(shardsafe.load(path), state)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import chain
 from dataclasses import dataclass
 
@@ -30,13 +30,37 @@ from ...format.index.model import ColumnarIndex, TensorInfo
 from ...format.tree import render_path
 from ...plan.flatten import TensorItem
 from ...plan.layout import FilePlan
-from ..save.units import BlockSums
 
 I64 = np.dtype("<i8")
 _COLS = ("item", "file", "offset", "nsums", "pos", "extent", "sums", "codec", "stored", "stored_sums")
 _U4 = ("sums", "stored_sums")
 _CODING = ("codec", "stored", "stored_sums")  # sent empty when the rank compressed nothing
 _HEAD = struct.Struct("<Q")
+
+
+class BlockSums(Sequence[list[int]]):
+    """The block checksums of a file's items: item ``i``'s are ``flat[first[i]:first[i + 1]]``.
+
+    Reads as a sequence of per-item lists (what the index builder and incremental saves
+    take); ``flat`` and ``first`` give the same numbers as columns.
+    """
+
+    def __init__(self, flat: np.ndarray, first: np.ndarray) -> None:
+        self.flat = flat
+        self.first = first
+
+    def __len__(self) -> int:
+        return len(self.first) - 1
+
+    def __getitem__(self, i: int) -> list[int]:  # type: ignore[override]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i %= len(self)
+        return self.flat[self.first[i] : self.first[i + 1]].tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        flat, first = self.flat.tolist(), self.first.tolist()
+        return (flat[a:b] for a, b in zip(first, first[1:]))
 
 
 @dataclass(frozen=True, slots=True)

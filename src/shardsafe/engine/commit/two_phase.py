@@ -19,20 +19,33 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Protocol
 
-from ...comm import Channel
+from ...comm import Channel, Comm
 from ...comm.channel import announce, gather, get, missing_ranks, receive, timeout_error
 from ...errors import CheckpointError
 from . import transaction as commit
 from .entries import Entries
 from .entries import decode as decode_entries
 from .entries import encode as encode_entries
-from ..save.prepare import PreparedSave, index_of
 
 log = logging.getLogger("shardsafe")
 
 
-def begin(prep: PreparedSave) -> None:
+class Participant(Protocol):
+    """What the protocol needs of a rank's save (``engine.save.prepare.PreparedSave`` is one)."""
+
+    txn: commit.Transaction
+    comm: Comm
+    channel: Channel | None
+    timeout: float
+    reported: bool
+
+    def index_bytes(self, parts: Sequence[Entries]) -> bytes:
+        """The index of the whole save from every rank's entries."""
+
+
+def begin(prep: Participant) -> None:
     """Rank 0 creates the working directory; the others wait (bounded) until it has."""
     ch = prep.channel
     assert ch is not None
@@ -45,7 +58,7 @@ def begin(prep: PreparedSave) -> None:
                               f"{prep.txn.final!r}")
 
 
-def commit_save(prep: PreparedSave, local: Entries) -> None:
+def commit_collective(prep: Participant, local: Entries) -> None:
     """The two-phase commit; every rank calls it once its files are durable.
 
     ``local`` is this rank's part of the index (``prepared.local_entries``), sent to
@@ -89,7 +102,7 @@ def commit_save(prep: PreparedSave, local: Entries) -> None:
         if failed:
             raise CheckpointError(f"rank {failed[0][0]} failed: {failed[0][1]}")
         parts = [decode_entries(m[1:]) for m in msgs]
-        commit.finish(prep.txn, index_of(prep, parts))
+        commit.finish(prep.txn, prep.index_bytes(parts))
     except BaseException as e:
         _announce_failure(prep, e, readers)
         raise
@@ -97,7 +110,7 @@ def commit_save(prep: PreparedSave, local: Entries) -> None:
     _finish_announcing(ch, b"ok", readers, prep.timeout)
 
 
-def _announce_failure(prep: PreparedSave, error: BaseException,
+def _announce_failure(prep: Participant, error: BaseException,
                       readers: Sequence[int] | None = None) -> None:
     """Rank 0: tells every waiting rank that the save failed (and why).
 
@@ -126,7 +139,7 @@ def _finish_announcing(ch: Channel, verdict: bytes, readers: Sequence[int], time
     ch.delete("gathered")
 
 
-def abort(prep: PreparedSave, error: BaseException | None) -> None:
+def abort(prep: Participant, error: BaseException | None) -> None:
     """After a failure on this rank: make sure nothing commits and nobody waits for us.
 
     Rank 0 announces the failure and removes the working directory; another rank that

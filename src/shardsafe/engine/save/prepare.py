@@ -80,6 +80,10 @@ class PreparedSave:
     compression: str | None = None
     coded: list[FilePlan] = field(default_factory=list)
 
+    def index_bytes(self, parts: Sequence[Entries]) -> bytes:
+        """The index of the whole save from every rank's entries (``build_index``)."""
+        return build_index(self.items, self.tree, self.comm.world_size, self.metadata, parts)
+
     @property
     def nbytes(self) -> int:
         """Bytes this rank writes (data files, headers included; compressed items at their raw size)."""
@@ -177,9 +181,4 @@ def build_index(items: Sequence[TensorItem], tree: Node, world_size: int, metada
     return encode_columnar(index, WRITE_VERSION)
 
 
-def index_of(prep: PreparedSave, parts: Sequence[Entries]) -> bytes:
-    """``build_index`` of a save's state from every rank's entries."""
-    return build_index(prep.items, prep.tree, prep.comm.world_size, prep.metadata, parts)
-
-
-__all__ = ["CODED_MIN", "PreparedSave", "build_index", "index_of", "local_entries", "prepare", "prepare_part", "split_coded"]
+__all__ = ["CODED_MIN", "PreparedSave", "build_index", "local_entries", "prepare", "prepare_part", "split_coded"]

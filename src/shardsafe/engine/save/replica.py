@@ -37,11 +37,10 @@ from ...storage import storage_for
 from ...storage.base import Storage
 from .. import commit
 from ...format.index.container import check_metadata
-from ..commit.entries import CodedFile
+from ..commit.entries import BlockSums, CodedFile
 from .handle import SaveProgress
-from .prepare import PreparedSave, index_of, local_entries, split_coded
+from .prepare import PreparedSave, local_entries, split_coded
 from .sinks import FileSink, open_sink
-from .units import BlockSums
 
 OWN_PART = 500  # part number of a replica's own files (a save's files are numbered from 0)
 
@@ -233,7 +232,7 @@ def commit_replica(r: PreparedReplica, sums: Sequence[BlockSums | list[list[int]
     save's items, which are mapped to the replica's). Settles ``r.progress``."""
     try:
         mine = [replace(c, items=[r.items_of.get(id(it), it) for it in c.items]) for c in coded]
-        commit.finish(r.prep.txn, index_of(r.prep, [local_entries(r.prep, sums, mine)]))
+        commit.finish(r.prep.txn, r.prep.index_bytes([local_entries(r.prep, sums, mine)]))
     except BaseException as e:  # noqa: BLE001 - the replica's own outcome, delivered by its handle
         fail_replica(r, e)
         return

@@ -29,16 +29,15 @@ from ...storage.files import with_path
 from .. import commit
 from ..buffers import round_up
 from ..commit import two_phase
-from ..commit.entries import CodedFile, Entries
+from ..commit.entries import BlockSums, CodedFile
 from ..io_pool import io_pool
 from .assembly import Assembler
 from .feeds import ImageFeed, PoolFeed, Unit
-from .prepare import PreparedSave, index_of, local_entries
+from .prepare import PreparedSave, local_entries
 from .replica import PreparedReplica, begin_replica, commit_replica, fail_replica
 from .sinks import Sink
 from .streams import Owner, Stream, Outlet, build_streams
 from .transforms import transform_pool
-from .units import BlockSums
 
 STAGED = "staged"
 
@@ -435,7 +434,7 @@ def run(pipe: Pipeline, end: Callable[[Written], None], *, threads: int | None =
         pipe.close()
 
 
-def commit_save(prep: PreparedSave, written: Written) -> None:
+def commit_written(prep: PreparedSave, written: Written) -> None:
     """The end of a save's run: the coordinator publishes the index once every rank's
     files are durable (a collective save through ``commit.two_phase``, safe on a
     background thread); an incremental save's baseline then moves to it.
@@ -446,12 +445,12 @@ def commit_save(prep: PreparedSave, written: Written) -> None:
     """
     local = local_entries(prep, written.sums, written.coded)
     if prep.channel is None:
-        commit.finish(prep.txn, index_of(prep, [local]))
+        commit.finish(prep.txn, prep.index_bytes([local]))
     else:
-        two_phase.commit_save(prep, local)
+        two_phase.commit_collective(prep, local)
     if prep.baseline is not None and prep.split is not None:  # committed: the next save compares with it
         prep.baseline.advance(prep.txn.final, prep.plans, written.sums, prep.split, prep.comm.rank,
                               written.coded)
 
 
-__all__ = ["Pipeline", "STAGED", "Written", "commit_save", "run"]
+__all__ = ["Pipeline", "STAGED", "Written", "commit_written", "run"]

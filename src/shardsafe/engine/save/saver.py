@@ -44,7 +44,7 @@ from .options import SaveOptions, sync_bounce
 from .prepare import PreparedSave, local_entries, prepare, prepare_part
 from .replica import PreparedReplica, Replica, prepare_replica
 from .request import SaveRequest
-from .run import STAGED, Pipeline, Written, commit_save, run
+from .run import STAGED, Pipeline, Written, commit_written, run
 from .units import BLOCK_SIZE
 
 log = logging.getLogger("shardsafe")
@@ -111,7 +111,7 @@ class Saver:
             background = req.staging == "background" or (
                 req.staging is not None and immutable([it for p in prep.plans + prep.coded for it in p.items]))
             pipe = self._pipeline(prep, replicas, opts, req, background=background)
-            steps = run(pipe, lambda w: commit_save(prep, w),
+            steps = run(pipe, lambda w: commit_written(prep, w),
                         threads=BACKGROUND_COPY_THREADS if background else None)
             if req.staging is None:
                 for _ in steps:

@@ -28,7 +28,8 @@ from ...format.checksum import crc32c
 from ...format.crc_combine import crc32c_combine
 from ..io_pool import ProcessPool
 from .feeds import Unit
-from .units import BlockSums, FileUnits
+from ..commit.entries import BlockSums
+from .units import FileUnits
 
 _pool = ProcessPool(knobs.copy_threads, "shardsafe-transform")
 

@@ -14,7 +14,6 @@ by binary search.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -140,26 +139,3 @@ class FileUnits:
         return ids if nonempty.all() else ids[nonempty]
 
 
-class BlockSums(Sequence[list[int]]):
-    """The block checksums of a file's items: item ``i``'s are ``flat[first[i]:first[i + 1]]``.
-
-    Reads as a sequence of per-item lists (what the index builder and incremental saves
-    take); ``flat`` and ``first`` give the same numbers as columns.
-    """
-
-    def __init__(self, flat: np.ndarray, first: np.ndarray) -> None:
-        self.flat = flat
-        self.first = first
-
-    def __len__(self) -> int:
-        return len(self.first) - 1
-
-    def __getitem__(self, i: int) -> list[int]:  # type: ignore[override]
-        if not -len(self) <= i < len(self):
-            raise IndexError(i)
-        i %= len(self)
-        return self.flat[self.first[i] : self.first[i + 1]].tolist()
-
-    def __iter__(self) -> Iterator[list[int]]:
-        flat, first = self.flat.tolist(), self.first.tolist()
-        return (flat[a:b] for a, b in zip(first, first[1:]))

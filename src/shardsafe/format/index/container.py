@@ -33,7 +33,7 @@ from ..blockfile import BlockCoding
 from ..checksum import ALGORITHM, crc32c
 from .chunk_table import ChunkTable
 from .model import ColumnarIndex
-from .rules import (MAX_DIM, MAX_INDEX_BYTES, bad, check_int, dumps, encode_files, finite_float,
+from .rules import (MAX_DIM, MAX_INDEX_BYTES, bad, check_int, encode_files, finite_float,
                     metadata_size_problem, reject_constant, unique_members)
 
 MAGIC = b"SSAFEIDX"

@@ -21,10 +21,10 @@ import numpy as np
 from .. import tree
 from ..dtypes import lookup
 from .chunk_table import ChunkTable, Split, check_tensor_rows
-from .container import (CODED_COLUMNS, COLUMNS, block_coding, dumps, header_members, narrowest, open_container,
+from .container import (CODED_COLUMNS, COLUMNS, block_coding, header_members, narrowest, open_container,
                         read_columns, seal, stored_columns)
 from .model import ColumnarIndex, TensorInfo
-from .rules import (MAX_DIM, MAX_EXTENT_BYTES, MAX_NDIM, TENSOR_KINDS, bad, check_int, check_tree, decode_files,
+from .rules import (MAX_DIM, MAX_EXTENT_BYTES, MAX_NDIM, TENSOR_KINDS, bad, check_int, check_tree, decode_files, dumps,
                     header_fields, tensor_header, tensor_key)
 
 VERSION = 2

@@ -30,10 +30,11 @@ import numpy as np
 from .. import tree
 from ..dtypes import DTYPES, lookup
 from .chunk_table import ChunkTable, Split, check_tensor_rows
-from .container import (CODED_COLUMNS, COLUMNS, block_coding, dumps, header_members, narrowest, open_container,
+from .container import (CODED_COLUMNS, COLUMNS, block_coding, header_members, narrowest, open_container,
                         read_columns, seal, stored_columns)
 from .model import ColumnarIndex, TensorInfo
-from .rules import MAX_EXTENT_BYTES, MAX_NDIM, TENSOR_KINDS, bad, check_int, decode_files, header_fields, tree_keys
+from .rules import (MAX_EXTENT_BYTES, MAX_NDIM, TENSOR_KINDS, bad, check_int, decode_files, dumps, header_fields,
+                    tree_keys)
 
 VERSION = 3
 TENSOR_COLUMNS = ("kind", "dtype", "ndim", "shape", "chunks", "split", "split_step", "split_file0",

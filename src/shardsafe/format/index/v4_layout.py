@@ -26,8 +26,8 @@ import numpy as np
 from ...errors import CorruptCheckpointError
 from .. import INDEX_NAME
 from ..checksum import crc32c
-from .container import MAGIC, WIDTHS, dumps, narrowest, pad8
-from .rules import (MAX_DIM, MAX_INDEX_BYTES, bad, check_json_size, finite_float, reject_constant,
+from .container import MAGIC, WIDTHS, narrowest, pad8
+from .rules import (MAX_DIM, MAX_INDEX_BYTES, bad, check_json_size, dumps, finite_float, reject_constant,
                     unique_members)
 
 VERSION = 4
