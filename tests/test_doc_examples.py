@@ -4,7 +4,8 @@ The fenced ```python blocks of a page run in the order they appear, in one scrat
 directory per page, each block in a namespace of its own, as a reader trying them one
 after another would (a later example may read what an earlier one wrote). A traceback
 names the page and the line of the markdown file. A block fenced as
-```{.python .no-run} is shown but not run (e.g. it needs an S3 bucket). docs/FORMAT.md's
+```{.python .no-run} is shown but not run; one fenced as ```{.python .s3} runs against
+the suite's S3 server (its bucket for ``s3://my-bucket``, its options for ``opts``). docs/FORMAT.md's
 examples are checked by tests/format (test_format_doc.py, test_index_v2_doc.py).
 
 The default suite runs every page in one interpreter (importing torch, Lightning and
@@ -78,7 +79,7 @@ class Block:
 
     @property
     def runnable(self) -> bool:
-        return self.language == "python" and "no-run" not in self.words[1:]
+        return self.language == "python" and not {"no-run", "s3"} & set(self.words[1:])
 
 
 def blocks(text: str) -> list[Block]:
@@ -174,3 +175,20 @@ def test_page_examples_run_in_a_fresh_interpreter(page: Path, tmp_path: Path,
     name = str(page.relative_to(ROOT))
     error = run_pages([page], tmp_path, subprocess_env)[name]
     assert error is None, f"an example of {name} failed:\n{error}"
+
+
+_OPTS = re.compile(r"^opts = \{.*?\}[^\n]*\n", re.M | re.S)
+
+
+def test_object_store_examples_run_against_the_test_server(s3, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """The ``.s3`` blocks, with the test bucket and its options in place of the reader's."""
+    found = [(p, b) for p in pages() for b in blocks(p.read_text(encoding="utf-8"))
+             if b.language == "python" and "s3" in b.words[1:]]
+    assert found, "no .s3 example left: drop this test or the tag"
+    monkeypatch.chdir(tmp_path)
+    for page, block in found:
+        code, n = _OPTS.subn("opts = TEST_OPTIONS\n", block.code)
+        assert n == 1, f"{page}:{block.line}: an .s3 example defines `opts = {{...}}` once"
+        code = code.replace("s3://my-bucket", s3.url)
+        source = "\n" * block.line + code
+        exec(compile(source, str(page), "exec"), {"__name__": "__main__", "TEST_OPTIONS": s3.storage_options})

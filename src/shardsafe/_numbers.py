@@ -15,6 +15,12 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def transfer(n: float, seconds: float) -> str:
+    """A transfer for a log line: ``'1.2 GiB in 0.84 s (1.4 GiB/s)'``."""
+    rate = human_bytes(n / seconds) + "/s" if seconds > 0 else "-"
+    return f"{human_bytes(n)} in {seconds:.2f} s ({rate})"
+
+
 def human_bytes(n: float | None, largest: Literal["GiB", "TiB"] = "TiB") -> str:
     """A size in binary units: ``1536`` -> ``'1.5 KiB'``; ``None`` -> ``'-'`` (unknown).
 

@@ -67,3 +67,12 @@ def test_write_doc_creates_or_appends(tmp_path):
     assert BEGIN in p.read_text() and "T1" in p.read_text()
     write_doc(str(p), "T2")
     assert "T2" in p.read_text() and "T1" not in p.read_text()
+
+
+def test_the_command_help_says_what_the_cases_are_in_plain_text(cli):  # noqa: ANN001
+    r = cli("bench", "--help")
+    assert r.returncode == 0
+    assert "``" not in r.stdout and "shardsafe bench:" not in r.stdout.split("options:")[0]
+    for case in ("(a) large fp32 tensors", "(b) 20,000", "(c) a small transformer", "(d) case (a)'s state",
+                 "(e) 100,000 tiny tensors", "compression: shardsafe's codecs", "pipeline: a sync save"):
+        assert case in " ".join(r.stdout.split()), case

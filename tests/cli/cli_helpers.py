@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 
 import numpy as np
@@ -36,3 +37,14 @@ def save_step(run: str, step: int, **kwargs) -> str:
                    metadata={"shardsafe.manager": {"step": step, "metrics": {"loss": 1.0 / step}}},
                    **kwargs)
     return path
+
+
+def rng_heavy_state(path: str, step: int) -> None:
+    """A getting-started state: a module, an optimizer, the RNG state (~630 leaves), a step."""
+    torch.manual_seed(step)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    optim = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    optim.step()
+    random.seed(step)
+    shardsafe.save({"model": model, "optim": optim, "rng": shardsafe.RNGState(), "step": step}, path)

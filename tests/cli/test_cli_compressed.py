@@ -83,7 +83,7 @@ def test_info_shows_stored_bytes_and_codecs(cli, ckpt) -> None:  # noqa: ANN001
     assert leaves[("w",)]["stored_bytes"] < leaves[("w",)]["bytes"]
     assert leaves[("w",)]["codecs"] == ["planes16"]
     assert leaves[("b",)]["codecs"] == ["raw"] and leaves[("b",)]["stored_bytes"] == 16
-    text = cli("info", ckpt).stdout
+    text = cli("info", ckpt, "--all").stdout
     assert "compression" in text and "STORED" in text and "planes16" in text
 
 

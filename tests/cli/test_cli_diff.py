@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 import shardsafe  # noqa: E402
 from shardsafe.cli.diff import max_abs_diff  # noqa: E402
+from cli_helpers import rng_heavy_state  # noqa: E402
 
 
 def test_diff_of_identical_checkpoints_exits_0(cli, tmp_path) -> None:  # noqa: ANN001
@@ -33,7 +34,7 @@ def test_diff_lists_added_removed_and_changed(cli, tmp_path) -> None:  # noqa: A
          "step": 1.0, "same": torch.ones(2)}
     shardsafe.save(a, str(tmp_path / "a"))
     shardsafe.save(b, str(tmp_path / "b"))
-    proc = cli("diff", tmp_path / "a", tmp_path / "b")
+    proc = cli("diff", tmp_path / "a", tmp_path / "b", "--all")
     assert proc.returncode == 1
     lines = proc.stdout.splitlines()
     assert "~ model.w  float32[4, 4]  max abs diff 0.25" in lines
@@ -129,3 +130,19 @@ def test_diff_of_a_tensor_larger_than_memory_is_a_clean_error(tmp_path, subproce
     proc = run_limited(["diff", tmp_path / "a", tmp_path / "a"], subprocess_env)
     line = one_line_error(proc)
     assert "cannot allocate memory" in line and "w (17179869184 bytes)" in line, line
+
+
+def test_diff_summarises_by_default(cli, tmp_path) -> None:  # noqa: ANN001
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    rng_heavy_state(a, 7)
+    rng_heavy_state(b, 8)
+    proc = cli("diff", a, b)
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("~ model.*  4 changed, max abs diff ")
+    assert any(x.startswith("~ rng.*  ") and " changed" in x for x in lines)
+    assert "~ step  int 7 -> int 8" in lines
+    assert len(lines) <= 6 and lines[-1].endswith("; --all lists every one")
+    only = cli("diff", a, b, "--only", "model", "--all").stdout.splitlines()
+    assert [x.split()[1] for x in only[:-1]] == ["model.0.weight", "model.0.bias", "model.1.weight", "model.1.bias"]
+    assert only[-1] == "4 difference(s), 0 identical key(s)"

@@ -70,7 +70,7 @@ def test_export_errors_are_one_line(cli, tmp_path) -> None:  # noqa: ANN001
     proc = cli("export", path, tmp_path / "x.safetensors", "--only", "nope")
     assert proc.returncode == 1 and "no key path 'nope'" in one_line_error(proc)
     proc = cli("export", path, tmp_path / "x.weird")
-    assert proc.returncode == 1 and "--format" in one_line_error(proc)
+    assert proc.returncode == 2 and "--format" in one_line_error(proc)
     assert not os.path.exists(tmp_path / "x.safetensors")
 
 

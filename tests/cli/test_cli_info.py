@@ -9,14 +9,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-from cli_helpers import one_line_error, save_step  # noqa: E402
+from cli_helpers import one_line_error, rng_heavy_state, save_step  # noqa: E402
 from helpers import flip_byte  # noqa: E402
 import torch  # noqa: E402
 
 
 def test_info_text_lists_every_key(cli, tmp_path) -> None:  # noqa: ANN001
     path = save_step(str(tmp_path / "run"), 4)
-    proc = cli("info", path)
+    proc = cli("info", path, "--all")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "version 4" in out and "data written by rank(s) 0" in out  # saves write format 4
@@ -83,3 +83,33 @@ def test_info_verify_and_ls_work_on_a_v1_checkpoint(cli, tmp_path) -> None:  # n
     assert d["format_version"] == 1 and d["leaves"]
     assert "version 1" in cli("info", FIXTURE_V1).stdout
     assert cli("verify", FIXTURE_V1).returncode == 0
+
+
+def test_info_summarises_by_default_and_selects_with_only_and_depth(cli, tmp_path) -> None:  # noqa: ANN001
+    path = str(tmp_path / "ckpt")
+    rng_heavy_state(path, 7)
+    out = cli("info", path).stdout
+    table_ = out[out.index("KEY"):].splitlines()
+    assert table_[0].split() == ["KEY", "TENSORS", "BYTES", "OTHER", "WHAT"]
+    rows = {line.split()[0]: line.split() for line in table_[1:5]}
+    assert set(rows) == {"model.*", "optim.*", "rng.*", "step"}
+    assert rows["model.*"][1:5] == ["4", "120", "B", "0"] and rows["step"][-2:] == ["int", "7"]
+    assert int(rows["rng.*"][4]) > 600  # the RNG's plain values, counted, not listed
+    assert len(out.splitlines()) < 20
+    assert "4 group(s) of" in out and "--all lists every one" in out
+    out = cli("info", path, "--only", "model").stdout
+    rows = out[out.index("KEY"):].split("\n\n")[0].splitlines()[1:]
+    assert [row.split()[0] for row in rows] == ["model.0.*", "model.1.*"]
+    out = cli("info", path, "--depth", "2").stdout
+    rows = out[out.index("KEY"):].split("\n\n")[0].splitlines()[1:]
+    assert [row.split()[0] for row in rows][:3] == ["model.0.*", "model.1.*", "optim.state.*"]
+    assert "rng.python.*" in [row.split()[0] for row in rows]
+    full = cli("info", path, "--all", "--only", "rng.python").stdout
+    assert "rng.python.state.600" in full and "model.0.weight" not in full
+    proc = cli("info", path, "--only", "nope")
+    assert proc.returncode == 1 and "no key path 'nope'" in one_line_error(proc)
+    d = json.loads(cli("info", path, "--json", "--only", "model").stdout)
+    assert [leaf["path"] for leaf in d["leaves"]] == ["model.0.weight", "model.0.bias", "model.1.weight",
+                                                      "model.1.bias"]
+    assert cli("info", path, "--depth", "0").returncode == 2
+

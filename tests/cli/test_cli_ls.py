@@ -85,4 +85,6 @@ def test_bad_usage_exits_2(cli) -> None:  # noqa: ANN001
     assert cli("ls").returncode == 2
     assert cli("frobnicate").returncode == 2
     proc = cli("ls", "x", "--storage-options", "{not json")
-    assert proc.returncode == 1 and "not valid JSON" in one_line_error(proc)
+    assert proc.returncode == 2 and "not valid JSON" in one_line_error(proc)
+    proc = cli("ls", "x", "--storage-options", "[1]")
+    assert proc.returncode == 2 and "must be a JSON object" in one_line_error(proc)

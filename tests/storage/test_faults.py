@@ -177,6 +177,8 @@ def test_a_request_out_of_attempts_raises_a_checkpoint_error(faulty_s3, monkeypa
         storage.publish(f"{root}/index.json", b"{}")
     assert isinstance(e.value, CheckpointError) and isinstance(e.value, OSError)
     assert "failed 3 times (throttled (503 SlowDown)" in str(e.value) and e.value.file == f"{root}/index.json"
+    assert "; the last error: OSError: [Errno 16] Please reduce your request rate." in str(e.value)
+    assert f"(endpoint {faulty_s3.loc.storage_options['endpoint_url']})" in str(e.value)
     assert faulty_s3.proxy.counts["throttle"] == 3
     assert not faulty_s3.direct.filesystem().exists(f"{root}/index.json")
 
@@ -189,3 +191,20 @@ def test_a_save_carries_over_a_server_restart(faulty_s3) -> None:  # noqa: ANN00
     shardsafe.save(_state(3), f"{loc.url}/r", storage_options=loc.storage_options, timeout=60)
     assert faulty_s3.proxy.counts["outage"] == 1
     assert _same(shardsafe.load(f"{loc.url}/r", storage_options=loc.storage_options), _state(3))
+
+
+def test_a_refused_first_request_fails_at_once_naming_the_endpoint(s3) -> None:  # noqa: ANN001
+    import socket
+
+    with socket.socket() as free:  # a port of 127.0.0.1 where nothing listens
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    wrong = {**s3.storage_options, "endpoint_url": f"http://127.0.0.1:{port}"}
+    t0 = time.monotonic()
+    with pytest.raises(StorageRequestError) as e:
+        shardsafe.load(f"{s3.url}/ckpt", storage_options=wrong)
+    assert time.monotonic() - t0 < 5  # not ten attempts of backoff
+    text = str(e.value)
+    assert "the connection was refused" in text and f"(endpoint http://127.0.0.1:{port})" in text
+    assert "not retried, since it was the first request of the call" in text
+    assert "endpoint_url right" in text

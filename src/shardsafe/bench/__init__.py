@@ -6,7 +6,9 @@ tensors of 1-64 KiB, (c) a small transformer trained on the CPU with an async sa
 1/4 and 1/2 of it vs none, (e) 100,000 tiny tensors of 16 floats (the cost per tensor
 of a sync save and of loads, against torch and safetensors: DCP takes minutes there); ``compression``:
 shardsafe's codecs against zstd on raw bytes and ZipNN on the same tensors
-(``bench.compression``). The machine's limits (memcpy,
+(``bench.compression``); ``pipeline``: a sync save against the direct-I/O write limit,
+compressed saves and loads on /dev/shm, and saves and loads through a throttled S3 link
+(``bench.pipeline``). The machine's limits (memcpy,
 direct-I/O write/read, buffered write)
 are measured in the same run, and results are reported as ratios, which stay meaningful
 on shared machines where absolute times drift. Medians of ``--repeat`` rounds, after an

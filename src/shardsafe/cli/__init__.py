@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -23,6 +25,13 @@ EXIT_FAILED = 1       # the command ran and found a problem (verify: corruption;
 EXIT_USAGE = 2        # bad arguments
 EXIT_NOT_FOUND = 3    # no committed checkpoint at the path
 EXIT_CORRUPT = 4      # the checkpoint is damaged
+EXIT_BROKEN_PIPE = 141  # stdout was closed by its reader (``shardsafe ls | head -1``), as 128 + SIGPIPE
+
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")  # colours, cursor moves, titles
+
+
+class UsageError(ValueError):
+    """Bad arguments that argparse cannot check (JSON options, a file suffix): exit code 2."""
 
 COMMANDS: tuple[str, ...] = ("demo", "bench", "ls", "info", "verify", "export", "import_", "diff", "gc",
                              "cp")
@@ -56,16 +65,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
+    except BrokenPipeError:
+        # nobody reads the rest: say nothing, and keep Python from reporting the failed
+        # flush of the lines still buffered when it exits
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except CheckpointNotFoundError as e:
-        print(f"shardsafe: error: {e}", file=sys.stderr)
-        return EXIT_NOT_FOUND
+        return _error("error", e, EXIT_NOT_FOUND)
     except CorruptCheckpointError as e:
-        print(f"shardsafe: corrupt checkpoint: {e}", file=sys.stderr)
-        return EXIT_CORRUPT
+        return _error("corrupt checkpoint", e, EXIT_CORRUPT)
+    except UsageError as e:
+        return _error("error", e, EXIT_USAGE)
     except (CheckpointError, OSError, ValueError, TypeError, ImportError) as e:
-        print(f"shardsafe: error: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return _error("error", e, EXIT_FAILED)
     except KeyboardInterrupt:
         print("shardsafe: interrupted", file=sys.stderr)
         return 130
+
+
+def _error(what: str, e: BaseException, code: int) -> int:
+    """Prints ``e`` as one line on stderr (terminal escapes from other libraries' messages
+    removed) and returns ``code``."""
+    print(f"shardsafe: {what}: {_ESCAPES.sub('', str(e))}", file=sys.stderr)
+    return code

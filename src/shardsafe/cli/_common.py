@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -18,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from . import UsageError
 from .._numbers import human_bytes as human_bytes  # one definition; ls and info format sizes
 from ..engine.commit import is_committed, read_index
-from ..engine.commit.diagnose import read_index_explained
+from ..engine.commit.diagnose import describe, read_index_explained
 from ..errors import CheckpointError, CheckpointNotFoundError
 from ..format.index.objects import Index
 from ..manager.steps import StepDirectory, StepEntry, recorded
@@ -63,18 +65,46 @@ def storage_options(args: argparse.Namespace, name: str = "storage_options") -> 
     try:
         value = json.loads(raw)
     except ValueError as e:
-        raise ValueError(f"{flag} is not valid JSON: {e}") from None
+        raise UsageError(f"{flag} is not valid JSON: {e}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{flag} must be a JSON object")
+        raise UsageError(f"{flag} must be a JSON object")
     return value
 
 
+_STEP_SUFFIX = re.compile(r"@(latest|\d+)$")
+
+
+def resolve_step(path: str, options: dict) -> str:
+    """The checkpoint a command's operand names: ``DIR@latest`` is the newest committed
+    step of the manager directory ``DIR``, ``DIR@N`` its step N; any other path is itself.
+
+    Raises:
+        CheckpointNotFoundError: ``DIR`` has no such committed step.
+    """
+    m = _STEP_SUFFIX.search(path)
+    if m is None:
+        return path
+    directory = path[:m.start()]
+    storage, spath = storage_for(directory, options)
+    steps = StepDirectory(storage, spath).committed()
+    want = max(steps, default=None) if m.group(1) == "latest" else int(m.group(1))
+    if want is None:
+        raise CheckpointNotFoundError(f"{path!r}: no committed step; {describe(storage, spath, directory)}")
+    if want not in steps:
+        listed = ", ".join(str(s) for s in list(steps)[-5:])
+        raise CheckpointNotFoundError(f"{path!r}: {directory!r} has no committed step {want} "
+                                      f"(newest: {listed})")
+    return f"{directory.rstrip('/')}/{steps[want]}"
+
+
 def open_checkpoint(path: str, options: dict) -> tuple[Storage, str, Index]:
-    """Storage, backend path and validated index of the committed checkpoint at ``path``.
+    """Storage, backend path and validated index of the committed checkpoint at ``path``
+    (``DIR@latest`` and ``DIR@N`` name a step: ``resolve_step``).
 
     Raises:
         CheckpointNotFoundError: ``path`` holds none; the message says what it is instead.
     """
+    path = resolve_step(path, options)
     storage, spath = storage_for(path, options)
     return storage, spath, read_index_explained(storage, spath, path)
 

@@ -17,7 +17,8 @@ import json
 from dataclasses import dataclass
 
 from . import EXIT_FAILED, EXIT_OK
-from ._common import add_command, add_quiet_option, human_bytes, progress, scan, storage_options
+from ._common import add_command, add_quiet_option, human_bytes, progress, resolve_step, scan, storage_options
+from ..engine.commit.diagnose import not_found
 from ..engine.commit import is_committed, read_index
 from ..engine.transfer.verbatim import CopyResult, copy_checkpoint
 from ..engine.transfer.recode import recode_checkpoint
@@ -69,11 +70,13 @@ def _jobs(args: argparse.Namespace, src: Storage, spath: str, dst: Storage,
     if not args.all:
         try:
             index = read_index(src, spath)
-        except CheckpointNotFoundError as e:
+        except CheckpointNotFoundError:
+            if is_committed(src, spath):  # deleted and saved again meanwhile
+                raise
             if any(en.state == "committed" for en in _scan_or_none(src, spath)):
-                raise CheckpointNotFoundError(f"{e}; it is a directory of checkpoints: "
-                                              f"add --all to copy every one") from None
-            raise
+                raise CheckpointNotFoundError(f"{args.src!r} is a directory of checkpoints: add --all to "
+                                              f"copy every one, or name one (such as {args.src}@latest)") from None
+            raise not_found(src, spath, args.src) from None
         name = spath.rstrip("/").rsplit("/", 1)[-1]
         return [_Job(name, spath, dpath, sum(f.size for f in index.files))], []
     entries = [e for e in scan(src, spath) if not is_rolled_back(e.name)]
@@ -105,6 +108,7 @@ def _copy_one(args: argparse.Namespace, src: Storage, dst: Storage, j: _Job, on_
 
 def run(args: argparse.Namespace) -> int:
     common = storage_options(args)
+    args.src = resolve_step(args.src, {**common, **storage_options(args, "src_storage_options")})
     src, spath = storage_for(args.src, {**common, **storage_options(args, "src_storage_options")})
     dst, dpath = storage_for(args.dst, {**common, **storage_options(args, "dst_storage_options")})
     jobs, damaged = _jobs(args, src, spath, dst, dpath)

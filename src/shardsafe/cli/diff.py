@@ -18,6 +18,7 @@ import numpy as np
 from . import EXIT_FAILED, EXIT_OK
 from .. import tensors
 from ._common import add_command, add_quiet_option, open_checkpoint, progress, storage_options
+from ._summary import add_selection_options, groups, label, within
 from ._tensors import Leaf, leaves, read_tensor
 from ..engine.load.reader import ChunkReader
 
@@ -31,6 +32,14 @@ class Change:
     a: str | None
     b: str | None
     max_abs_diff: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Diff:
+    """The changes from A to B, and how many leaves are the same."""
+
+    changes: list[Change]
+    same: int
 
 
 def _describe(leaf: Leaf) -> str:
@@ -77,44 +86,51 @@ def _bytes_equal(a: Any, b: Any) -> bool:
     return np.array_equal(tensors.host_bytes(a), tensors.host_bytes(b))
 
 
-def compare(ra: ChunkReader, rb: ChunkReader, on_bytes: Any = None) -> tuple[list[Change], int]:
-    """The changes from checkpoint A to B, and the number of identical leaves."""
-    la = {leaf.key: leaf for leaf in leaves(ra.index)}
-    lb = {leaf.key: leaf for leaf in leaves(rb.index)}
+def compare(ra: ChunkReader, rb: ChunkReader, on_bytes: Any = None, only: str | None = None) -> Diff:
+    """The changes from checkpoint A to B among the key paths under ``only`` (all without
+    it), and the number of identical leaves there; nothing else is read."""
+    la = {leaf.key: leaf for leaf in leaves(ra.index) if within(leaf.dotted, only)}
+    lb = {leaf.key: leaf for leaf in leaves(rb.index) if within(leaf.dotted, only)}
     changes: list[Change] = []
     same = 0
     for key, a in la.items():
-        b = lb.get(key)
-        if b is None:
-            changes.append(Change("-", a.dotted, _describe(a), None))
-            continue
-        if a.entry is None or b.entry is None:
-            if a.node == b.node:  # typed nodes: 1 != 1.0 != True, nan == nan
-                same += 1
-            else:
-                changes.append(Change("~", a.dotted, _describe(a), _describe(b)))
-            continue
-        if (a.entry.dtype, a.entry.shape, a.entry.kind) != (b.entry.dtype, b.entry.shape, b.entry.kind):
-            changes.append(Change("~", a.dotted, _describe(a), _describe(b)))
-            continue
-        ta, tb = read_tensor(ra, a.entry), read_tensor(rb, b.entry)
-        if on_bytes is not None:
-            on_bytes(2 * a.entry.nbytes)
-        if _bytes_equal(ta, tb):
+        change = _compare_leaf(ra, rb, a, lb.get(key), on_bytes)
+        if change is None:
             same += 1
         else:
-            changes.append(Change("~", a.dotted, _describe(a), _describe(b), max_abs_diff(ta, tb)))
-    changes += [Change("+", b.dotted, None, _describe(b)) for key, b in lb.items() if key not in la]
-    return changes, same
+            changes.append(change)
+    for key, b in lb.items():
+        if key not in la:
+            changes.append(Change("+", b.dotted, None, _describe(b)))
+    return Diff(changes, same)
+
+
+def _compare_leaf(ra: ChunkReader, rb: ChunkReader, a: Leaf, b: Leaf | None,
+                  on_bytes: Any) -> Change | None:
+    """The change from ``a`` to ``b`` (None: only in A), or None when they are the same."""
+    if b is None:
+        return Change("-", a.dotted, _describe(a), None)
+    if a.entry is None or b.entry is None:  # typed nodes: 1 != 1.0 != True, nan == nan
+        return None if a.node == b.node else Change("~", a.dotted, _describe(a), _describe(b))
+    if (a.entry.dtype, a.entry.shape, a.entry.kind) != (b.entry.dtype, b.entry.shape, b.entry.kind):
+        return Change("~", a.dotted, _describe(a), _describe(b))
+    ta, tb = read_tensor(ra, a.entry), read_tensor(rb, b.entry)
+    if on_bytes is not None:
+        on_bytes(2 * a.entry.nbytes)
+    if _bytes_equal(ta, tb):
+        return None
+    return Change("~", a.dotted, _describe(a), _describe(b), max_abs_diff(ta, tb))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_command(sub, "diff", run, "compare two checkpoints",
-                "List keys only in A (-), only in B (+) and changed (~), with the max abs "
-                "difference per changed tensor. Exits 0 when identical, 1 when they differ.",
-                ("a", "A", "first checkpoint"), ("b", "B", "second checkpoint"),
-                json_help="print JSON for machines")
+                    "Keys only in A (-), only in B (+) and changed (~), with the max abs difference "
+                    "per changed tensor: one line per top-level key (or per group, --depth) that "
+                    "differs, every key with --all. Exits 0 when identical, 1 when they differ.",
+                    ("a", "A", "first checkpoint"), ("b", "B", "second checkpoint"),
+                    json_help="print JSON for machines (every change under --only)")
     add_quiet_option(p)
+    add_selection_options(p)
 
 
 def _line(c: Change) -> str:
@@ -134,17 +150,38 @@ def run(args: argparse.Namespace) -> int:
     both = sum(t.nbytes for t in ia.tensors) + sum(t.nbytes for t in ib.tensors)
     bar = progress(both, "diff", args.quiet)
     try:
-        changes, same = compare(ChunkReader(sa, pa, ia), ChunkReader(sb, pb, ib), bar.update)
+        d = compare(ChunkReader(sa, pa, ia), ChunkReader(sb, pb, ib), bar.update, args.only)
     finally:
         bar.close()
     if args.json:
-        records = [asdict(c) for c in changes]
+        records = [asdict(c) for c in d.changes]
         for r in records:  # JSON has no infinity: write it as a string
             if r["max_abs_diff"] is not None and not np.isfinite(r["max_abs_diff"]):
                 r["max_abs_diff"] = str(r["max_abs_diff"])
-        print(json.dumps({"changes": records, "identical": same}, indent=2))
-    else:
-        for c in changes:
+        print(json.dumps({"changes": records, "identical": d.same}, indent=2))
+        return EXIT_FAILED if d.changes else EXIT_OK
+    if args.all:
+        for c in d.changes:
             print(_line(c))
-        print(f"{len(changes)} difference(s), {same} identical key(s)")
-    return EXIT_FAILED if changes else EXIT_OK
+    else:
+        for prefix, members in groups([c.key for c in d.changes], args.only, args.depth).items():
+            print(_group_line(prefix, [d.changes[i] for i in members]))
+    print(f"{len(d.changes)} difference(s), {d.same} identical key(s)"
+          + ("" if args.all or len(groups([c.key for c in d.changes], args.only, args.depth)) == len(d.changes)
+             else "; --all lists every one"))
+    return EXIT_FAILED if d.changes else EXIT_OK
+
+
+def _group_line(prefix: str, changes: list[Change]) -> str:
+    """One group's changes: the change itself when it is one, else how many of each kind
+    and the largest max abs difference."""
+    if len(changes) == 1:
+        return _line(changes[0])
+    counts = {op: sum(c.op == op for c in changes) for op in "-+~"}
+    ops = "".join(op for op in "-~+" if counts[op])
+    parts = [f"{counts['-']} only in A"] if counts["-"] else []
+    parts += [f"{counts['~']} changed"] if counts["~"] else []
+    parts += [f"{counts['+']} only in B"] if counts["+"] else []
+    diffs = [c.max_abs_diff for c in changes if c.max_abs_diff is not None]
+    worst = f", max abs diff {max(diffs):.6g}" if diffs else ""
+    return f"{ops} {label(prefix, len(changes))}  {', '.join(parts)}{worst}"

@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Any
 
-from . import EXIT_OK
+from . import EXIT_OK, UsageError
 from .. import tensors
 from ._common import CKPT, add_command, add_quiet_option, open_checkpoint, progress, storage_options
 from ._tensors import as_torch, leaves, read_tensor, require_torch, subtree, without
@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "Consolidate CKPT into OUT: .safetensors (keys are dotted key paths; plain "
                     "values go to __metadata__ as JSON) or .pt (loadable with "
                     "torch.load(weights_only=True)).",
-                    CKPT, ("out", "OUT", "output file (.safetensors, .pt or .pth)"))
+                    CKPT, ("out", "OUT", "output file (.safetensors, .pt or .pth)"),
+                    json_help="print JSON for machines: the file written and the values left out or kept")
     p.add_argument("--exclude", metavar="KEY", action="append",
                    help="leave out this key of the exported subtree (repeatable), e.g. a Trainer "
                         "checkpoint's 'optimizer'")
@@ -62,7 +63,8 @@ def _out_format(args: argparse.Namespace) -> str:
         return "safetensors"
     if suffix in (".pt", ".pth", ".bin"):
         return "pt"
-    raise ValueError(f"cannot tell the format of {args.out!r} from its suffix; pass --format")
+    raise UsageError(f"cannot tell the format of {args.out!r} from its suffix (.safetensors, .pt, .pth, "
+                     f".bin); pass --format")
 
 
 # floating-point dtypes torch cannot cast: two values packed per byte (shapes count bytes)
@@ -168,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     require_torch("export")
     fmt = _out_format(args)
     if "://" in args.out:
-        raise ValueError("export writes a local file; OUT must be a local path")
+        raise UsageError("export writes a local file; OUT must be a local path")
     _check_out(args.out, args.overwrite)
     storage, spath, index = open_checkpoint(args.ckpt, storage_options(args))
     try:
@@ -194,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
             os.remove(tmp)
     kept = [leaf.dotted for leaf in leaves(index, node, base)
             if dtype is not None and leaf.entry is not None and leaf.entry.dtype in UNCASTABLE]
+    if args.json:
+        print(json.dumps({"wrote": args.out, "format": fmt, "kept_dtype": kept, "skipped": skipped}))
+        return EXIT_OK
     if kept:
         print(f"note: kept {len(kept)} packed tensor(s) in their own dtype (torch cannot cast "
               f"them): {', '.join(kept[:10])}{' ...' if len(kept) > 10 else ''}", file=sys.stderr)

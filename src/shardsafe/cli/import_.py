@@ -17,6 +17,7 @@ socket or device is refused before it is opened (opening a FIFO would block fore
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Mapping
 from pickle import UnpicklingError  # the error torch raises for refused objects; nothing is unpickled here
@@ -37,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(loaded with weights_only=True), a .safetensors file, or a DCP checkpoint "
                     "directory (local and trusted, with --trust-pickle: DCP metadata is a pickle).",
                     ("src", "SRC", "source file or DCP directory (local)"),
-                    ("ckpt", "CKPT", "checkpoint to create (directory or URL)"))
+                    ("ckpt", "CKPT", "checkpoint to create (directory or URL)"),
+                    json_help="print JSON for machines: what was imported into which checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint")
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow reading a DCP directory: its .metadata is a Python pickle, which "
@@ -156,5 +158,8 @@ def run(args: argparse.Namespace) -> int:
         state, metadata["prefix"] = {args.prefix: state}, args.prefix
     save(state, args.ckpt, overwrite=args.overwrite, metadata={"shardsafe.import": metadata},
          storage_options=storage_options(args))
-    print(f"imported {src} ({metadata['format']}) into {args.ckpt}")
+    if args.json:
+        print(json.dumps({"imported": src, "format": metadata["format"], "into": args.ckpt}))
+    else:
+        print(f"imported {src} ({metadata['format']}) into {args.ckpt}")
     return EXIT_OK

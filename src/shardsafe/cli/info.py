@@ -12,6 +12,7 @@ from typing import Any
 from . import EXIT_OK
 from ._common import (CKPT, add_command, human_bytes, local_time, open_checkpoint, own_bytes,
                       referenced_bytes, storage_options, table)
+from ._summary import add_selection_options, groups, label, within
 from ._tensors import Leaf, leaves
 from ..format.index.objects import Index, TensorEntry
 
@@ -19,11 +20,13 @@ _VALUE_WIDTH = 60  # plain values longer than this are shortened in the table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    add_command(sub, "info", run, "show what a checkpoint holds",
-                "Show a checkpoint's format version, the ranks that wrote it, its files, and every "
-                "key with dtype, shape, bytes and number of chunks (plain values with their type "
-                "and value).",
-                CKPT, json_help="print JSON for machines")
+    p = add_command(sub, "info", run, "show what a checkpoint holds",
+                    "Show a checkpoint's format version, the ranks that wrote it, its files, and its "
+                    "keys: one line per top-level key (or per group, --depth) with its tensors, bytes "
+                    "and other values; with --all every key with dtype, shape, bytes and number of "
+                    "chunks (plain values with their type and value).",
+                    CKPT, json_help="print JSON for machines (every key path under --only)")
+    add_selection_options(p)
 
 
 def _leaf_record(leaf: Leaf) -> dict[str, Any]:
@@ -71,7 +74,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= _VALUE_WIDTH else text[: _VALUE_WIDTH - 3] + "..."
 
 
-def _print_text(d: dict[str, Any], index: Index) -> None:
+def _print_text(d: dict[str, Any], index: Index, args: argparse.Namespace) -> None:
     tensors = [r for r in d["leaves"] if r["type"] == "tensor"]
     print(f"checkpoint   {d['path']}")
     print(f"format       version {d['format_version']} (written by {d['library'] or 'unknown'})")
@@ -94,9 +97,16 @@ def _print_text(d: dict[str, Any], index: Index) -> None:
     if d["metadata"]:
         print(f"metadata     {json.dumps(d['metadata'], sort_keys=True)}")
     print()
+    pairs = [(leaf, r) for leaf, r in zip(leaves(index), d["leaves"])  # describe() lists the same leaves
+             if within(leaf.dotted, args.only)]
+    if not pairs:
+        raise ValueError(f"no key path {args.only!r} in {args.ckpt}")
+    if not args.all:
+        _print_summary(pairs, args)
+        return
     extra = ["STORED", "CODECS"] if compressed else []
     rows = [["KEY", "TYPE", "SHAPE", "BYTES", *extra, "CHUNKS", "VALUE"]]
-    for leaf, r in zip(leaves(index), d["leaves"]):  # describe() lists the same leaves in order
+    for leaf, r in pairs:
         e = leaf.entry
         if e is not None:
             more = [human_bytes(r["stored_bytes"]), ",".join(r["codecs"])] if compressed else []
@@ -108,11 +118,38 @@ def _print_text(d: dict[str, Any], index: Index) -> None:
         print(line)
 
 
+def _print_summary(pairs: list[tuple[Leaf, dict[str, Any]]], args: argparse.Namespace) -> None:
+    """One row per group of key paths (``cli._summary``): its tensors, their bytes, its
+    other values; a group of one leaf is that leaf's row."""
+    rows = [["KEY", "TENSORS", "BYTES", "OTHER", "WHAT"]]
+    for prefix, members in groups([leaf.dotted for leaf, _ in pairs], args.only, args.depth).items():
+        got = [pairs[i][0] for i in members]
+        ts = [leaf.entry for leaf in got if leaf.entry is not None]
+        if len(got) == 1:
+            leaf = got[0]
+            what = f"{leaf.entry.dtype}{list(leaf.entry.shape)}" if leaf.entry is not None \
+                else f"{leaf.kind} {_short(leaf.value())}"
+            name = leaf.dotted
+        else:
+            what = ", ".join(sorted({e.dtype for e in ts}))
+            name = label(prefix, len(got))
+        rows.append([name, str(len(ts)), human_bytes(sum(e.nbytes for e in ts)) if ts else "-",
+                     str(len(got) - len(ts)), what])
+    for line in table(rows):
+        print(line)
+    print()
+    print(f"{len(rows) - 1} group(s) of {len(pairs)} key path(s); --all lists every one, "
+          f"--only PREFIX and --depth N choose the groups")
+
+
 def run(args: argparse.Namespace) -> int:
     _, _, index = open_checkpoint(args.ckpt, storage_options(args))
     d = describe(index, args.ckpt)
     if args.json:
+        if args.only:
+            d["leaves"] = [r for leaf, r in zip(leaves(index), d["leaves"])
+                           if within(leaf.dotted, args.only)]
         print(json.dumps(d, indent=2))
     else:
-        _print_text(d, index)
+        _print_text(d, index, args)
     return EXIT_OK

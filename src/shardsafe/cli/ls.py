@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from . import EXIT_OK
-from ._common import (Entry, add_command, checkpoints_at, human_bytes, local_time,
+from ._common import (Entry, add_command, checkpoints_at, human_bytes, local_time, resolve_step,
                       modified, storage_options, table)
 from ..engine.commit.diagnose import describe
 from ..manager.steps import is_rolled_back
@@ -48,6 +48,7 @@ def _record(e: Entry, mtime: float | None, referenced: set[str]) -> dict[str, An
 
 
 def run(args: argparse.Namespace) -> int:
+    args.dir = resolve_step(args.dir, storage_options(args))
     storage, path = storage_for(args.dir, storage_options(args))
     entries = checkpoints_at(storage, path)
     # the time of a committed checkpoint is in its index; others only have file times

@@ -16,15 +16,18 @@ safetensors header check.
 from __future__ import annotations
 
 import argparse
+import json
 import struct
 from collections.abc import Callable
 from concurrent.futures import as_completed
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from . import EXIT_FAILED, EXIT_OK
-from ._common import Entry, add_command, add_quiet_option, checkpoints_at, progress, storage_options
+from ._common import (Entry, add_command, add_quiet_option, checkpoints_at, progress, resolve_step,
+                      storage_options)
 from ..errors import CheckpointError
 from ..format.block_verify import BlockSpan, BlockStream, index_spans
 from ..format.blockfile import DATA_START, MAGIC
@@ -193,32 +196,46 @@ def register(sub: argparse._SubParsersAction) -> None:
                 "Check the index, the data-file headers and every chunk checksum of CKPT, or of "
                 "every checkpoint in DIR. Prints one line per damaged file/key and exits 1 if any "
                 "is found.",
-                ("path", "CKPT|DIR", "checkpoint, or directory of checkpoints"))
+                ("path", "CKPT|DIR", "checkpoint, or directory of checkpoints"),
+                json_help="print JSON for machines: one record per checkpoint, with its problems")
     add_quiet_option(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    storage, path = storage_for(args.path, storage_options(args))
+    shown = resolve_step(args.path, storage_options(args))
+    storage, path = storage_for(shown, storage_options(args))
     entries = [e for e in checkpoints_at(storage, path) if e.state != "partial"]
     if not entries:
-        raise not_found(storage, path, args.path)
+        raise not_found(storage, path, shown)
     single = len(entries) == 1 and entries[0].path == path
     total = sum(f.size for e in entries if e.index is not None for f in e.index.files)
     bar = progress(total, "verify", args.quiet)
-    bad = 0
+    records = []
     try:
         for e in entries:
-            label = args.path if single else e.name
+            label = shown if single else e.name
             problems = verify_checkpoint(storage, e, label, bar.update)
+            records.append(_record(e, label, problems))
+            if args.json:
+                continue
             with bar.paused():
                 for p in problems:
                     print(p)
                 if not problems:
                     print(f"OK  {label}: {len(e.index.tensors)} tensors, {len(e.index.files)} file(s)")
-            bad += bool(problems)
     finally:
         bar.close()
-    if bad:
+    bad = sum(not r["ok"] for r in records)
+    if args.json:
+        print(json.dumps({"checkpoints": records, "damaged": bad}, indent=2))
+    elif bad:
         print(f"{bad} of {len(entries)} checkpoint(s) damaged")
-        return EXIT_FAILED
-    return EXIT_OK
+    return EXIT_FAILED if bad else EXIT_OK
+
+
+def _record(e: Entry, label: str, problems: list[Problem]) -> dict[str, Any]:
+    """What ``verify --json`` reports of one checkpoint."""
+    return {"name": label, "path": e.path, "step": e.step, "ok": not problems,
+            "tensors": len(e.index.tensors) if e.index is not None else None,
+            "files": len(e.index.files) if e.index is not None else None,
+            "problems": [{"message": p.message, "file": p.file, "key": p.key} for p in problems]}

@@ -45,6 +45,7 @@ from . import peer_copy
 from .local_view import LocalView
 from .retention import LatestN, StepRecord, steps_to_delete
 from .steps import StepDirectory, step_name
+from .tier_writer import SaveJob
 
 log = logging.getLogger("shardsafe")
 
@@ -161,7 +162,7 @@ class LocalTier:
     def describe(self, step: int) -> str:
         return f"local save of step {step} on rank {self.rank} to {self.own.step_path(step)!r} (or its peer copy)"
 
-    def after_save(self, step: int, error: CheckpointError | None, seq: int) -> None:
+    def after_save(self, step: int, error: CheckpointError | None, seq: int, job: SaveJob | None) -> None:
         """Retention (also after a failed save: it frees the space the next one needs),
         then the peer exchange (always, to stay paired with the peers)."""
         problem: BaseException | None = None

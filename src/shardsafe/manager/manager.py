@@ -408,6 +408,8 @@ class CheckpointManager:
                                           timeout=self._agree.timeout, listing=listing, cast=cast)
             if out.step is not None:
                 self._set_aside(out.corrupt, out.step)
+            else:
+                log.info("no committed step in %s: starting fresh", self._url)
             step, rollback = out.step, True
         self._last_restore = RestoreInfo(step, "persistent", time.monotonic() - t0)
         if rollback and self._local is not None and step is not None:

@@ -17,11 +17,13 @@ from __future__ import annotations
 import logging
 
 from ..comm.agreement import Agreement
+from ..engine.save.handle import summary
 from ..engine.save.incremental import Baseline
 from ..errors import CheckpointError
 from .records import StepRecords
 from .retention import PreservationPolicy, steps_to_delete
 from .steps import StepDirectory, step_name
+from .tier_writer import SaveJob
 
 log = logging.getLogger("shardsafe")
 
@@ -51,11 +53,14 @@ class PersistentTier:
     def describe(self, step: int) -> str:
         return f"saving step {step} to {self.path(step)!r}"
 
-    def after_save(self, step: int, error: CheckpointError | None, seq: int) -> None:
+    def after_save(self, step: int, error: CheckpointError | None, seq: int, job: SaveJob | None) -> None:
         """Rank 0 applies retention once ``step`` is committed; every rank returns once it has."""
         if error is not None:
             return
-        log.info("committed step %d in %s", step, self.url)
+        if job is not None:
+            log.info("committed step %d in %s: %s", step, self.url, summary(job.nbytes, job.timings))
+        else:
+            log.info("committed step %d in %s", step, self.url)
         try:
             self.agreement.leader_acts_in_background(
                 f"manager/{self.url}/{seq}", self.retain, what=f"retention after step {step}",

@@ -51,6 +51,7 @@ def load_step(steps: StepDirectory, base_url: str, step: int, name: str,
         CorruptCheckpointError: It fails verification, or a data file vanished mid-read.
     """
     url = steps.storage.join(base_url, name)
+    t0 = time.monotonic()
     outcome, error = OK, None
     try:
         _load(url, step, state, storage_options, timeout, cast)
@@ -68,7 +69,7 @@ def load_step(steps: StepDirectory, base_url: str, step: int, name: str,
     if error is not None:
         error.add_note(f"shardsafe: while restoring step {step} from {url!r}")
         raise error
-    log.info("restored step %d from %s", step, url)
+    log.info("restored step %d from %s in %.2f s", step, url, time.monotonic() - t0)
 
 
 def _load(url: str, step: int, state: MutableMapping[str, Any],

@@ -10,6 +10,7 @@ the last step started and whether a save followed the signal (``reached_preempti
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -18,6 +19,8 @@ from .interval import AutoInterval
 from .options import ManagerOptions
 from .preemption import PreemptionWatcher
 from .save_policy import SaveContext, save_policy_from_options, varies_between_ranks
+
+log = logging.getLogger("shardsafe")
 
 
 class SaveSchedule:
@@ -37,6 +40,7 @@ class SaveSchedule:
         self.last_started: int | None = None
         self._saved_after_signal = False
         self._peer_preempted = False  # another rank received a preemption signal
+        self._preemption_logged = False
         self._watcher = PreemptionWatcher(opts.preemption_signals)  # main thread check first
         try:
             self._last_save_time = (time.time() if opts.save_interval_seconds is None or opts.read_only
@@ -65,6 +69,12 @@ class SaveSchedule:
             due, peer_signal = self._agree.any_rank([due, self.preempted()])
             if peer_signal and not self.preempted():
                 self._peer_preempted = True
+        if self.preempted() and not self._preemption_logged:  # logged here: never in the signal handler
+            self._preemption_logged = True
+            got = self._watcher.received
+            log.info("preemption: %s; %s", f"{got.name} received" if got is not None else
+                     "another rank received a preemption signal",
+                     f"saving step {step}" if due else f"step {step} is not saved (the policy says no)")
         return due
 
     def started(self, step: int, blocked_s: float) -> None:

@@ -24,13 +24,6 @@ from .steps import manager_metadata
 from .tier_writer import TierWriter
 
 
-class _Done:
-    """A save that completed before ``save`` returned."""
-
-    def result(self, timeout: float | None = None) -> None:
-        return None
-
-
 class TierSaver:
     """Starts the saves of a manager's steps (one at a time), reusing the staging buffers.
 
@@ -63,7 +56,7 @@ class TierSaver:
         writer is started whatever happens (its peers expect this round).
         """
         replica = Replica(*local.target(step, state)) if local is not None else None
-        local_job: SaveHandle | _Done | BaseException = CheckpointError("the save did not start")
+        local_job: SaveHandle | BaseException = CheckpointError("the save did not start")
         started = False
         try:
             if persistent is not None:
@@ -103,7 +96,7 @@ class TierSaver:
                           storage_options=dict(opts.storage_options) if opts.storage_options else None,
                           baseline=tier.baseline, replicas=(replica,) if replica is not None else (),
                           staging="blocking" if opts.async_save else None)
-        job: SaveHandle | _Done | BaseException
+        job: SaveHandle | BaseException
         if opts.async_save:
             try:
                 job = saver_of(self._ckpt).submit(req).handle
@@ -113,8 +106,7 @@ class TierSaver:
                 raise CheckpointError(f"saving step {step} to {url!r} failed: {e}") from e
         else:
             try:
-                saver_of(self._ckpt).submit(req)
-                job = _Done()
+                job = saver_of(self._ckpt).submit(req).handle  # settled: committed already
             except (OSError, CheckpointError) as e:
                 job = e
         writer.start(step, job, seq)

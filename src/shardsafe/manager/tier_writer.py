@@ -38,6 +38,16 @@ class SaveJob(Protocol):
         """Blocks until committed and durable; re-raises the save's error."""
         ...
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes this process wrote."""
+        ...
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """Seconds from the start to ``"staged"`` (async) and ``"durable"``."""
+        ...
+
 
 class TierHooks(Protocol):
     """What a tier tells its writer."""
@@ -46,10 +56,11 @@ class TierHooks(Protocol):
         """The save of ``step``, for error messages (``"saving step 3 to 'ckpt/step_...'"``)."""
         ...
 
-    def after_save(self, step: int, error: CheckpointError | None, seq: int) -> None:
+    def after_save(self, step: int, error: CheckpointError | None, seq: int, job: SaveJob | None) -> None:
         """After the save of ``step`` committed (or failed with ``error``): retention and
         the rest of the tier's work. ``seq`` numbers the manager's saves (the same on every
-        rank). Raises ``CheckpointError`` naming what failed."""
+        rank); ``job`` is the save (its bytes and timings), None when it never started.
+        Raises ``CheckpointError`` naming what failed."""
         ...
 
 
@@ -112,7 +123,7 @@ class TierWriter:
             error.__cause__ = e
         try:
             try:
-                self.tier.after_save(step, error, seq)
+                self.tier.after_save(step, error, seq, None if isinstance(job, BaseException) else job)
             except (OSError, ValueError) as e:
                 raise CheckpointError(f"{self.tier.describe(step)}: {e}") from e
         except CheckpointError as e:

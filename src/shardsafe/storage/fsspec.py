@@ -87,6 +87,12 @@ def _os_errors(method: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
+def _endpoint_of(fs: Any) -> str | None:
+    """The endpoint an S3-compatible filesystem sends its requests to, when it says."""
+    url = getattr(fs, "endpoint_url", None) or (getattr(fs, "client_kwargs", None) or {}).get("endpoint_url")
+    return url if isinstance(url, str) else None
+
+
 def _protocols(fs: Any) -> set[str]:
     p = fs.protocol
     return {p} if isinstance(p, str) else set(p)
@@ -186,7 +192,7 @@ class FsspecStorage:
         # one code path: a synchronous filesystem runs in fsspec's threads behind async calls
         self._afs = fs if getattr(fs, "async_impl", False) else AsyncFileSystemWrapper(fs, asynchronous=False)
         self._runner = Runner(self._afs.loop, policy or RetryPolicy.from_knobs(), deadline,
-                              _watch_of(fs), knobs.store_requests())
+                              _watch_of(fs), knobs.store_requests(), _endpoint_of(fs))
         self._cleanup: Runner | None = None
 
     @classmethod

@@ -32,7 +32,7 @@ from typing import Generic, TypeVar
 
 from ..errors import CheckpointError, StorageRequestError
 from .deadline import Deadline
-from .retry import RetryPolicy, classify
+from .retry import RetryPolicy, classify, refused
 from .stall import StallWatch
 
 log = logging.getLogger("shardsafe")
@@ -63,17 +63,20 @@ class Runner:
         deadline: The call's deadline, if any.
         watch: The stall watch of the filesystem's connections, if it has one.
         slots: Requests in flight at most, across every Runner on this loop.
+        endpoint: Where the requests go (for error messages), if known.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, policy: RetryPolicy,
                  deadline: Deadline | None = None, watch: StallWatch | None = None,
-                 slots: int = 16) -> None:
+                 slots: int = 16, endpoint: str | None = None) -> None:
         self.loop = loop
         self.policy = policy
         self.deadline = deadline
         self.watch = watch
         self.slots = slots
+        self.endpoint = endpoint
         self.rank = deadline.rank if deadline is not None else None
+        self._answered = False  # a request of this runner has succeeded: the endpoint is right
 
     def for_cleanup(self) -> Runner:
         """A runner for undoing a failed write (aborting its upload): a few attempts within
@@ -81,7 +84,7 @@ class Runner:
         return Runner(self.loop, RetryPolicy(attempts=3, stall_timeout=self.policy.stall_timeout,
                                              base_delay=0.1, max_delay=1.0, max_retry_after=1.0),
                       Deadline(CLEANUP_SECONDS, rank=self.rank or 0, what="clean-up"),
-                      self.watch, self.slots)
+                      self.watch, self.slots, self.endpoint)
 
     # ------------------------------------------------------------------ caller's thread
     def run(self, request: Request, make: Callable[[], Awaitable[T]]) -> T:
@@ -109,7 +112,9 @@ class Runner:
         failures: list[str] = []
         for attempt in range(self.policy.attempts):
             try:
-                return await self._attempt(request, make, failures)
+                result = await self._attempt(request, make, failures)
+                self._answered = True
+                return result
             except CheckpointError:  # the deadline passed: no retry
                 raise
             except Exception as e:  # noqa: BLE001 - classified: transient ones are retried
@@ -117,8 +122,10 @@ class Runner:
                 if transient is None:
                     raise
                 failures.append(transient.kind)
+                if not self._answered and refused(e):  # nothing listens there: retrying cannot help
+                    raise self._refused(request, e) from e
                 if attempt + 1 == self.policy.attempts:
-                    raise self._exhausted(request, failures) from e
+                    raise self._exhausted(request, failures, e) from e
                 delay = self.policy.delay(attempt, transient.retry_after)
                 if self.deadline is not None and self.deadline.remaining() < delay:
                     raise self.deadline.error(str(request), request.path, failures, retry_in=delay) from e
@@ -159,11 +166,28 @@ class Runner:
         async with _slots(self.loop, self.slots):
             return await make()
 
-    def _exhausted(self, request: Request, failures: list[str]) -> StorageRequestError:
+    def _exhausted(self, request: Request, failures: list[str], last: BaseException) -> StorageRequestError:
         who = f"rank {self.rank}: " if self.rank is not None else ""
         return StorageRequestError(f"{who}{request} of {request.path} failed {len(failures)} times "
-                                   f"({', '.join(failures)})", rank=self.rank, file=request.path,
-                                   request=str(request))
+                                   f"({', '.join(failures)}); the last error: {_describe(last)}"
+                                   f"{self._where()}", rank=self.rank, file=request.path, request=str(request))
+
+    def _refused(self, request: Request, e: BaseException) -> StorageRequestError:
+        who = f"rank {self.rank}: " if self.rank is not None else ""
+        return StorageRequestError(
+            f"{who}{request} of {request.path} failed: the connection was refused ({_describe(e)})"
+            f"{self._where()}; not retried, since it was the first request of the call: is the "
+            f"endpoint_url right and the server running?", rank=self.rank, file=request.path,
+            request=str(request))
+
+    def _where(self) -> str:
+        return f" (endpoint {self.endpoint})" if self.endpoint else ""
+
+
+def _describe(e: BaseException) -> str:
+    """``Type: message`` of an error, on one line."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 class StalledRequestError(ConnectionError):

@@ -15,6 +15,7 @@ this module imports none of them.
 from __future__ import annotations
 
 import email.utils
+import errno
 import random
 import time
 from dataclasses import dataclass
@@ -111,6 +112,21 @@ def classify(error: BaseException) -> Transient | None:
         e = e.__cause__ or e.__context__
         seen += 1
     return None
+
+
+def refused(error: BaseException) -> bool:
+    """Whether ``error`` (or one of its causes) is a refused connection: nothing listens at
+    the address, which a wrong endpoint gives at once and a busy server does not."""
+    seen = 0
+    e: BaseException | None = error
+    while e is not None and seen < 8:
+        if isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED:
+            return True
+        if getattr(getattr(e, "os_error", None), "errno", None) == errno.ECONNREFUSED:  # aiohttp's connector
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
 
 
 def _classify_one(e: BaseException) -> Transient | None:

@@ -12,11 +12,13 @@ import dataclasses
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...comm import distributed_active, get_comm
+from ..._numbers import transfer
 from ...errors import CheckpointNotFoundError, CorruptCheckpointError, StateMismatchError
 from ...format.dtypes import lookup
 from ...format.index.objects import Index
@@ -60,6 +62,7 @@ def load_path(path: str, state: MutableMapping[str, Any] | Stateful | None,
               timeout: float | None, cast: bool = False) -> Any:
     """The new state (``state`` None), or the ``LoadResult`` of an in-place load (see
     ``shardsafe.load``); ``check(index)`` may refuse the checkpoint before any read."""
+    t0 = time.perf_counter()
     storage, spath = storage_for(path, storage_options, deadline=Deadline.for_call(
         timeout, get_comm(process_group).rank, f"load of {path}"))
     whole = state is None or mmap  # else a version 4 index is read in parts (what the targets need)
@@ -70,7 +73,7 @@ def load_path(path: str, state: MutableMapping[str, Any] | Stateful | None,
             raise not_found(storage, spath, path) from None
         if check is not None:
             check(read.index)
-        return _load_from(storage, spath, read, path, state, strict, mmap, cast)
+        return _logged(path, t0, *_load_from(storage, spath, read, path, state, strict, mmap, cast))
     for attempt in range(ATTEMPTS):
         before = _identity(storage, spath)
         read = None
@@ -78,7 +81,7 @@ def load_path(path: str, state: MutableMapping[str, Any] | Stateful | None,
             read = read_index_alone(storage, spath, whole)
             if check is not None:
                 check(read.index)
-            return _load_from(storage, spath, read, path, state, strict, mmap, cast)
+            return _logged(path, t0, *_load_from(storage, spath, read, path, state, strict, mmap, cast))
         except (CorruptCheckpointError, CheckpointNotFoundError):
             if not is_committed(storage, spath):
                 if read is None:  # never found an index: say what the path is instead
@@ -102,19 +105,34 @@ def _identity(storage: Any, spath: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _logged(path: str, t0: float, value: Any, nbytes: int) -> Any:
+    log.info("loaded %s: %s", path, transfer(nbytes, time.perf_counter() - t0))
+    return value
+
+
+def _tensor_bytes(index: Index) -> int:
+    return sum(math.prod(t.shape) * lookup(t.dtype).itemsize for t in index.tensors)
+
+
+def _region_bytes(index: Index, regions: list[tuple[int, tuple[int, ...], tuple[int, ...]]]) -> int:
+    """Bytes of the stored tensors' regions a load reads."""
+    assert index.infos is not None, "a decoded index has its tensor table as columns"
+    return sum(math.prod(shape) * lookup(index.infos[tid].dtype).itemsize for tid, _, shape in regions)
+
+
 def _total(index: Index, path: str) -> str:
-    size = sum(math.prod(t.shape) * lookup(t.dtype).itemsize for t in index.tensors)
-    return f"{path!r} ({size} bytes of tensors)"
+    return f"{path!r} ({_tensor_bytes(index)} bytes of tensors)"
 
 
 def _load_from(storage: Any, spath: str, read: IndexRead, path: str,
                state: MutableMapping[str, Any] | Stateful | None, strict: bool, mmap: bool,
-               cast: bool) -> Any:
+               cast: bool) -> tuple[Any, int]:
+    """What the load returns, and the bytes of tensor data it read."""
     index = read.index
     if mmap:
         if state is not None or not isinstance(storage, LocalStorage):
             raise ValueError("mmap=True applies to load(path) of a local checkpoint, without a state")
-        return load_mapped(spath, index)
+        return load_mapped(spath, index), _tensor_bytes(index)
     jax_target = state is not None and jax_restore.holds_jax(state)
     if cast and (state is None or jax_target):
         raise ValueError("cast=True converts into the dtypes of a torch or numpy target state: "
@@ -130,7 +148,7 @@ def _load_from(storage: Any, spath: str, read: IndexRead, path: str,
         with allocating(lambda: _total(index, path)):
             value, new = new_state.build(index)
         read_targets(reader, new.others, new)
-        return value
+        return value, _tensor_bytes(index)
     with loading():  # PerRank values describe only this rank's entry
         m = match(index, state, cast)
     problems = m.problems()
@@ -139,19 +157,21 @@ def _load_from(storage: Any, spath: str, read: IndexRead, path: str,
     if problems:
         log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(problems),
                     "\n  ".join(problems))
-    reader = ChunkReader(storage, spath, read.narrow(target_regions(m.reads, index)))
+    regions = target_regions(m.reads, index)
+    reader = ChunkReader(storage, spath, read.narrow(regions))
     with allocating(lambda: _total(index, path)):  # temporaries for device / strided targets
         read_targets(reader, m.reads)
     m.apply()
-    return LoadResult(m.missing, m.unexpected, m.mismatched, problems)
+    return LoadResult(m.missing, m.unexpected, m.mismatched, problems), _region_bytes(index, regions)
 
 
 def _saved_from_jax(index: Index) -> bool:
     return any(t.kind == "jax" for t in (index.infos if index.infos is not None else index.tensors))
 
 
-def _restore_jax(read: IndexRead, index: Index, path: str, target: Any, strict: bool) -> Any:
-    """``load`` into a JAX target (``engine.load.jax_restore``): returns the restored pytree."""
+def _restore_jax(read: IndexRead, index: Index, path: str, target: Any, strict: bool) -> tuple[Any, int]:
+    """``load`` into a JAX target (``engine.load.jax_restore``): the restored pytree, and
+    the bytes read."""
     with allocating(lambda: _total(index, path)):
         r = jax_restore.plan(index, target)
         if r.problems and strict:
@@ -160,9 +180,10 @@ def _restore_jax(read: IndexRead, index: Index, path: str, target: Any, strict: 
             log.warning("load(%s, strict=False) skipped %d key path(s):\n  %s", path, len(r.problems),
                         "\n  ".join(r.problems))
         targets = [TensorTarget(None, b.host, offsets=b.offsets, tid=b.tid) for b in r.reads]
-        reader = ChunkReader(read.storage, read.spath, read.narrow(target_regions(targets, index)))
+        regions = target_regions(targets, index)
+        reader = ChunkReader(read.storage, read.spath, read.narrow(regions))
         read_targets(reader, targets)
-    return r.finish()
+    return r.finish(), _region_bytes(index, regions)
 
 
 __all__ = ["ATTEMPTS", "LoadResult", "load_path"]

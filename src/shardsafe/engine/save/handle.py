@@ -9,10 +9,22 @@ the same Checkpointer, else ``close()``, else the exit hook logs it.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
+from ..._numbers import transfer
 from ...errors import CheckpointError, CheckpointTimeoutError
+
+log = logging.getLogger("shardsafe")
+
+
+def summary(nbytes: int, timings: dict[str, float]) -> str:
+    """A committed save for a log line: ``'1.2 GiB in 0.84 s (1.4 GiB/s), blocked 0.05 s'``
+    (blocked: the staging of an async save, which held the caller)."""
+    staged = timings.get("staged")
+    blocked = f", blocked {staged:.2f} s" if staged is not None else ""
+    return f"{transfer(nbytes, timings.get('durable', 0.0))}{blocked}"
 
 
 class SaveProgress:
@@ -38,13 +50,16 @@ class SaveProgress:
 
     def mark_staged(self) -> None:
         """The state has been copied: ``wait_staged()`` returns from now on."""
-        self.timings.setdefault("staged", self._elapsed())
+        if "staged" not in self.timings:
+            self.timings["staged"] = self._elapsed()
+            log.debug("staged the save to %s: %s", self.path, transfer(self.nbytes, self.timings["staged"]))
         self.staged.set()
 
     def settle(self, error: BaseException | None = None) -> None:
         """The save committed (``error`` None) or failed with ``error``; wakes every waiter."""
         if error is None:
             self.timings["durable"] = self._elapsed()
+            log.info("saved %s: %s", self.path, summary(self.nbytes, self.timings))
         self.error = error
         self.staged.set()
         self.settled.set()
