@@ -28,7 +28,7 @@ from typing import Any, Literal
 from .. import tensors
 from ..engine import commit
 from ..engine.commit import sweep
-from ..engine.commit.step_names import parse_step, step_name
+from ..engine.commit.names import parse_step, step_name
 from ..engine.load.index_exchange import read_index_alone
 from ..format.index.objects import Index
 from ..plan.layout import is_data_file_name

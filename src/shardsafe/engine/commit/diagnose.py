@@ -21,7 +21,7 @@ from ...format.index.objects import Index
 from ...plan.layout import is_data_file_name
 from ...storage.base import Storage
 from ...storage.local import LocalStorage
-from .step_names import parse_step
+from .names import parse_step
 from .transaction import TMP_MARKER, is_committed, is_temporary, read_index
 
 DCP_METADATA = ".metadata"  # the (pickled) metadata file of a torch.distributed.checkpoint directory

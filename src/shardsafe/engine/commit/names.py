@@ -1,5 +1,6 @@
-"""The names a save gives what it writes into a directory of checkpoints: the one rule
-for recognising shardsafe's own objects where nothing else says whose they are.
+"""The names shardsafe gives what it writes into a directory of checkpoints: a manager's
+step directories (``step_name``/``parse_step``), and the one rule for recognising
+shardsafe's own objects where nothing else says whose they are.
 
 An unfinished S3 multipart upload has no index, no listing entry and no owner; only its
 key tells who started it. ``shardsafe gc`` aborts an upload only when its key is one a
@@ -29,6 +30,21 @@ from .transaction import TMP_MARKER
 # detach.own_name: "ref<row>-<file>", "ref<row><ext of file>" or "ref<row>.<n>"
 _LINKED = re.compile(re.escape(LINK_PREFIX) + r"[0-9]{5}(?:-(?P<base>.+)|"
                      + re.escape(DATA_SUFFIX) + "|" + re.escape(BLOCK_SUFFIX) + r"|\.[0-9]+)")
+_STEP = re.compile(r"^step_(\d+)$")
+
+
+def step_name(step: int) -> str:
+    """Directory name of a manager's ``step`` (``step_00000042``: zero-padded to 8 digits,
+    wider numbers as they are)."""
+    return f"step_{step:08d}"
+
+
+def parse_step(name: str) -> int | None:
+    """The step a directory name stands for, or None if it is not a step directory."""
+    m = _STEP.match(name)
+    return int(m.group(1)) if m else None
+
+
 _HIDDEN = re.compile(r"\.(?P<name>.+)" + re.escape(TMP_MARKER) + r"[0-9a-f]+")
 
 
@@ -61,4 +77,4 @@ def written_by_shardsafe(key: str) -> bool:
     return checkpoint not in ("", ".", "..") and is_own_file_name(file)
 
 
-__all__ = ["is_own_file_name", "written_by_shardsafe"]
+__all__ = ["is_own_file_name", "parse_step", "step_name", "written_by_shardsafe"]
