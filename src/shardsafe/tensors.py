@@ -8,7 +8,9 @@ makes an item of it, and ``host_bytes`` reads it whole).
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -16,17 +18,30 @@ import numpy as np
 from . import jax_values
 from .format.dtypes import DTYPES, DType, from_numpy, lookup
 
-try:
-    import torch
+# torch is imported when first needed, not with shardsafe: the command line and
+# numpy-only users start in a fraction of a second. ``tensors.torch`` imports it.
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
-    HAVE_TORCH = True
-except ImportError:  # pragma: no cover - numpy-only installs
-    torch = None  # type: ignore[assignment]
-    HAVE_TORCH = False
+
+def _torch() -> Any:
+    """The torch module (imported on first use), or None where it is not installed."""
+    return importlib.import_module("torch") if HAVE_TORCH else None
+
+
+def __getattr__(name: str) -> Any:
+    """``tensors.torch``, ``STRIDED`` and ``PLAIN_TENSOR_TYPES``, which import torch."""
+    if name == "torch":
+        return _torch()
+    if name == "STRIDED":
+        return _torch().strided if HAVE_TORCH else None
+    if name == "PLAIN_TENSOR_TYPES":
+        return _plain_types()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_torch_tensor(x: Any) -> bool:
-    return HAVE_TORCH and isinstance(x, torch.Tensor)
+    t = sys.modules.get("torch")  # no tensor of torch exists before torch is imported
+    return t is not None and isinstance(x, t.Tensor)
 
 
 def is_tensor(x: Any) -> bool:
@@ -78,6 +93,7 @@ def check_supported(x: Any) -> None:
         except TypeError as e:
             raise TypeError(str(e)) from None
         return
+    torch = _torch()
     if x.layout != torch.strided:
         raise TypeError(f"{x.layout} tensors are not supported (only strided/dense)")
     if x.is_quantized or x.is_nested or x.device.type == "meta":
@@ -88,7 +104,6 @@ def check_supported(x: Any) -> None:
         raise TypeError(f"dtype {x.dtype} is not supported") from None
 
 
-STRIDED = torch.strided if HAVE_TORCH else None
 _CPU_DTYPES: dict[Any, tuple[str, int]] = {}
 
 
@@ -96,6 +111,7 @@ def cpu_dtype_table() -> dict[Any, tuple[str, int]]:
     """``torch.dtype -> (format name, itemsize)`` of every dtype the format stores and this
     torch has (quantized dtypes are absent, so a hit also means "not quantized")."""
     if not _CPU_DTYPES and HAVE_TORCH:
+        torch = _torch()
         for name in DTYPES:
             dt = getattr(torch, name, None) if DTYPES[name].torch else None
             if isinstance(dt, torch.dtype):
@@ -113,13 +129,23 @@ def torch_dtypes() -> dict[str, Any]:
     return _BY_NAME
 
 
-# Exactly these types (not subclasses such as DTensor) have the plain shape/size attributes.
-PLAIN_TENSOR_TYPES: tuple[type, ...] = (torch.Tensor, torch.nn.Parameter) if HAVE_TORCH else ()
+_PLAIN: list[tuple[type, ...]] = []
+
+
+def _plain_types() -> tuple[type, ...]:
+    """Exactly these types (not subclasses such as DTensor) have the plain shape/size
+    attributes: ``torch.Tensor`` and ``torch.nn.Parameter`` once torch is imported."""
+    if not _PLAIN:
+        t = sys.modules.get("torch")
+        if t is None:
+            return ()
+        _PLAIN.append((t.Tensor, t.nn.Parameter))
+    return _PLAIN[0]
 
 
 def is_plain(x: Any) -> bool:
     """True for host-layout tensors/arrays whose ``shape``/``nbytes`` can be read directly."""
-    return type(x) in PLAIN_TENSOR_TYPES or isinstance(x, np.ndarray)
+    return type(x) in (_PLAIN[0] if _PLAIN else _plain_types()) or isinstance(x, np.ndarray)
 
 
 def shape_of(x: Any) -> tuple[int, ...]:
@@ -151,7 +177,7 @@ def host_bytes(x: Any) -> np.ndarray:
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
-    return t.reshape(-1).view(torch.uint8).numpy()
+    return t.reshape(-1).view(_torch().uint8).numpy()
 
 
 def writable_bytes(x: Any) -> np.ndarray | None:
@@ -168,7 +194,7 @@ def writable_bytes(x: Any) -> np.ndarray | None:
         return None
     if x.is_conj() or x.is_neg():
         return None
-    return x.detach().reshape(-1).view(torch.uint8).numpy()
+    return x.detach().reshape(-1).view(_torch().uint8).numpy()
 
 
 def host_dtype(kind: str, d: DType) -> np.dtype | None:
@@ -183,6 +209,7 @@ def empty(kind: str, dtype: str, shape: tuple[int, ...]) -> tuple[Any, np.ndarra
     """Allocates a new host tensor and returns ``(tensor, writable byte view)``."""
     d = lookup(dtype)
     if kind == "torch" and HAVE_TORCH:
+        torch = _torch()
         t = torch.empty(shape, dtype=getattr(torch, d.name))
         return t, t.reshape(-1).view(torch.uint8).numpy()
     nd = host_dtype(kind, d)
@@ -193,15 +220,15 @@ def empty(kind: str, dtype: str, shape: tuple[int, ...]) -> tuple[Any, np.ndarra
     return a, a.reshape(-1).view(np.uint8)
 
 
-_FLOAT8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-                if HAVE_TORCH and hasattr(torch, n))
+_FLOAT8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
 
 
 def copy_into(target: Any, source: Any) -> None:
     """Copies ``source`` (a host tensor/array of the same shape) into ``target``, converting
     a floating-point dtype that differs (``load(..., cast=True)``)."""
+    torch = _torch()
     if isinstance(target, np.ndarray):
-        if is_torch_tensor(source) and source.dtype in (torch.bfloat16,) + _FLOAT8:
+        if is_torch_tensor(source) and torch_dtype_name(source.dtype) in ("bfloat16", *_FLOAT8):
             source = source.to(torch.float32)  # numpy has no such dtype; float32 holds every value
         np.copyto(target, source if isinstance(source, np.ndarray) else source.numpy())
         return

@@ -31,7 +31,8 @@ class Sources:
         self.addr: list[int] = []
         self.device: list[int] = []
         self._keep: dict[int, np.ndarray] = {}
-        plain, strided = tensors.PLAIN_TENSOR_TYPES, tensors.STRIDED
+        plain = tensors.PLAIN_TENSOR_TYPES  # empty until torch is imported: no torch tensor then
+        strided = tensors.STRIDED if plain else None
         for i, it in enumerate(plan.items):
             x = it.value
             if (type(x) in plain and x.is_cpu and x.layout is strided and x.is_contiguous()
