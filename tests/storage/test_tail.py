@@ -24,26 +24,29 @@ def _tracker(durations: list[float], size: int = 32 * MiB, gaps: list[float] | N
 
 
 @pytest.mark.parametrize(("durations", "expected"), [
-    ([], 2.0),                                  # no samples: the initial delay
-    ([0.3] * 7, 2.0),                           # too few samples still
+    ([], 1.0),                                  # no samples: the initial delay
+    ([0.3] * 7, 0.9),                           # too few for a quantile: 3 x their median
+    ([0.1, 0.2, 5.0], 0.6),
+    ([0.5, 0.9], 1.0),                          # ... at most the initial delay
     ([0.3] * 8, 0.3),                           # the quantile of a steady store
     ([0.3] * 19 + [9.0], 0.3),                  # one outlier in 20 stays above the p95
     ([0.3] * 18 + [9.0, 9.0], 9.0),             # two of 20 is the p95
     ([0.01] * 10, 0.05),                        # never below the floor
 ])
 def test_hedge_delay_is_the_recent_p95_of_the_size_class(durations: list[float], expected: float) -> None:
-    assert TailPolicy().hedge_delay(_tracker(durations), 32 * MiB) == pytest.approx(expected)
+    policy = TailPolicy(min_samples=8, sibling_factor=3.0)
+    assert policy.hedge_delay(_tracker(durations), 32 * MiB) == pytest.approx(expected)
 
 
 def test_hedge_delay_of_another_size_class_is_not_learned_from_this_one() -> None:
     t = _tracker([0.3] * 20, size=32 * MiB)
-    assert TailPolicy().hedge_delay(t, 4 << 10) == 2.0
+    assert TailPolicy().hedge_delay(t, 4 << 10) == 1.0
     assert TailPolicy(hedge=False).hedge_delay(t, 32 * MiB) is None
 
 
 def test_the_window_forgets_old_samples() -> None:
     t = _tracker([9.0] * 64 + [0.3] * 64)
-    assert TailPolicy().hedge_delay(t, 32 * MiB) == pytest.approx(0.3)
+    assert TailPolicy(min_samples=8).hedge_delay(t, 32 * MiB) == pytest.approx(0.3)
 
 
 @pytest.mark.parametrize(("fraction", "requests", "allowed"), [
@@ -54,11 +57,18 @@ def test_the_window_forgets_old_samples() -> None:
     (0.0, 100, 0),    # none at all
 ])
 def test_the_hedge_budget_bounds_duplicates(fraction: float, requests: int, allowed: int) -> None:
-    b = HedgeBudget(fraction)
+    b = HedgeBudget(fraction, burst=1)
     for _ in range(requests):
         b.started()
     assert sum(b.take() for _ in range(50)) == allowed
     assert b.hedges == allowed
+
+
+def test_the_hedge_burst_adds_to_the_budget() -> None:
+    b = HedgeBudget(0.05, burst=3)
+    for _ in range(20):
+        b.started()
+    assert sum(b.take() for _ in range(10)) == 4
 
 
 @pytest.mark.parametrize(("gaps", "cap", "expected"), [
@@ -98,7 +108,8 @@ def test_progress_keeps_the_longest_gap() -> None:
 
 
 @pytest.mark.parametrize("bad", [dict(hedge_quantile=1.0), dict(hedge_budget=-0.1), dict(stall_floor=0),
-                                 dict(stall_floor=40.0), dict(hedge_initial=0.01), dict(min_samples=0)])
+                                 dict(stall_floor=40.0), dict(hedge_initial=0.01), dict(min_samples=0),
+                                 dict(sibling_factor=0.5)])
 def test_bad_policies_are_refused(bad: dict) -> None:
     with pytest.raises(ValueError):
         TailPolicy(**bad)

@@ -10,14 +10,16 @@ the real request runner (``storage.request``) and the restore simulation
 * **hedging** (``TailPolicy.hedge_delay``, ``HedgeBudget``): an idempotent request (a
   ranged GET) that has not finished after the ``hedge_quantile`` of the recent durations
   of requests of its size class (at least ``hedge_floor``) gets one duplicate; whichever
-  finishes first is used and the other is cancelled. ``HedgeBudget`` keeps duplicates
-  within ``hedge_budget`` of the requests made (plus one), so a store that is slow for
+  finishes first is used and the other is cancelled. Until a size class has
+  ``min_samples`` durations, a request is hedged after ``sibling_factor`` times the
+  median of those it has (the siblings sent with it that finished), or ``hedge_initial``. ``HedgeBudget`` keeps duplicates
+  within ``hedge_budget`` of the requests made (plus ``hedge_burst``), so a store that is slow for
   everyone is not sent twice the load.
 * **stall detection** (``TailPolicy.stall_limit``, ``Progress``): a request that made no
   progress (no byte received, or sent) for ``max(stall_floor, stall_factor *`` the
   ``stall_quantile`` of the longest gaps without progress of recent successful
   requests``)`` is abandoned and retried; ``stall_cap`` (``SHARDSAFE_STALL_TIMEOUT``)
-  bounds it, and applies alone until ``min_samples`` gaps have been seen.
+  bounds it, and applies alone until ``min_gaps`` gaps have been seen.
 
 Size classes are powers of four from 64 KiB (a 32 MiB read and a 20 MiB read share
 one), so small index reads do not set the hedge delay of large data reads.
@@ -118,12 +120,20 @@ class TailPolicy:
     """A request is hedged when it has taken longer than this quantile of its class."""
     hedge_floor: float = 0.05
     """Seconds before which no request is hedged."""
-    hedge_initial: float = 2.0
-    """Hedge delay (seconds) of a size class with fewer than ``min_samples`` durations."""
+    hedge_initial: float = 1.0
+    """Hedge delay (seconds) of a size class with no durations yet, and the longest one
+    while it has fewer than ``min_samples``."""
+    sibling_factor: float = 3.5
+    """With fewer than ``min_samples`` durations, a request is hedged after this many
+    times their median."""
     hedge_budget: float = 0.05
     """Duplicates per request made, at most (``SHARDSAFE_HEDGE_BUDGET``)."""
-    min_samples: int = 8
-    """Samples a quantile needs before it is trusted."""
+    hedge_burst: int = 2
+    """Duplicates allowed beyond ``hedge_budget`` (see ``HedgeBudget``)."""
+    min_samples: int = 32
+    """Durations of a size class a hedge quantile needs before it is trusted."""
+    min_gaps: int = 8
+    """Gaps the stall limit needs before it is learned."""
     stall_floor: float = 2.0
     """Seconds without progress that never count as a stall (``SHARDSAFE_STALL_FLOOR``)."""
     stall_factor: float = 4.0
@@ -140,10 +150,11 @@ class TailPolicy:
             raise ValueError(f"hedge_budget must lie in [0, 1], got {self.hedge_budget}")
         if not 0 < self.stall_floor <= self.stall_cap:
             raise ValueError(f"need 0 < stall_floor <= stall_cap, got {self.stall_floor}, {self.stall_cap}")
-        if self.hedge_floor < 0 or self.hedge_initial < self.hedge_floor or self.stall_factor <= 0:
-            raise ValueError("need 0 <= hedge_floor <= hedge_initial and stall_factor > 0")
-        if self.min_samples < 1:
-            raise ValueError(f"min_samples must be at least 1, got {self.min_samples}")
+        if self.hedge_floor < 0 or self.hedge_initial < self.hedge_floor or self.stall_factor <= 0 \
+                or self.sibling_factor < 1:
+            raise ValueError("need 0 <= hedge_floor <= hedge_initial, stall_factor > 0, sibling_factor >= 1")
+        if self.min_samples < 1 or self.min_gaps < 1 or self.hedge_burst < 0:
+            raise ValueError("need min_samples >= 1, min_gaps >= 1 and hedge_burst >= 0")
 
     @classmethod
     def from_knobs(cls) -> TailPolicy:
@@ -155,15 +166,23 @@ class TailPolicy:
 
     def hedge_delay(self, tracker: LatencyTracker, size: int) -> float | None:
         """Seconds after its start at which a request of ``size`` bytes is hedged (None:
-        never, hedging is off)."""
+        never, hedging is off). The delay changes as requests finish: callers ask again
+        while they wait."""
         if not self.hedge:
             return None
         q = tracker.duration_quantile(size, self.hedge_quantile, self.min_samples)
-        return self.hedge_initial if q is None else max(self.hedge_floor, q)
+        if q is not None:
+            return max(self.hedge_floor, q)
+        # too few for a quantile: the first requests of a job are sent together, and one
+        # far slower than the siblings that already finished is hedged
+        median = tracker.duration_quantile(size, 0.5, 1)
+        if median is None:
+            return self.hedge_initial
+        return min(self.hedge_initial, max(self.hedge_floor, self.sibling_factor * median))
 
     def stall_limit(self, tracker: LatencyTracker) -> float:
         """Seconds without progress after which a request counts as stalled."""
-        q = tracker.gap_quantile(self.stall_quantile, self.min_samples)
+        q = tracker.gap_quantile(self.stall_quantile, self.min_gaps)
         if q is None:
             return self.stall_cap
         return min(self.stall_cap, max(self.stall_floor, self.stall_factor * q))
@@ -171,12 +190,14 @@ class TailPolicy:
 
 class HedgeBudget:
     """Counts requests and duplicates; a duplicate is allowed while duplicates stay within
-    ``fraction`` of the requests made, plus one (so that one early stall can be hedged)."""
+    ``fraction`` of the requests made plus ``burst`` (so that a process that makes few
+    requests, such as one rank's restore, can still hedge a stall after a slow request)."""
 
-    __slots__ = ("fraction", "requests", "hedges")
+    __slots__ = ("fraction", "burst", "requests", "hedges")
 
-    def __init__(self, fraction: float) -> None:
+    def __init__(self, fraction: float, burst: int = 1) -> None:
         self.fraction = fraction
+        self.burst = burst
         self.requests = 0
         self.hedges = 0
 
@@ -186,7 +207,7 @@ class HedgeBudget:
 
     def take(self) -> bool:
         """Whether one more duplicate may be sent now; counts it if so."""
-        if self.fraction <= 0 or self.hedges + 1 > self.fraction * self.requests + 1:
+        if self.fraction <= 0 or self.hedges + 1 > self.fraction * self.requests + self.burst:
             return False
         self.hedges += 1
         return True
