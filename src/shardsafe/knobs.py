@@ -27,6 +27,9 @@ DIRECT_IO = "SHARDSAFE_DIRECT_IO"
 STALL_TIMEOUT = "SHARDSAFE_STALL_TIMEOUT"
 REQUEST_ATTEMPTS = "SHARDSAFE_REQUEST_ATTEMPTS"
 STORE_REQUESTS = "SHARDSAFE_STORE_REQUESTS"
+HEDGE = "SHARDSAFE_HEDGE"
+HEDGE_BUDGET = "SHARDSAFE_HEDGE_BUDGET"
+STALL_FLOOR = "SHARDSAFE_STALL_FLOOR"
 
 
 def timeout() -> float:
@@ -54,7 +57,8 @@ def direct_io() -> bool:
 
 def stall_timeout() -> float:
     """Seconds an object-store request may make no progress before it is abandoned and
-    retried (``SHARDSAFE_STALL_TIMEOUT``, default 30)."""
+    retried, at most (``SHARDSAFE_STALL_TIMEOUT``, default 30); requests that report their
+    progress are abandoned sooner, after a limit learned from the store's recent gaps."""
     return max(0.1, float(os.environ.get(STALL_TIMEOUT, "30")))
 
 
@@ -68,3 +72,19 @@ def store_requests() -> int:
     """Object-store requests one process keeps in flight at most (``SHARDSAFE_STORE_REQUESTS``,
     default 16)."""
     return max(1, int(os.environ.get(STORE_REQUESTS, "16")))
+
+
+def hedge() -> bool:
+    """Whether idempotent object-store requests (ranged reads) are hedged (``SHARDSAFE_HEDGE``;
+    ``0`` turns it off)."""
+    return os.environ.get(HEDGE, "1") != "0"
+
+
+def hedge_budget() -> float:
+    """Duplicate requests per request made, at most (``SHARDSAFE_HEDGE_BUDGET``, default 0.05)."""
+    return min(1.0, max(0.0, float(os.environ.get(HEDGE_BUDGET, "0.05"))))
+
+
+def stall_floor() -> float:
+    """Seconds without progress that never count as a stall (``SHARDSAFE_STALL_FLOOR``, default 2)."""
+    return max(0.1, float(os.environ.get(STALL_FLOOR, "2")))

@@ -26,6 +26,7 @@ import functools
 import itertools
 import logging
 import posixpath
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -34,9 +35,11 @@ from .._numbers import ceil_div
 from ..errors import CheckpointError
 from . import multipart
 from .deadline import Deadline
+from . import request as _request
 from .request import Pending, Request, Runner
 from .retry import RetryPolicy
 from .stall import StallWatch
+from .tail import TailPolicy
 
 try:
     import fsspec
@@ -50,6 +53,7 @@ PART_SIZE = 32 << 20  # multipart part / ranged-read piece (S3 needs >= 5 MiB pe
 MAX_CONCURRENCY = 8  # parts in flight per file
 MAX_PARTS = 10_000  # S3's limit on parts per multipart upload
 CONNECT_TIMEOUT = 10.0  # seconds to connect, at most (less when the stall timeout is shorter)
+READ_CHUNK = 1 << 20  # bytes of a ranged GET's body read at a time (each is progress)
 
 # Protocols whose listings must not be cached: another process (another rank, a crashed
 # save, a concurrent `gc`) changes them behind our back, and a stale listing would make
@@ -192,7 +196,7 @@ class FsspecStorage:
         # one code path: a synchronous filesystem runs in fsspec's threads behind async calls
         self._afs = fs if getattr(fs, "async_impl", False) else AsyncFileSystemWrapper(fs, asynchronous=False)
         self._runner = Runner(self._afs.loop, policy or RetryPolicy.from_knobs(), deadline,
-                              _watch_of(fs), knobs.store_requests(), _endpoint_of(fs))
+                              _watch_of(fs), knobs.store_requests(), _endpoint_of(fs), TailPolicy.from_knobs())
         self._cleanup: Runner | None = None
 
     @classmethod
@@ -343,13 +347,42 @@ class FsspecStorage:
                     _fill(out, offset, path, *pending.pop(0))
                 e = min(s + self.part_size, offset + n)
                 pending.append((s, e, self._runner.submit(
-                    Request("GET", path, f"bytes {s}-{e - 1}"),
-                    lambda s=s, e=e: self._afs._cat_file(path, start=s, end=e))))
+                    Request("GET", path, f"bytes {s}-{e - 1}", size=e - s, idempotent=True),
+                    lambda s=s, e=e: self._get_range(path, s, e))))
             while pending:
                 _fill(out, offset, path, *pending.pop(0))
         finally:
             for _, _, p in pending:
                 p.abandon()
+
+    async def _get_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of ``path``. On S3 the body is read a chunk at a time and
+        each chunk noted as the attempt's progress (``request.progress``), so that a
+        response that stops is cut at the learned stall limit, not the client's timeout."""
+        if not self._s3:
+            return await self._afs._cat_file(path, start=start, end=end)
+        from s3fs.core import _error_wrapper, version_id_kw
+
+        bucket, key, version = self._afs.split_path(path)
+        progress = _request.progress()
+
+        async def get() -> bytes:
+            if progress is not None:
+                progress.note(time.monotonic(), 0)
+            resp = await self._afs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}",
+                                            **version_id_kw(version))
+            body = resp["Body"]
+            out = bytearray()
+            try:
+                while chunk := await body.read(READ_CHUNK):
+                    out += chunk
+                    if progress is not None:
+                        progress.note(time.monotonic(), len(chunk))
+            finally:
+                body.close()
+            return bytes(out)
+
+        return await _error_wrapper(get, retries=1)
 
     @_os_errors
     def size(self, path: str) -> int:
@@ -359,7 +392,8 @@ class FsspecStorage:
         return int(info["size"])
 
     def _info(self, path: str) -> dict[str, Any]:
-        return self._call("HEAD", path, "", lambda: self._afs._info(path))
+        return self._runner_for("HEAD").run(Request("HEAD", path, "", size=0, idempotent=True),
+                                            lambda: self._afs._info(path))
 
     @_os_errors
     def modified(self, path: str) -> float | None:

@@ -13,7 +13,14 @@ one HTTP request, or a few for an fsspec call) on fsspec's event loop and
 * sweeps the stall watch (``storage.stall``) while it waits, cutting connections whose
   uploads stopped;
 * abandons the attempt (cancels it, which closes its connection) when the call's
-  ``Deadline`` passes, and raises its ``CheckpointTimeoutError``.
+  ``Deadline`` passes, and raises its ``CheckpointTimeoutError``;
+* abandons and retries an attempt that reports its progress (``progress()``: an S3
+  ranged GET notes every chunk it receives, a HEAD its answer) when it has made none for
+  the stall limit learned from this process's recent requests (``storage.tail``), and
+  cuts stalled uploads at that limit too;
+* hedges an idempotent request (``Request.idempotent``: ranged GETs, HEADs): when it has
+  not finished after the delay the tail policy learned for its size, one duplicate is
+  sent (within the hedge budget) and the first answer wins; the other is cancelled.
 
 The caller's thread waits for the result (``run``) or holds a future (``submit``); the
 coroutines run on the loop fsspec already runs for its asynchronous filesystems, so
@@ -24,8 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -34,6 +43,7 @@ from ..errors import CheckpointError, StorageRequestError
 from .deadline import Deadline
 from .retry import RetryPolicy, classify, refused
 from .stall import StallWatch
+from .tail import HedgeBudget, LatencyTracker, Progress, TailPolicy
 
 log = logging.getLogger("shardsafe")
 
@@ -49,6 +59,10 @@ class Request:
     verb: str
     path: str
     detail: str = ""
+    size: int | None = None
+    """Bytes the request moves (its latency is learned by size class); None: not learned."""
+    idempotent: bool = False
+    """Whether sending it twice is harmless (a read): only such requests are hedged."""
 
     def __str__(self) -> str:
         return f"{self.verb} {self.detail}" if self.detail else self.verb
@@ -68,7 +82,7 @@ class Runner:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, policy: RetryPolicy,
                  deadline: Deadline | None = None, watch: StallWatch | None = None,
-                 slots: int = 16, endpoint: str | None = None) -> None:
+                 slots: int = 16, endpoint: str | None = None, tail: TailPolicy | None = None) -> None:
         self.loop = loop
         self.policy = policy
         self.deadline = deadline
@@ -77,6 +91,8 @@ class Runner:
         self.endpoint = endpoint
         self.rank = deadline.rank if deadline is not None else None
         self._answered = False  # a request of this runner has succeeded: the endpoint is right
+        self.tail = _tail_state(loop, tail or TailPolicy(hedge=False, stall_floor=min(2.0, policy.stall_timeout),
+                                                        stall_cap=policy.stall_timeout))
 
     def for_cleanup(self) -> Runner:
         """A runner for undoing a failed write (aborting its upload): a few attempts within
@@ -84,7 +100,7 @@ class Runner:
         return Runner(self.loop, RetryPolicy(attempts=3, stall_timeout=self.policy.stall_timeout,
                                              base_delay=0.1, max_delay=1.0, max_retry_after=1.0),
                       Deadline(CLEANUP_SECONDS, rank=self.rank or 0, what="clean-up"),
-                      self.watch, self.slots, self.endpoint)
+                      self.watch, self.slots, self.endpoint, self.tail.policy)
 
     # ------------------------------------------------------------------ caller's thread
     def run(self, request: Request, make: Callable[[], Awaitable[T]]) -> T:
@@ -98,6 +114,8 @@ class Runner:
         async def tracked() -> T:
             pending.started.set()
             try:
+                if request.idempotent and self.tail.policy.hedge:
+                    return await self._hedged(request, make)
                 return await self.call(request, make)
             finally:
                 pending.settled.set()
@@ -134,25 +152,66 @@ class Runner:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
+    async def _hedged(self, request: Request, make: Callable[[], Awaitable[T]]) -> T:
+        """``call``, and one duplicate of it once the first has taken longer than the hedge
+        delay (asked again as answers teach the tracker); the first answer wins. When both
+        fail, the first one's error is raised."""
+        tail = self.tail
+        tail.budget.started()
+        start = time.monotonic()
+        first = asyncio.ensure_future(self.call(request, make))
+        racers, errors = {first}, {}
+        hedged = False
+        try:
+            while racers:
+                delay = None if hedged else tail.policy.hedge_delay(tail.tracker, request.size or 0)
+                wait_s = None if delay is None else min(_TICK, max(0.0, start + delay - time.monotonic()))
+                done, racers = await asyncio.wait(racers, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.exception() is None:
+                        return task.result()
+                    errors[task] = task.exception()
+                if first in errors and not hedged:
+                    break
+                if delay is not None and racers and time.monotonic() - start >= delay and tail.budget.take():
+                    hedged = True
+                    log.debug("%s of %s: no answer after %.2f s; sent a duplicate", request, request.path, delay)
+                    racers.add(asyncio.ensure_future(self.call(request, make)))
+            raise errors.get(first) or next(iter(errors.values()))
+        finally:
+            for task in (first, *racers):
+                if not task.done():
+                    task.cancel()  # the loser: its connection is closed
+            await asyncio.wait({first, *racers})
+
     async def _attempt(self, request: Request, make: Callable[[], Awaitable[T]], failures: list[str]) -> T:
-        """One attempt, holding a slot; sweeps stalled connections while it waits and
-        abandons it at the deadline."""
-        task = asyncio.ensure_future(self._in_slot(make))
-        tick = min(1.0, self.policy.stall_timeout / 4)
+        """One attempt, holding a slot; sweeps stalled connections while it waits, abandons
+        it when it reports no progress for the stall limit, and at the deadline."""
+        progress = Progress(time.monotonic())
+        task = asyncio.ensure_future(self._in_slot(make, progress, request.verb == "HEAD"))
+        tick = min(_TICK, self.policy.stall_timeout / 4)
         cut_before = self.watch.cut if self.watch is not None else 0
+        tail = self.tail
         try:
             while True:
                 wait_s = tick if self.deadline is None else max(0.0, min(tick, self.deadline.remaining()))
                 done, _ = await asyncio.wait({task}, timeout=wait_s)
+                limit = tail.policy.stall_limit(tail.tracker)
                 if done:
                     try:
-                        return task.result()
+                        result = task.result()
                     except Exception as e:
                         if self.watch is not None and self.watch.cut > cut_before and classify(e) is not None:
-                            raise StalledRequestError(f"no progress for {self.policy.stall_timeout:g} s") from e
+                            raise StalledRequestError(f"no progress for {limit:g} s") from e
                         raise
+                    if request.size is not None or progress.reporting:
+                        tail.tracker.record(request.size or 0, time.monotonic() - progress.started,
+                                            progress.longest_gap if progress.reporting else None)
+                    return result
+                if progress.stalled(time.monotonic(), limit):
+                    raise StalledRequestError(f"no progress for {limit:g} s")
                 if self.watch is not None:
-                    self.watch.sweep()
+                    self.watch.sweep(limit)
                 if self.deadline is not None and self.deadline.passed():
                     raise self.deadline.error(str(request), request.path, failures)
         finally:
@@ -162,9 +221,16 @@ class Runner:
             if task.done() and not task.cancelled():
                 task.exception()  # retrieved, so asyncio does not log it as never seen
 
-    async def _in_slot(self, make: Callable[[], Awaitable[T]]) -> T:
+    async def _in_slot(self, make: Callable[[], Awaitable[T]], progress: Progress, answer_is_progress: bool) -> T:
         async with _slots(self.loop, self.slots):
-            return await make()
+            progress.started = progress.last = time.monotonic()  # the wait for a slot is no stall
+            _PROGRESS.set(progress)  # this attempt's task only
+            if answer_is_progress:
+                progress.note(progress.started, 0)
+            result = await make()
+            if answer_is_progress:
+                progress.note(time.monotonic(), 1)
+            return result
 
     def _exhausted(self, request: Request, failures: list[str], last: BaseException) -> StorageRequestError:
         who = f"rank {self.rank}: " if self.rank is not None else ""
@@ -221,6 +287,37 @@ class Pending(Generic[T]):
             self.settled.wait(timeout)
 
 
+_TICK = 0.25  # seconds between looks at a waiting request (stalls, hedging, deadline)
+_PROGRESS: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("shardsafe_progress", default=None)
+
+
+def progress() -> Progress | None:
+    """The progress record of the attempt whose coroutine calls this (None outside one):
+    a request that can tell when bytes arrive notes them here (``Progress.note``)."""
+    return _PROGRESS.get()
+
+
+@dataclass(slots=True)
+class TailState:
+    """This process's learned latencies and hedge budget for one event loop's requests."""
+
+    policy: TailPolicy
+    tracker: LatencyTracker
+    budget: HedgeBudget
+
+
+_TAILS: dict[tuple[int, TailPolicy], TailState] = {}
+
+
+def _tail_state(loop: asyncio.AbstractEventLoop, policy: TailPolicy) -> TailState:
+    key = (id(loop), policy)
+    state = _TAILS.get(key)
+    if state is None:
+        state = _TAILS[key] = TailState(policy, LatencyTracker(), HedgeBudget(policy.hedge_budget,
+                                                                              policy.hedge_burst))
+    return state
+
+
 _SEMAPHORES: dict[tuple[int, int], asyncio.Semaphore] = {}
 
 
@@ -233,4 +330,4 @@ def _slots(loop: asyncio.AbstractEventLoop, n: int) -> asyncio.Semaphore:
     return sem
 
 
-__all__ = ["CLEANUP_SECONDS", "Pending", "Request", "Runner", "StalledRequestError"]
+__all__ = ["CLEANUP_SECONDS", "Pending", "Request", "Runner", "StalledRequestError", "TailState", "progress"]

@@ -93,13 +93,16 @@ class StallWatch:
         self._sockets.add(sock)
         return sock
 
-    def sweep(self) -> int:
-        """Shuts down every watched socket whose sends stalled; returns how many."""
-        now = time.monotonic()
+    def sweep(self, limit: float | None = None, now: float | None = None) -> int:
+        """Shuts down every watched socket whose sends stalled for ``limit`` seconds (at most
+        the watch's stall timeout; None: that timeout) at ``now`` (None: the monotonic clock);
+        returns how many."""
+        now = time.monotonic() if now is None else now
+        limit = self.stall_timeout if limit is None else min(limit, self.stall_timeout)
         cut = 0
         for sock in list(self._sockets):
             since = sock.blocked_since
-            if since is None or now - since < self.stall_timeout or sock.fileno() < 0:
+            if since is None or now - since < limit or sock.fileno() < 0:
                 continue
             sock.blocked_since = None
             try:

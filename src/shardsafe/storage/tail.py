@@ -1,0 +1,242 @@
+"""When to hedge a request and when a request counts as stalled (pure decisions).
+
+A job of thousands of ranks waits for its slowest request, and an object store's latency
+has a long tail: most ranged GETs take a fraction of a second, a few take many times that
+and some stall. Two decisions cut that tail, both learned from what the store has been
+doing in this process (``LatencyTracker``), both taking the time as an argument so that
+the real request runner (``storage.request``) and the restore simulation
+(``bench.tail``) run the same objects, one on the monotonic clock, one on a simulated one:
+
+* **hedging** (``TailPolicy.hedge_delay``, ``HedgeBudget``): an idempotent request (a
+  ranged GET) that has not finished after the ``hedge_quantile`` of the recent durations
+  of requests of its size class (at least ``hedge_floor``) gets one duplicate; whichever
+  finishes first is used and the other is cancelled. Until a size class has
+  ``min_samples`` durations, a request is hedged after ``sibling_factor`` times the
+  median of those it has (the siblings sent with it that finished), or ``hedge_initial``. ``HedgeBudget`` keeps duplicates
+  within ``hedge_budget`` of the requests made (plus ``hedge_burst``), so a store that is slow for
+  everyone is not sent twice the load.
+* **stall detection** (``TailPolicy.stall_limit``, ``Progress``): a request that made no
+  progress (no byte received, or sent) for ``max(stall_floor, stall_factor *`` the
+  ``stall_quantile`` of the longest gaps without progress of recent successful
+  requests``)`` is abandoned and retried; ``stall_cap`` (``SHARDSAFE_STALL_TIMEOUT``)
+  bounds it, and applies alone until ``min_gaps`` gaps have been seen.
+
+Size classes are powers of four from 64 KiB (a 32 MiB read and a 20 MiB read share
+one), so small index reads do not set the hedge delay of large data reads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .. import knobs
+
+_SMALLEST_CLASS_BITS = 16  # sizes below 64 KiB share class 0
+
+
+def size_class(size: int) -> int:
+    """The class of a request moving ``size`` bytes: 0 below 64 KiB, then one per power of 4."""
+    return max(0, (int(size).bit_length() - _SMALLEST_CLASS_BITS + 1) // 2)
+
+
+class _Window:
+    """The last ``capacity`` values of a series and their quantiles (recomputed lazily)."""
+
+    __slots__ = ("capacity", "values", "next", "sorted", "stale")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.values: list[float] = []
+        self.next = 0
+        self.sorted: list[float] = []
+        self.stale = 0
+
+    def add(self, value: float) -> None:
+        if len(self.values) < self.capacity:
+            self.values.append(value)
+        else:
+            self.values[self.next] = value
+            self.next = (self.next + 1) % self.capacity
+        self.stale += 1
+
+    def quantile(self, q: float) -> float:
+        # re-sorting after every sample would cost O(n log n) per request; a few new
+        # samples move a quantile of a full window very little
+        if self.stale and (self.stale * 16 >= len(self.values) or len(self.values) < 64):
+            self.sorted = sorted(self.values)
+            self.stale = 0
+        s = self.sorted
+        return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+class LatencyTracker:
+    """Recent durations of successful requests by size class, and their longest gaps
+    without progress (one series for all sizes: a gap is a wait for the store, not for
+    bytes to move). Pure: durations are given, never measured here.
+
+    Args:
+        window: Samples kept per series (the oldest is forgotten first).
+    """
+
+    def __init__(self, window: int = 256) -> None:
+        self.window = window
+        self._durations: dict[int, _Window] = {}
+        self._gaps = _Window(window)
+
+    def record(self, size: int, seconds: float, gap: float | None = None) -> None:
+        """A request of ``size`` bytes succeeded in ``seconds``; ``gap``: its longest wait
+        without progress, when it reported progress."""
+        c = size_class(size)
+        w = self._durations.get(c)
+        if w is None:
+            w = self._durations[c] = _Window(self.window)
+        w.add(seconds)
+        if gap is not None:
+            self._gaps.add(gap)
+
+    def samples(self, size: int) -> int:
+        w = self._durations.get(size_class(size))
+        return 0 if w is None else len(w.values)
+
+    def duration_quantile(self, size: int, q: float, min_samples: int) -> float | None:
+        """The ``q`` quantile of recent durations of ``size``'s class, or None with fewer
+        than ``min_samples`` of them."""
+        w = self._durations.get(size_class(size))
+        return None if w is None or len(w.values) < min_samples else w.quantile(q)
+
+    def gap_quantile(self, q: float, min_samples: int) -> float | None:
+        """The ``q`` quantile of recent longest gaps, or None with fewer than ``min_samples``."""
+        return None if len(self._gaps.values) < min_samples else self._gaps.quantile(q)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TailPolicy:
+    """Hedging and stall detection of object-store requests (see the module doc)."""
+
+    hedge: bool = True
+    """Whether idempotent requests are hedged at all (``SHARDSAFE_HEDGE``)."""
+    hedge_quantile: float = 0.95
+    """A request is hedged when it has taken longer than this quantile of its class."""
+    hedge_floor: float = 0.05
+    """Seconds before which no request is hedged."""
+    hedge_initial: float = 1.0
+    """Hedge delay (seconds) of a size class with no durations yet, and the longest one
+    while it has fewer than ``min_samples``."""
+    sibling_factor: float = 3.5
+    """With fewer than ``min_samples`` durations, a request is hedged after this many
+    times their median."""
+    hedge_budget: float = 0.05
+    """Duplicates per request made, at most (``SHARDSAFE_HEDGE_BUDGET``)."""
+    hedge_burst: int = 2
+    """Duplicates allowed beyond ``hedge_budget`` (see ``HedgeBudget``)."""
+    min_samples: int = 32
+    """Durations of a size class a hedge quantile needs before it is trusted."""
+    min_gaps: int = 8
+    """Gaps the stall limit needs before it is learned."""
+    stall_floor: float = 2.0
+    """Seconds without progress that never count as a stall (``SHARDSAFE_STALL_FLOOR``)."""
+    stall_factor: float = 4.0
+    """A stall is this many times the usual longest wait without progress."""
+    stall_quantile: float = 0.99
+    """The quantile of recent longest gaps that counts as usual."""
+    stall_cap: float = 30.0
+    """Seconds without progress that always count as a stall (``SHARDSAFE_STALL_TIMEOUT``)."""
+
+    def __post_init__(self) -> None:
+        if not (0 < self.hedge_quantile < 1 and 0 < self.stall_quantile < 1):
+            raise ValueError(f"quantiles must lie in (0, 1), got {self.hedge_quantile}, {self.stall_quantile}")
+        if not 0 <= self.hedge_budget <= 1:
+            raise ValueError(f"hedge_budget must lie in [0, 1], got {self.hedge_budget}")
+        if not 0 < self.stall_floor <= self.stall_cap:
+            raise ValueError(f"need 0 < stall_floor <= stall_cap, got {self.stall_floor}, {self.stall_cap}")
+        if self.hedge_floor < 0 or self.hedge_initial < self.hedge_floor or self.stall_factor <= 0 \
+                or self.sibling_factor < 1:
+            raise ValueError("need 0 <= hedge_floor <= hedge_initial, stall_factor > 0, sibling_factor >= 1")
+        if self.min_samples < 1 or self.min_gaps < 1 or self.hedge_burst < 0:
+            raise ValueError("need min_samples >= 1, min_gaps >= 1 and hedge_burst >= 0")
+
+    @classmethod
+    def from_knobs(cls) -> TailPolicy:
+        """The policy the environment asks for (``SHARDSAFE_HEDGE``, ``SHARDSAFE_HEDGE_BUDGET``,
+        ``SHARDSAFE_STALL_FLOOR``, ``SHARDSAFE_STALL_TIMEOUT``)."""
+        cap = knobs.stall_timeout()
+        return cls(hedge=knobs.hedge(), hedge_budget=knobs.hedge_budget(),
+                   stall_floor=min(knobs.stall_floor(), cap), stall_cap=cap)
+
+    def hedge_delay(self, tracker: LatencyTracker, size: int) -> float | None:
+        """Seconds after its start at which a request of ``size`` bytes is hedged (None:
+        never, hedging is off). The delay changes as requests finish: callers ask again
+        while they wait."""
+        if not self.hedge:
+            return None
+        q = tracker.duration_quantile(size, self.hedge_quantile, self.min_samples)
+        if q is not None:
+            return max(self.hedge_floor, q)
+        # too few for a quantile: the first requests of a job are sent together, and one
+        # far slower than the siblings that already finished is hedged
+        median = tracker.duration_quantile(size, 0.5, 1)
+        if median is None:
+            return self.hedge_initial
+        return min(self.hedge_initial, max(self.hedge_floor, self.sibling_factor * median))
+
+    def stall_limit(self, tracker: LatencyTracker) -> float:
+        """Seconds without progress after which a request counts as stalled."""
+        q = tracker.gap_quantile(self.stall_quantile, self.min_gaps)
+        if q is None:
+            return self.stall_cap
+        return min(self.stall_cap, max(self.stall_floor, self.stall_factor * q))
+
+
+class HedgeBudget:
+    """Counts requests and duplicates; a duplicate is allowed while duplicates stay within
+    ``fraction`` of the requests made plus ``burst`` (so that a process that makes few
+    requests, such as one rank's restore, can still hedge a stall after a slow request)."""
+
+    __slots__ = ("fraction", "burst", "requests", "hedges")
+
+    def __init__(self, fraction: float, burst: int = 1) -> None:
+        self.fraction = fraction
+        self.burst = burst
+        self.requests = 0
+        self.hedges = 0
+
+    def started(self) -> None:
+        """A request (not a duplicate) started."""
+        self.requests += 1
+
+    def take(self) -> bool:
+        """Whether one more duplicate may be sent now; counts it if so."""
+        if self.fraction <= 0 or self.hedges + 1 > self.fraction * self.requests + self.burst:
+            return False
+        self.hedges += 1
+        return True
+
+
+class Progress:
+    """What one attempt has done so far: when it started and last made progress, and its
+    longest wait without progress. ``reporting`` is set once the request notes progress
+    at all (only such requests are judged by ``stalled``)."""
+
+    __slots__ = ("started", "last", "longest_gap", "bytes", "reporting")
+
+    def __init__(self, now: float) -> None:
+        self.started = self.last = now
+        self.longest_gap = 0.0
+        self.bytes = 0
+        self.reporting = False
+
+    def note(self, now: float, nbytes: int) -> None:
+        """``nbytes`` more bytes moved at ``now`` (0: the request reports progress, none yet)."""
+        self.reporting = True
+        if nbytes:
+            self.longest_gap = max(self.longest_gap, now - self.last)
+            self.last = now
+            self.bytes += nbytes
+
+    def stalled(self, now: float, limit: float) -> bool:
+        """Whether the attempt has made no progress for ``limit`` seconds."""
+        return self.reporting and now - self.last >= limit
+
+
+__all__ = ["HedgeBudget", "LatencyTracker", "Progress", "TailPolicy", "size_class"]

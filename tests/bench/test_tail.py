@@ -1,0 +1,35 @@
+"""The simulated restore of a job from a store with a heavy tail (``bench.tail``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shardsafe.bench import tail
+
+KEYS = {"job_over_median", "unhedged_job_over_median", "fixed_stall_job_over_median", "extra_request_fraction",
+        "model", "policy", "ranks", "requests_per_rank", "job_s", "median_rank_s", "duplicates", "requests_sent"}
+
+
+def test_hedging_shortens_the_tail_of_a_small_job(capsys: pytest.CaptureFixture[str]) -> None:
+    assert tail.main(["--ranks", "256", "--stall-p", "0.005", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert KEYS <= out.keys()
+    assert out["ranks"] == 256 and out["model"]["stall_p"] == 0.005
+    assert out["job_over_median"] < out["unhedged_job_over_median"] <= out["fixed_stall_job_over_median"]
+    assert out["job_over_median"] < 2 < 3 < out["unhedged_job_over_median"]
+    assert 0 < out["extra_request_fraction"] <= 0.06
+
+
+def test_without_a_tail_nothing_is_hedged_much() -> None:
+    out = tail.run(64, rank_mib=256, model=tail.StoreModel(sigma=0.01, stall_p=0.0))
+    assert out["job_over_median"] < 1.1 and out["unhedged_job_over_median"] < 1.1
+    assert out["extra_request_fraction"] < 0.01
+
+
+@pytest.mark.stress
+def test_a_16384_rank_restore_meets_the_targets() -> None:
+    out = tail.run(16384)
+    assert out["job_over_median"] <= 1.5 and out["unhedged_job_over_median"] >= 3
+    assert out["extra_request_fraction"] <= 0.05
