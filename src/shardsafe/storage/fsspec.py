@@ -38,7 +38,7 @@ from .deadline import Deadline
 from . import request as _request
 from .request import Pending, Request, Runner
 from .retry import RetryPolicy
-from .stall import StallWatch
+from .s3_client import endpoint_of, s3_options, watch_of
 from .tail import TailPolicy
 
 try:
@@ -52,7 +52,6 @@ log = logging.getLogger("shardsafe")
 PART_SIZE = 32 << 20  # multipart part / ranged-read piece (S3 needs >= 5 MiB per part)
 MAX_CONCURRENCY = 8  # parts in flight per file
 MAX_PARTS = 10_000  # S3's limit on parts per multipart upload
-CONNECT_TIMEOUT = 10.0  # seconds to connect, at most (less when the stall timeout is shorter)
 READ_CHUNK = 1 << 20  # bytes of a ranged GET's body read at a time (each is progress)
 
 # Protocols whose listings must not be cached: another process (another rank, a crashed
@@ -91,50 +90,9 @@ def _os_errors(method: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
-def _endpoint_of(fs: Any) -> str | None:
-    """The endpoint an S3-compatible filesystem sends its requests to, when it says."""
-    url = getattr(fs, "endpoint_url", None) or (getattr(fs, "client_kwargs", None) or {}).get("endpoint_url")
-    return url if isinstance(url, str) else None
-
-
 def _protocols(fs: Any) -> set[str]:
     p = fs.protocol
     return {p} if isinstance(p, str) else set(p)
-
-
-def _s3_options(opts: dict[str, Any], policy: RetryPolicy) -> dict[str, Any]:
-    """s3fs options with this backend's request handling (what the caller set wins)."""
-    config = dict(opts.get("config_kwargs") or {})
-    config.setdefault("connect_timeout", min(CONNECT_TIMEOUT, policy.stall_timeout))
-    config.setdefault("read_timeout", policy.stall_timeout)  # aiohttp's sock_read: no byte for that long
-    config.setdefault("retries", {"total_max_attempts": 1})  # storage.request retries instead
-    if _takes_socket_factory():
-        connector = dict(config.get("connector_args") or {})
-        connector.setdefault("socket_factory", StallWatch.for_timeout(policy.stall_timeout))
-        config["connector_args"] = connector
-    return {**opts, "config_kwargs": config}
-
-
-@functools.cache
-def _takes_socket_factory() -> bool:
-    """Whether this aiobotocore passes a socket factory to aiohttp (2.x from 2.13 on);
-    without one, uploads whose server stops reading are caught by the deadline only."""
-    from aiobotocore.config import AioConfig
-    from botocore.exceptions import BotoCoreError
-
-    try:
-        AioConfig(connector_args={"socket_factory": None})
-    except (BotoCoreError, TypeError, ValueError):
-        log.warning("this aiobotocore takes no socket factory: stalled uploads are not detected "
-                    "(only the deadline ends them); upgrade aiobotocore")
-        return False
-    return True
-
-
-def _watch_of(fs: Any) -> StallWatch | None:
-    config = getattr(fs, "config_kwargs", None) or {}
-    watch = (config.get("connector_args") or {}).get("socket_factory")
-    return watch if isinstance(watch, StallWatch) else None
 
 
 class _Parts:
@@ -196,7 +154,7 @@ class FsspecStorage:
         # one code path: a synchronous filesystem runs in fsspec's threads behind async calls
         self._afs = fs if getattr(fs, "async_impl", False) else AsyncFileSystemWrapper(fs, asynchronous=False)
         self._runner = Runner(self._afs.loop, policy or RetryPolicy.from_knobs(), deadline,
-                              _watch_of(fs), knobs.store_requests(), _endpoint_of(fs), TailPolicy.from_knobs())
+                              watch_of(fs), knobs.store_requests(), endpoint_of(fs), TailPolicy.from_knobs())
         self._cleanup: Runner | None = None
 
     @classmethod
@@ -215,7 +173,7 @@ class FsspecStorage:
         if protocol in _OBJECT_STORES:
             opts.setdefault("use_listings_cache", False)
         if protocol in ("s3", "s3a"):
-            opts = _s3_options(opts, policy)
+            opts = s3_options(opts, policy)
         try:
             fs, path = fsspec.core.url_to_fs(url, **opts)
         except ImportError as e:
