@@ -78,6 +78,7 @@ def run(kind: str, out: str, steps: int, save_steps: int, layers: int) -> dict[s
                              save_strategy="no" if kind == "none" else "steps", report_to=[], logging_steps=10**6,
                              use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
     trainer = cls(model=model, args=args, train_dataset=_Tokens(steps * 2, 64, vocab))
+    trainer.remove_callback(transformers.trainer_callback.PrinterCallback)  # the report is the output
     t = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - t
