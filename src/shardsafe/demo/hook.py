@@ -6,7 +6,7 @@ preemption signal that arrived), times how long ``save`` held the loop up, and s
 the loop once the manager says a preemption has been answered by a checkpoint.
 
 Time to durable: with ``async_save`` the write and the commit finish on the manager's
-background thread, which logs ``"committed step %d in %s"`` on the ``shardsafe``
+background thread, which logs ``"committed step %d in %s: %s"`` on the ``shardsafe``
 logger at the moment a step is committed. ``CommitClock`` is a logging handler that
 notes those moments, so the demo measures time to durable without waiting for it
 (waiting would block the loop and defeat the point of saving asynchronously).
@@ -25,7 +25,7 @@ import shardsafe
 Emit = Callable[..., None]
 """Reports one event: ``emit("save", step=25, stall_s=0.001)``."""
 
-_COMMITTED = "committed step %d in %s"  # the manager's log record for a finished commit
+_COMMITTED = "committed step %d in %s: %s"  # manager.persistent_tier's log record of a finished commit
 
 
 class CommitClock(logging.Handler):
