@@ -176,7 +176,7 @@ def test_a_checkpoint_verifies(ours, cli) -> None:  # noqa: ANN001
     assert isinstance(Trainer.__mro__[1], type) and sys.modules["shardsafe.transformers"]
 
 
-@pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("mode", ["ddp", pytest.param("fsdp2", marks=pytest.mark.stress)])
 def test_two_ranks_killed_and_resumed_are_bit_exact(tmp_path, mode) -> None:
     """The same Trainer under torchrun on gloo, 2 ranks, with DDP or with FSDP2 through
     Accelerate: killed with SIGKILL between checkpoints and resumed, it ends where the plain
