@@ -2,7 +2,7 @@
 
 Storage backends do I/O when called and own no threads; the engine (writers, readers,
 in-place loads) and the CLI submit their ranged jobs here. ``io_pool()`` is the one
-getter of the process-wide pool; ``ProcessPool`` is the one lazily created, fork-safe
+getter of the process-wide pool; ``SharedThreadPool`` is the one lazily created, fork-safe
 pool that the save pipeline's copy and transform pools are made of too.
 """
 
@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from .. import knobs
 
 
-class ProcessPool:
+class SharedThreadPool:
     """A process-wide thread pool, created on first use with ``threads()`` threads.
 
     After ``fork`` the child has none of the parent's pool threads, and a job queued on the
@@ -47,7 +47,7 @@ def io_threads() -> int:
     return knobs.io_threads()
 
 
-_io = ProcessPool(io_threads, "shardsafe-io")
+_io = SharedThreadPool(io_threads, "shardsafe-io")
 
 
 def io_pool() -> ThreadPoolExecutor:

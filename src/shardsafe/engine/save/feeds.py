@@ -44,11 +44,11 @@ from ... import knobs
 from ...plan.layout import FilePlan
 from .. import cuda
 from ..buffers import BouncePool, HostBuffer, HostSlice
-from ..io_pool import ProcessPool, wait_all
+from ..io_pool import SharedThreadPool, wait_all
 from .sources import Sources, copy_device_parts, copy_unit, pin_device
 from .units import FileUnits
 
-_pool = ProcessPool(lambda: max(1, knobs.copy_threads() - 1), "shardsafe-copy")
+_pool = SharedThreadPool(lambda: max(1, knobs.copy_threads() - 1), "shardsafe-copy")
 
 
 def copy_pool() -> ThreadPoolExecutor:

@@ -26,12 +26,12 @@ from ... import knobs
 from ...format.blockfile import RAW, CodedBlock, code_block
 from ...format.checksum import crc32c
 from ...format.crc_combine import crc32c_combine
-from ..io_pool import ProcessPool
+from ..io_pool import SharedThreadPool
 from .feeds import Unit
 from ..commit.entries import BlockSums
 from .units import FileUnits
 
-_pool = ProcessPool(knobs.copy_threads, "shardsafe-transform")
+_pool = SharedThreadPool(knobs.copy_threads, "shardsafe-transform")
 
 
 def transform_pool() -> ThreadPoolExecutor:
