@@ -1,13 +1,15 @@
 """shardsafe's Trainer against the plain ``transformers.Trainer``, in one run.
 
-    python -m shardsafe.bench.transformers [--steps 40] [--save-steps 10] [--layers 8] [--dir DIR] [--json]
+    python -m shardsafe.bench.transformers [--steps 80] [--save-steps 10] [--layers 8] [--repeat 2] [--dir DIR] [--json]
 
 The model is a GPT-2 of about 43 M parameters built from a config (``n_embd`` 512,
 ``--layers`` blocks, a 33,000-token vocabulary; nothing is downloaded), trained with AdamW
 on random tokens on the CPU, so a checkpoint holds about 510 MB (weights and the two
 moments). Three runs of the same training, in turn: the plain Trainer saving every
 ``--save-steps`` steps, ``shardsafe.transformers.Trainer`` saving as often, and the plain
-Trainer not saving at all. Measured:
+Trainer not saving at all; with ``--repeat 2`` the runs go in the order plain,
+shardsafe, none, none, shardsafe, plain (so that warming up favours none of them) and
+each figure is the median of its runs. Measured:
 
 * blocked: the time the training loop spends in each save, median over the run's saves
   (shardsafe's includes the wait before the next optimizer step for the copy of the
@@ -88,20 +90,33 @@ def run(kind: str, out: str, steps: int, save_steps: int, layers: int) -> dict[s
             else 0.0, "blocked_s": trainer.blocked}
 
 
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One kind's runs as one: the median throughput, every save's blocked time."""
+    blocked = [b for r in runs for b in r["blocked_s"]]
+    rate = statistics.median(r["steps_per_s"] for r in runs)
+    return {**runs[0], "seconds": statistics.median(r["seconds"] for r in runs), "steps_per_s": rate,
+            "runs_steps_per_s": [r["steps_per_s"] for r in runs], "saves": len(blocked) // len(runs),
+            "blocked_median_s": statistics.median(blocked) if blocked else 0.0, "blocked_s": blocked}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m shardsafe.bench.transformers", description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each kind, in mirrored order")
     ap.add_argument("--save-steps", type=int, default=10)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--dir", default=None, help="where checkpoints go (default: a temporary directory)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     root = a.dir or tempfile.mkdtemp(prefix="shardsafe-bench-hf-")
-    results = {}
-    for kind in ("plain", "shardsafe", "none"):
-        out = os.path.join(root, kind)
-        results[kind] = run(kind, out, a.steps, a.save_steps, a.layers)
-        remove(out)
+    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "shardsafe": [], "none": []}
+    order = ("plain", "shardsafe", "none")
+    for r in range(a.repeat):
+        for kind in order if r % 2 == 0 else order[::-1]:
+            out = os.path.join(root, f"{kind}-{r}")
+            runs[kind].append(run(kind, out, a.steps, a.save_steps, a.layers))
+            remove(out)
+    results = {kind: _median_run(rs) for kind, rs in runs.items()}
     base = results["none"]["steps_per_s"]
     summary = {
         "load_average": os.getloadavg()[0],
