@@ -100,6 +100,7 @@ def index_plans(ranks: int, tensors: int) -> tuple[list[int], list[list[int]]]:
 
 
 _START, _FINISH, _ATTEMPT, _CHECK, _STALL = range(5)  # event kinds, in the order of equal times
+_EPS = 1e-9  # a look scheduled for when a request is due sees it due, whatever the rounding
 
 
 class _Rank:
@@ -133,12 +134,16 @@ class _Rank:
         if rng.random() < m.stall_p:
             self.stalls += 1
             self.stalled[(i, copy)] = (t, attempt)
+            if copy == 0:
+                self.silent[i] = (t, math.inf)
             self._push(t + min(self._limit(size), m.stall_s), _STALL, i, copy, t)
             return
         x = rng.lognormvariate(0.0, m.sigma)
         seconds = (m.ttfb + max(size, 0) / (m.bandwidth_mib * MiB)) * x
         gap = seconds if size == HEAD else m.ttfb * x
         self.gaps[(i, copy)] = gap
+        if copy == 0:
+            self.silent[i] = (t, t + (seconds if size == HEAD else m.ttfb * x))
         self._push(t + seconds, _FINISH, i, copy, seconds)
 
     def phase(self, start: float, sizes: Sequence[int], window: int) -> float:
@@ -150,6 +155,7 @@ class _Rank:
         began, done, hedged = [0.0] * n, [False] * n, [False] * n
         self.stalled: dict[tuple[int, int], tuple[float, int]] = {}
         self.gaps: dict[tuple[int, int], float] = {}
+        self.silent: dict[int, tuple[float, float]] = {}  # first copy's attempt: sent, first byte
         oldest = sent = 0
         last = start
         while sent < min(window, n):
@@ -167,6 +173,8 @@ class _Rank:
                 self._check(t, i, began[i], size)
             elif kind == _ATTEMPT:
                 self._attempt(t, i, copy, int(value), size)
+                if copy == 0:
+                    self._check(t, i, began[i], size)
             elif kind == _STALL:
                 since, attempt = self.stalled.get((i, copy), (None, 0))
                 if since != value:
@@ -176,19 +184,22 @@ class _Rank:
                     self._push(since + limit, _STALL, i, copy, since)
                     continue
                 del self.stalled[(i, copy)]
+                if copy == 0:
+                    self.silent.pop(i, None)  # no attempt during the backoff
                 if attempt + 1 < self.retry.attempts:
                     backoff = self.retry.delay(attempt, None, self.draws[copy])
                     self._push(t + backoff, _ATTEMPT, i, copy, attempt + 1)
             elif kind == _CHECK:
-                delay = self.tail.hedge_delay(self.tracker, max(size, 0))
-                if hedged[i] or delay is None:
+                if hedged[i]:
                     continue
-                if t < began[i] + delay - 1e-9:
-                    self._push(began[i] + delay, _CHECK, i)
-                elif self.budget.take():
+                silent = self._silence(t, i)
+                if self.tail.hedge_now(self.tracker, self.budget, max(size, 0), t - began[i] + _EPS,
+                                       None if silent is None else silent + _EPS):
                     hedged[i] = True
                     self.hedges += 1
                     self._attempt(t, i, 1, 0, size)
+                else:
+                    self._check(t, i, began[i], size, refused=True)
             else:
                 done[i] = True
                 last = max(last, t)
@@ -206,10 +217,29 @@ class _Rank:
                         sent += 1
         return last
 
-    def _check(self, now: float, i: int, began: float, size: int) -> None:
+    def _silence(self, now: float, i: int) -> float | None:
+        """Seconds the first copy of request ``i`` has received nothing (its bytes arrive
+        without pause once the first one has); None between attempts."""
+        if i not in self.silent:
+            return None
+        sent, first_byte = self.silent[i]
+        return now - sent if now < first_byte else 0.0
+
+    def _check(self, now: float, i: int, began: float, size: int, refused: bool = False) -> None:
+        """Looks at request ``i`` when it is slow or silent (at once if it is already);
+        after a look the budget ``refused``, only at a time still to come (the next answer
+        to come in looks again, as the budget grows with the requests sent)."""
         delay = self.tail.hedge_delay(self.tracker, max(size, 0))
-        if delay is not None:
-            self._push(max(now, began + delay), _CHECK, i)
+        silence = self.tail.silence_limit(self.tracker)
+        if delay is None or silence is None:
+            return
+        due = [began + delay]
+        if i in self.silent and self.silent[i][1] > self.silent[i][0] + silence:
+            due.append(self.silent[i][0] + silence)
+        if refused:  # only a look still to come
+            due = [d for d in due if d > now + _EPS]
+        if due:
+            self._push(max(now, min(due)), _CHECK, i)
 
 
 def simulate(head: Sequence[int], plans: Sequence[Sequence[int]], data: Sequence[int], model: StoreModel,
