@@ -12,15 +12,19 @@ The modelled store (``StoreModel``) serves an attempt of ``n`` bytes in ``(ttfb 
 bandwidth) * X``, ``X`` lognormal with median 1 and shape ``sigma``; with probability
 ``stall_p`` the attempt stalls instead (no byte for ``stall_s`` seconds, then the
 connection drops). Every request runs through the real policy objects on a simulated
-clock, one set per rank as in one process: ``storage.tail.TailPolicy`` (hedge delay from a
-``LatencyTracker`` fed with the attempts that have finished by then, the ``HedgeBudget``,
-the stall limit) and ``storage.retry.RetryPolicy`` (the backoff after a stall). A GET
-reports progress (its bytes; a HEAD's only progress is its answer), so a stall is cut at
-the learned limit. Three runs on the same draws: with hedging, without it, and with
-neither hedging nor the learned stall limit (a fixed ``SHARDSAFE_STALL_TIMEOUT``).
+clock, one set per rank as in one process: ``storage.tail.TailPolicy`` (``hedge_now``
+with a ``LatencyTracker`` fed with the attempts that have finished by then and the
+``HedgeBudget``, the stall limit) and ``storage.retry.RetryPolicy`` (the backoff after a
+stall). A GET reports progress (its bytes, which arrive without pause after the first;
+a HEAD's only progress is its answer), so an attempt is silent until its first byte, a
+stalled one for good, and a stall is cut at the learned limit. Three runs on the same
+draws: with hedging, without it, and with neither hedging nor the learned stall limit (a
+fixed ``SHARDSAFE_STALL_TIMEOUT``).
 
 Figures: ``job_over_median`` (the slowest rank's restore time over the median rank's,
 with hedging), ``unhedged_job_over_median``, ``fixed_stall_job_over_median``,
+``stalled_rank_over_median`` (the slowest of the ranks that met a stall, over the median
+rank; ``unhedged_`` too: what stalls cost, apart from the ranks that are slow without one),
 ``extra_request_fraction`` (duplicates sent over all requests sent, retries and
 duplicates included), and the model's parameters.
 """
@@ -247,14 +251,17 @@ def simulate(head: Sequence[int], plans: Sequence[Sequence[int]], data: Sequence
     """Every rank's restore time (seconds from the job's start) and the requests sent."""
     rank0 = _Rank(seed, -1, model, tail, retry, learn_stalls)
     head_done = rank0.phase(0.0, head, 1)  # rank 0 reads the head; the others receive it
-    times, sent, hedges, stalls = [], rank0.sent, rank0.hedges, rank0.stalls
+    times, stalled, sent, hedges, stalls = [], [], rank0.sent, rank0.hedges, rank0.stalls
     for r, plan in enumerate(plans):
         rank = _Rank(seed, r, model, tail, retry, learn_stalls)
         t = rank.phase(head_done, plan, 1)
         times.append(rank.phase(t, data, MAX_CONCURRENCY))
+        if rank.stalls:
+            stalled.append(times[-1])
         sent, hedges, stalls = sent + rank.sent, hedges + rank.hedges, stalls + rank.stalls
     median = statistics.median(times)
     return {"job_s": max(times), "median_rank_s": median, "job_over_median": max(times) / median,
+            "stalled_rank_over_median": max(stalled, default=median) / median,
             "p99_over_median": sorted(times)[int(0.99 * (len(times) - 1))] / median,
             "requests_sent": sent, "duplicates": hedges, "stalls": stalls}
 
@@ -278,6 +285,8 @@ def run(ranks: int, tensors: int = 20, rank_mib: int = 1024, model: StoreModel |
         "job_over_median": r3(hedged["job_over_median"]),
         "unhedged_job_over_median": r3(unhedged["job_over_median"]),
         "fixed_stall_job_over_median": r3(fixed["job_over_median"]),
+        "stalled_rank_over_median": r3(hedged["stalled_rank_over_median"]),
+        "unhedged_stalled_rank_over_median": r3(unhedged["stalled_rank_over_median"]),
         "extra_request_fraction": round(hedged["duplicates"] / hedged["requests_sent"], 4),
         "job_s": r3(hedged["job_s"]), "unhedged_job_s": r3(unhedged["job_s"]), "fixed_stall_job_s": r3(fixed["job_s"]),
         "median_rank_s": r3(hedged["median_rank_s"]), "unhedged_median_rank_s": r3(unhedged["median_rank_s"]),
@@ -300,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     out = run(a.ranks, a.tensors, a.rank_mib, StoreModel(sigma=a.sigma, stall_p=a.stall_p), a.seed)
     if not a.json:
         for key in ("job_over_median", "unhedged_job_over_median", "fixed_stall_job_over_median",
+                    "stalled_rank_over_median",
                     "extra_request_fraction", "median_rank_s", "job_s", "unhedged_job_s", "sim_s"):
             print(f"{key:>30}  {out[key]}")
     print(json.dumps(out))
