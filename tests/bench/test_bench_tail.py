@@ -9,7 +9,8 @@ import pytest
 from shardsafe.bench import tail
 
 KEYS = {"job_over_median", "unhedged_job_over_median", "fixed_stall_job_over_median", "extra_request_fraction",
-        "stalled_rank_over_median", "model", "policy", "ranks", "requests_per_rank", "job_s", "median_rank_s", "duplicates", "requests_sent"}
+        "stalled_rank_over_median", "model", "policy", "ranks", "requests_per_rank", "job_s", "median_rank_s",
+        "duplicates", "requests_sent"}
 
 
 def test_hedging_shortens_the_tail_of_a_small_job(capsys: pytest.CaptureFixture[str]) -> None:
