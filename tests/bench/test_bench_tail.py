@@ -9,7 +9,8 @@ import pytest
 from shardsafe.bench import tail
 
 KEYS = {"job_over_median", "unhedged_job_over_median", "fixed_stall_job_over_median", "extra_request_fraction",
-        "model", "policy", "ranks", "requests_per_rank", "job_s", "median_rank_s", "duplicates", "requests_sent"}
+        "stalled_rank_over_median", "model", "policy", "ranks", "requests_per_rank", "job_s", "median_rank_s",
+        "duplicates", "requests_sent"}
 
 
 def test_hedging_shortens_the_tail_of_a_small_job(capsys: pytest.CaptureFixture[str]) -> None:
@@ -19,6 +20,8 @@ def test_hedging_shortens_the_tail_of_a_small_job(capsys: pytest.CaptureFixture[
     assert out["ranks"] == 256 and out["model"]["stall_p"] == 0.005
     assert out["job_over_median"] < out["unhedged_job_over_median"] <= out["fixed_stall_job_over_median"]
     assert out["job_over_median"] < 2 < 3 < out["unhedged_job_over_median"]
+    assert out["stalled_rank_over_median"] <= out["job_over_median"]
+    assert out["stalled_rank_over_median"] < out["unhedged_stalled_rank_over_median"]
     assert 0 < out["extra_request_fraction"] <= 0.06
 
 

@@ -71,6 +71,75 @@ def test_the_hedge_burst_adds_to_the_budget() -> None:
     assert sum(b.take() for _ in range(10)) == 4
 
 
+@pytest.mark.parametrize(("requests", "taken", "reserve", "allowed"), [
+    (20, 0, 0, True),     # budget 0.05 x 20 + 1 = 2
+    (20, 1, 0, True),
+    (20, 2, 0, False),
+    (20, 0, 1, True),     # a reserve of 1 leaves one of the 2 untaken
+    (20, 1, 1, False),
+    (20, 0, 2, False),
+    (40, 1, 1, True),     # the budget grew to 3
+])
+def test_a_reserve_leaves_part_of_the_budget_untaken(requests: int, taken: int, reserve: int,
+                                                     allowed: bool) -> None:
+    b = HedgeBudget(0.05, burst=1)
+    for _ in range(requests):
+        b.started()
+    b.hedges = taken
+    assert b.take(reserve) is allowed
+    assert b.hedges == taken + allowed
+
+
+def _gaps(gaps: list[float]) -> LatencyTracker:
+    t = LatencyTracker(window=64)
+    for g in gaps:
+        t.record(4 << 10, 0.05, g)
+    return t
+
+
+@pytest.mark.parametrize(("gaps", "expected"), [
+    ([], 1.0),                      # nothing learned: the initial hedge delay
+    ([0.03, 0.05], 0.25),           # a few gaps: 4 x the largest, at least the floor...
+    ([0.03, 0.1], 0.4),
+    ([0.03, 0.5], 1.0),             # ... at most the initial delay
+    ([0.03] * 20, 0.25),            # learned: 4 x the p99 gap, at least the floor
+    ([0.1] * 19 + [0.2], 0.8),
+    ([1.0] * 20, 4.0),              # a slow store: beyond the initial delay once learned
+])
+def test_silence_limit_is_k_times_the_usual_gap(gaps: list[float], expected: float) -> None:
+    assert TailPolicy().silence_limit(_gaps(gaps)) == pytest.approx(expected)
+    assert TailPolicy(hedge=False).silence_limit(_gaps(gaps)) is None
+
+
+# A tracker whose 32 MiB reads take 0.3 s (so a read is slow after 0.3 s) and whose gaps
+# are 0.03 s (so a read is silent after 0.25 s); the budget has had 20 requests (0.05 x 20
+# + 3 = 4 duplicates).
+@pytest.mark.parametrize(("elapsed", "silent", "taken", "hedged"), [
+    (0.2, 0.2, 0, False),    # neither slow nor silent
+    (0.2, None, 0, False),   # a request that reports no progress
+    (0.28, 0.26, 0, True),   # silent before it is slow: the likely stall is hedged at once
+    (0.28, None, 0, False),  # ... which only progress shows
+    (0.5, 0.0, 0, True),     # slow, still receiving bytes
+    (0.5, None, 0, True),
+    (0.5, 0.0, 2, True),
+    (0.5, 0.0, 3, False),    # slow: the last duplicate is kept for a silent request
+    (0.5, 0.3, 3, True),     # silent: it takes it
+    (0.5, 0.3, 4, False),    # the budget is spent
+    (9.0, 9.0, 4, False),
+])
+def test_silent_requests_are_hedged_first_and_may_use_the_reserve(elapsed: float, silent: float | None,
+                                                                  taken: int, hedged: bool) -> None:
+    policy = TailPolicy(min_samples=8)
+    t = _tracker([0.3] * 20, gaps=[0.03])
+    b = HedgeBudget(policy.hedge_budget, policy.hedge_burst)
+    for _ in range(20):
+        b.started()
+    b.hedges = taken
+    assert policy.hedge_now(t, b, 32 * MiB, elapsed, silent) is hedged
+    assert b.hedges == taken + hedged
+    assert TailPolicy(hedge=False).hedge_now(t, b, 32 * MiB, elapsed, silent) is False
+
+
 @pytest.mark.parametrize(("gaps", "cap", "expected"), [
     ([], 30.0, 30.0),               # nothing learned: the fixed timeout
     ([0.05] * 20, 30.0, 2.0),       # quick store: the floor
@@ -100,6 +169,19 @@ def test_progress_counts_a_stall_from_the_last_byte(notes: list[tuple[float, int
     assert p.stalled(now, limit) is stalled
 
 
+@pytest.mark.parametrize(("notes", "now", "silence"), [
+    ([], 5.0, None),                               # reports nothing
+    ([(0.0, 0)], 0.7, 0.7),                        # no first byte yet
+    ([(0.0, 0), (1.5, 100)], 1.6, 0.1),            # since the last byte
+])
+def test_progress_tells_how_long_an_attempt_has_been_silent(notes: list[tuple[float, int]], now: float,
+                                                            silence: float | None) -> None:
+    p = Progress(0.0)
+    for t, n in notes:
+        p.note(t, n)
+    assert p.silence(now) == (None if silence is None else pytest.approx(silence))
+
+
 def test_progress_keeps_the_longest_gap() -> None:
     p = Progress(10.0)
     for t, n in ((10.0, 0), (10.4, 5), (11.5, 5), (11.6, 5)):
@@ -109,7 +191,8 @@ def test_progress_keeps_the_longest_gap() -> None:
 
 @pytest.mark.parametrize("bad", [dict(hedge_quantile=1.0), dict(hedge_budget=-0.1), dict(stall_floor=0),
                                  dict(stall_floor=40.0), dict(hedge_initial=0.01), dict(min_samples=0),
-                                 dict(sibling_factor=0.5)])
+                                 dict(sibling_factor=0.5), dict(silence_factor=0), dict(silence_floor=0),
+                                 dict(silence_floor=2.0), dict(hedge_reserve=-1)])
 def test_bad_policies_are_refused(bad: dict) -> None:
     with pytest.raises(ValueError):
         TailPolicy(**bad)

@@ -12,15 +12,19 @@ The modelled store (``StoreModel``) serves an attempt of ``n`` bytes in ``(ttfb 
 bandwidth) * X``, ``X`` lognormal with median 1 and shape ``sigma``; with probability
 ``stall_p`` the attempt stalls instead (no byte for ``stall_s`` seconds, then the
 connection drops). Every request runs through the real policy objects on a simulated
-clock, one set per rank as in one process: ``storage.tail.TailPolicy`` (hedge delay from a
-``LatencyTracker`` fed with the attempts that have finished by then, the ``HedgeBudget``,
-the stall limit) and ``storage.retry.RetryPolicy`` (the backoff after a stall). A GET
-reports progress (its bytes; a HEAD's only progress is its answer), so a stall is cut at
-the learned limit. Three runs on the same draws: with hedging, without it, and with
-neither hedging nor the learned stall limit (a fixed ``SHARDSAFE_STALL_TIMEOUT``).
+clock, one set per rank as in one process: ``storage.tail.TailPolicy`` (``hedge_now``
+with a ``LatencyTracker`` fed with the attempts that have finished by then and the
+``HedgeBudget``, the stall limit) and ``storage.retry.RetryPolicy`` (the backoff after a
+stall). A GET reports progress (its bytes, which arrive without pause after the first;
+a HEAD's only progress is its answer), so an attempt is silent until its first byte, a
+stalled one for good, and a stall is cut at the learned limit. Three runs on the same
+draws: with hedging, without it, and with neither hedging nor the learned stall limit (a
+fixed ``SHARDSAFE_STALL_TIMEOUT``).
 
 Figures: ``job_over_median`` (the slowest rank's restore time over the median rank's,
 with hedging), ``unhedged_job_over_median``, ``fixed_stall_job_over_median``,
+``stalled_rank_over_median`` (the slowest of the ranks that met a stall, over the median
+rank; ``unhedged_`` too: what stalls cost, apart from the ranks that are slow without one),
 ``extra_request_fraction`` (duplicates sent over all requests sent, retries and
 duplicates included), and the model's parameters.
 """
@@ -100,6 +104,7 @@ def index_plans(ranks: int, tensors: int) -> tuple[list[int], list[list[int]]]:
 
 
 _START, _FINISH, _ATTEMPT, _CHECK, _STALL = range(5)  # event kinds, in the order of equal times
+_EPS = 1e-9  # a look scheduled for when a request is due sees it due, whatever the rounding
 
 
 class _Rank:
@@ -133,12 +138,16 @@ class _Rank:
         if rng.random() < m.stall_p:
             self.stalls += 1
             self.stalled[(i, copy)] = (t, attempt)
+            if copy == 0:
+                self.silent[i] = (t, math.inf)
             self._push(t + min(self._limit(size), m.stall_s), _STALL, i, copy, t)
             return
         x = rng.lognormvariate(0.0, m.sigma)
         seconds = (m.ttfb + max(size, 0) / (m.bandwidth_mib * MiB)) * x
         gap = seconds if size == HEAD else m.ttfb * x
         self.gaps[(i, copy)] = gap
+        if copy == 0:
+            self.silent[i] = (t, t + (seconds if size == HEAD else m.ttfb * x))
         self._push(t + seconds, _FINISH, i, copy, seconds)
 
     def phase(self, start: float, sizes: Sequence[int], window: int) -> float:
@@ -150,6 +159,7 @@ class _Rank:
         began, done, hedged = [0.0] * n, [False] * n, [False] * n
         self.stalled: dict[tuple[int, int], tuple[float, int]] = {}
         self.gaps: dict[tuple[int, int], float] = {}
+        self.silent: dict[int, tuple[float, float]] = {}  # first copy's attempt: sent, first byte
         oldest = sent = 0
         last = start
         while sent < min(window, n):
@@ -167,6 +177,8 @@ class _Rank:
                 self._check(t, i, began[i], size)
             elif kind == _ATTEMPT:
                 self._attempt(t, i, copy, int(value), size)
+                if copy == 0:
+                    self._check(t, i, began[i], size)
             elif kind == _STALL:
                 since, attempt = self.stalled.get((i, copy), (None, 0))
                 if since != value:
@@ -176,19 +188,22 @@ class _Rank:
                     self._push(since + limit, _STALL, i, copy, since)
                     continue
                 del self.stalled[(i, copy)]
+                if copy == 0:
+                    self.silent.pop(i, None)  # no attempt during the backoff
                 if attempt + 1 < self.retry.attempts:
                     backoff = self.retry.delay(attempt, None, self.draws[copy])
                     self._push(t + backoff, _ATTEMPT, i, copy, attempt + 1)
             elif kind == _CHECK:
-                delay = self.tail.hedge_delay(self.tracker, max(size, 0))
-                if hedged[i] or delay is None:
+                if hedged[i]:
                     continue
-                if t < began[i] + delay - 1e-9:
-                    self._push(began[i] + delay, _CHECK, i)
-                elif self.budget.take():
+                silent = self._silence(t, i)
+                if self.tail.hedge_now(self.tracker, self.budget, max(size, 0), t - began[i] + _EPS,
+                                       None if silent is None else silent + _EPS):
                     hedged[i] = True
                     self.hedges += 1
                     self._attempt(t, i, 1, 0, size)
+                else:
+                    self._check(t, i, began[i], size, refused=True)
             else:
                 done[i] = True
                 last = max(last, t)
@@ -206,10 +221,29 @@ class _Rank:
                         sent += 1
         return last
 
-    def _check(self, now: float, i: int, began: float, size: int) -> None:
+    def _silence(self, now: float, i: int) -> float | None:
+        """Seconds the first copy of request ``i`` has received nothing (its bytes arrive
+        without pause once the first one has); None between attempts."""
+        if i not in self.silent:
+            return None
+        sent, first_byte = self.silent[i]
+        return now - sent if now < first_byte else 0.0
+
+    def _check(self, now: float, i: int, began: float, size: int, refused: bool = False) -> None:
+        """Looks at request ``i`` when it is slow or silent (at once if it is already);
+        after a look the budget ``refused``, only at a time still to come (the next answer
+        to come in looks again, as the budget grows with the requests sent)."""
         delay = self.tail.hedge_delay(self.tracker, max(size, 0))
-        if delay is not None:
-            self._push(max(now, began + delay), _CHECK, i)
+        silence = self.tail.silence_limit(self.tracker)
+        if delay is None or silence is None:
+            return
+        due = [began + delay]
+        if i in self.silent and self.silent[i][1] > self.silent[i][0] + silence:
+            due.append(self.silent[i][0] + silence)
+        if refused:  # only a look still to come
+            due = [d for d in due if d > now + _EPS]
+        if due:
+            self._push(max(now, min(due)), _CHECK, i)
 
 
 def simulate(head: Sequence[int], plans: Sequence[Sequence[int]], data: Sequence[int], model: StoreModel,
@@ -217,14 +251,17 @@ def simulate(head: Sequence[int], plans: Sequence[Sequence[int]], data: Sequence
     """Every rank's restore time (seconds from the job's start) and the requests sent."""
     rank0 = _Rank(seed, -1, model, tail, retry, learn_stalls)
     head_done = rank0.phase(0.0, head, 1)  # rank 0 reads the head; the others receive it
-    times, sent, hedges, stalls = [], rank0.sent, rank0.hedges, rank0.stalls
+    times, stalled, sent, hedges, stalls = [], [], rank0.sent, rank0.hedges, rank0.stalls
     for r, plan in enumerate(plans):
         rank = _Rank(seed, r, model, tail, retry, learn_stalls)
         t = rank.phase(head_done, plan, 1)
         times.append(rank.phase(t, data, MAX_CONCURRENCY))
+        if rank.stalls:
+            stalled.append(times[-1])
         sent, hedges, stalls = sent + rank.sent, hedges + rank.hedges, stalls + rank.stalls
     median = statistics.median(times)
     return {"job_s": max(times), "median_rank_s": median, "job_over_median": max(times) / median,
+            "stalled_rank_over_median": max(stalled, default=median) / median,
             "p99_over_median": sorted(times)[int(0.99 * (len(times) - 1))] / median,
             "requests_sent": sent, "duplicates": hedges, "stalls": stalls}
 
@@ -248,6 +285,8 @@ def run(ranks: int, tensors: int = 20, rank_mib: int = 1024, model: StoreModel |
         "job_over_median": r3(hedged["job_over_median"]),
         "unhedged_job_over_median": r3(unhedged["job_over_median"]),
         "fixed_stall_job_over_median": r3(fixed["job_over_median"]),
+        "stalled_rank_over_median": r3(hedged["stalled_rank_over_median"]),
+        "unhedged_stalled_rank_over_median": r3(unhedged["stalled_rank_over_median"]),
         "extra_request_fraction": round(hedged["duplicates"] / hedged["requests_sent"], 4),
         "job_s": r3(hedged["job_s"]), "unhedged_job_s": r3(unhedged["job_s"]), "fixed_stall_job_s": r3(fixed["job_s"]),
         "median_rank_s": r3(hedged["median_rank_s"]), "unhedged_median_rank_s": r3(unhedged["median_rank_s"]),
@@ -270,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     out = run(a.ranks, a.tensors, a.rank_mib, StoreModel(sigma=a.sigma, stall_p=a.stall_p), a.seed)
     if not a.json:
         for key in ("job_over_median", "unhedged_job_over_median", "fixed_stall_job_over_median",
+                    "stalled_rank_over_median",
                     "extra_request_fraction", "median_rank_s", "job_s", "unhedged_job_s", "sim_s"):
             print(f"{key:>30}  {out[key]}")
     print(json.dumps(out))

@@ -18,9 +18,11 @@ one HTTP request, or a few for an fsspec call) on fsspec's event loop and
   ranged GET notes every chunk it receives, a HEAD its answer) when it has made none for
   the stall limit learned from this process's recent requests (``storage.tail``), and
   cuts stalled uploads at that limit too;
-* hedges an idempotent request (``Request.idempotent``: ranged GETs, HEADs): when it has
-  not finished after the delay the tail policy learned for its size, one duplicate is
-  sent (within the hedge budget) and the first answer wins; the other is cancelled.
+* hedges an idempotent request (``Request.idempotent``: ranged GETs, HEADs): when its
+  attempt has received nothing for the silence limit the tail policy learned (a likely
+  stall), or it has not finished after the delay learned for its size, one duplicate is
+  sent (within the hedge budget, ``TailPolicy.hedge_now``) and the first answer wins; the
+  other is cancelled.
 
 The caller's thread waits for the result (``run``) or holds a future (``submit``); the
 coroutines run on the loop fsspec already runs for its asynchronous filesystems, so
@@ -124,13 +126,15 @@ class Runner:
         return pending
 
     # ------------------------------------------------------------------ on the loop
-    async def call(self, request: Request, make: Callable[[], Awaitable[T]]) -> T:
+    async def call(self, request: Request, make: Callable[[], Awaitable[T]],
+                   current: list[Progress | None] | None = None) -> T:
         """Runs ``make()`` until it succeeds, fails for good, runs out of attempts or the
-        deadline passes."""
+        deadline passes. ``current[0]``, if given, is the running attempt's progress (None
+        between attempts)."""
         failures: list[str] = []
         for attempt in range(self.policy.attempts):
             try:
-                result = await self._attempt(request, make, failures)
+                result = await self._attempt(request, make, failures, current)
                 self._answered = True
                 return result
             except CheckpointError:  # the deadline passed: no retry
@@ -153,19 +157,20 @@ class Runner:
         raise AssertionError("unreachable")
 
     async def _hedged(self, request: Request, make: Callable[[], Awaitable[T]]) -> T:
-        """``call``, and one duplicate of it once the first has taken longer than the hedge
-        delay (asked again as answers teach the tracker); the first answer wins. When both
-        fail, the first one's error is raised."""
-        tail = self.tail
+        """``call``, and one duplicate of it once the tail policy says so (``hedge_now``:
+        the first's attempt silent, or the request slow; asked again while it waits, as
+        answers teach the tracker); the first answer wins. When both fail, the first one's
+        error is raised."""
+        tail, size = self.tail, request.size or 0
         tail.budget.started()
         start = time.monotonic()
-        first = asyncio.ensure_future(self.call(request, make))
+        current: list[Progress | None] = [None]
+        first = asyncio.ensure_future(self.call(request, make, current))
         racers, errors = {first}, {}
         hedged = False
         try:
             while racers:
-                delay = None if hedged else tail.policy.hedge_delay(tail.tracker, request.size or 0)
-                wait_s = None if delay is None else min(_TICK, max(0.0, start + delay - time.monotonic()))
+                wait_s = None if hedged else _until_due(tail.policy, tail.tracker, size, start, current[0])
                 done, racers = await asyncio.wait(racers, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     if task.exception() is None:
@@ -173,9 +178,13 @@ class Runner:
                     errors[task] = task.exception()
                 if first in errors and not hedged:
                     break
-                if delay is not None and racers and time.monotonic() - start >= delay and tail.budget.take():
+                now = time.monotonic()
+                attempt = current[0]
+                if not hedged and racers and tail.policy.hedge_now(
+                        tail.tracker, tail.budget, size, now - start, attempt.silence(now) if attempt else None):
                     hedged = True
-                    log.debug("%s of %s: no answer after %.2f s; sent a duplicate", request, request.path, delay)
+                    log.debug("%s of %s: no answer after %.2f s; sent a duplicate", request, request.path,
+                              now - start)
                     racers.add(asyncio.ensure_future(self.call(request, make)))
             raise errors.get(first) or next(iter(errors.values()))
         finally:
@@ -184,10 +193,13 @@ class Runner:
                     task.cancel()  # the loser: its connection is closed
             await asyncio.wait({first, *racers})
 
-    async def _attempt(self, request: Request, make: Callable[[], Awaitable[T]], failures: list[str]) -> T:
+    async def _attempt(self, request: Request, make: Callable[[], Awaitable[T]], failures: list[str],
+                       current: list[Progress | None] | None = None) -> T:
         """One attempt, holding a slot; sweeps stalled connections while it waits, abandons
         it when it reports no progress for the stall limit, and at the deadline."""
         progress = Progress(time.monotonic())
+        if current is not None:
+            current[0] = progress
         task = asyncio.ensure_future(self._in_slot(make, progress, request.verb == "HEAD"))
         tick = min(_TICK, self.policy.stall_timeout / 4)
         cut_before = self.watch.cut if self.watch is not None else 0
@@ -215,6 +227,8 @@ class Runner:
                 if self.deadline is not None and self.deadline.passed():
                     raise self.deadline.error(str(request), request.path, failures)
         finally:
+            if current is not None:
+                current[0] = None
             if not task.done():
                 task.cancel()  # abandon the attempt: aiohttp closes its connection
                 await asyncio.wait({task})
@@ -288,6 +302,22 @@ class Pending(Generic[T]):
 
 
 _TICK = 0.25  # seconds between looks at a waiting request (stalls, hedging, deadline)
+
+
+def _until_due(policy: TailPolicy, tracker: LatencyTracker, size: int, start: float,
+               attempt: Progress | None) -> float | None:
+    """Seconds until a request started at ``start`` becomes slow or its attempt silent,
+    at most ``_TICK`` (the limits move as answers come in; once one has passed and the
+    budget said no, the next look is a tick later). None: hedging is off."""
+    delay, silence = policy.hedge_delay(tracker, size), policy.silence_limit(tracker)
+    if delay is None or silence is None:
+        return None
+    now = time.monotonic()
+    due = [start + delay]
+    if attempt is not None and attempt.reporting:
+        due.append(attempt.last + silence)
+    ahead = [d - now for d in due if d > now]
+    return min(_TICK, *ahead) if ahead else _TICK
 _PROGRESS: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("shardsafe_progress", default=None)
 
 

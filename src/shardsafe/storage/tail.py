@@ -7,14 +7,18 @@ doing in this process (``LatencyTracker``), both taking the time as an argument 
 the real request runner (``storage.request``) and the restore simulation
 (``bench.tail``) run the same objects, one on the monotonic clock, one on a simulated one:
 
-* **hedging** (``TailPolicy.hedge_delay``, ``HedgeBudget``): an idempotent request (a
-  ranged GET) that has not finished after the ``hedge_quantile`` of the recent durations
-  of requests of its size class (at least ``hedge_floor``) gets one duplicate; whichever
-  finishes first is used and the other is cancelled. Until a size class has
-  ``min_samples`` durations, a request is hedged after ``sibling_factor`` times the
-  median of those it has (the siblings sent with it that finished), or ``hedge_initial``. ``HedgeBudget`` keeps duplicates
-  within ``hedge_budget`` of the requests made (plus ``hedge_burst``), so a store that is slow for
-  everyone is not sent twice the load.
+* **hedging** (``TailPolicy.hedge_now``, ``HedgeBudget``): an idempotent request (a
+  ranged GET, a HEAD) gets one duplicate, and whichever finishes first is used and the
+  other is cancelled, when it is *silent* (no byte for ``silence_factor`` times the usual
+  longest gap without progress, see ``silence_limit``: the likely stall) or *slow*
+  (still running after the ``hedge_quantile`` of the recent durations of requests of its
+  size class, at least ``hedge_floor``; see ``hedge_delay``). Until a size class has
+  ``min_samples`` durations, a request is slow after ``sibling_factor`` times the median
+  of those it has (the siblings sent with it that finished), or ``hedge_initial``.
+  ``HedgeBudget`` keeps duplicates within ``hedge_budget`` of the requests made (plus
+  ``hedge_burst``), so a store that is slow for everyone is not sent twice the load; a
+  request that is only slow leaves ``hedge_reserve`` of them for silent ones, since a
+  stall costs far more than a slow read that is still arriving.
 * **stall detection** (``TailPolicy.stall_limit``, ``Progress``): a request that made no
   progress (no byte received, or sent) for ``max(stall_floor, stall_factor *`` the
   ``stall_quantile`` of the longest gaps without progress of recent successful
@@ -128,8 +132,18 @@ class TailPolicy:
     times their median."""
     hedge_budget: float = 0.05
     """Duplicates per request made, at most (``SHARDSAFE_HEDGE_BUDGET``)."""
-    hedge_burst: int = 2
+    hedge_burst: int = 3
     """Duplicates allowed beyond ``hedge_budget`` (see ``HedgeBudget``)."""
+    hedge_reserve: int = 1
+    """Duplicates of the budget that only silent requests may take (a slow request that is
+    still receiving bytes gets one while more than this many are left): slow requests get
+    ``hedge_burst - hedge_reserve`` beyond the fraction, silent ones all of it."""
+    silence_factor: float = 4.0
+    """A request that received no byte for this many times the usual longest gap without
+    progress (the ``stall_quantile`` of recent ones) is silent: hedged as a likely stall."""
+    silence_floor: float = 0.25
+    """Seconds without a byte that never make a request silent (a store's first byte
+    rarely takes longer when it is not stalled, and a few early gaps say little)."""
     min_samples: int = 32
     """Durations of a size class a hedge quantile needs before it is trusted."""
     min_gaps: int = 8
@@ -151,10 +165,12 @@ class TailPolicy:
         if not 0 < self.stall_floor <= self.stall_cap:
             raise ValueError(f"need 0 < stall_floor <= stall_cap, got {self.stall_floor}, {self.stall_cap}")
         if self.hedge_floor < 0 or self.hedge_initial < self.hedge_floor or self.stall_factor <= 0 \
-                or self.sibling_factor < 1:
-            raise ValueError("need 0 <= hedge_floor <= hedge_initial, stall_factor > 0, sibling_factor >= 1")
-        if self.min_samples < 1 or self.min_gaps < 1 or self.hedge_burst < 0:
-            raise ValueError("need min_samples >= 1, min_gaps >= 1 and hedge_burst >= 0")
+                or self.sibling_factor < 1 or self.silence_factor <= 0 \
+                or not 0 < self.silence_floor <= self.hedge_initial:
+            raise ValueError("need 0 <= hedge_floor <= hedge_initial, 0 < silence_floor <= hedge_initial, "
+                             "stall_factor > 0, silence_factor > 0, sibling_factor >= 1")
+        if self.min_samples < 1 or self.min_gaps < 1 or self.hedge_burst < 0 or self.hedge_reserve < 0:
+            raise ValueError("need min_samples >= 1, min_gaps >= 1, hedge_burst >= 0 and hedge_reserve >= 0")
 
     @classmethod
     def from_knobs(cls) -> TailPolicy:
@@ -179,6 +195,36 @@ class TailPolicy:
         if median is None:
             return self.hedge_initial
         return min(self.hedge_initial, max(self.hedge_floor, self.sibling_factor * median))
+
+    def silence_limit(self, tracker: LatencyTracker) -> float | None:
+        """Seconds without progress after which an idempotent request is hedged as a likely
+        stall (None: hedging is off): ``silence_factor`` times the usual longest gap, at
+        least ``silence_floor``. Before ``min_gaps`` gaps it is their largest times the factor,
+        at most ``hedge_initial`` (``hedge_initial`` with none): a wrong guess costs one
+        duplicate, not a cut connection, so it need not wait to be learned as the stall
+        limit does."""
+        if not self.hedge:
+            return None
+        q = tracker.gap_quantile(self.stall_quantile, self.min_gaps)
+        if q is not None:
+            return max(self.silence_floor, self.silence_factor * q)
+        largest = tracker.gap_quantile(1.0, 1)
+        if largest is None:
+            return self.hedge_initial
+        return min(self.hedge_initial, max(self.silence_floor, self.silence_factor * largest))
+
+    def hedge_now(self, tracker: LatencyTracker, budget: HedgeBudget, size: int, elapsed: float,
+                  silent: float | None) -> bool:
+        """Whether a request of ``size`` bytes, running for ``elapsed`` seconds and without
+        progress for the last ``silent`` of them (None: it reports no progress), gets its
+        duplicate now; takes it from ``budget`` if so. Callers ask again while they wait
+        (the limits change as requests finish), and never once a duplicate was sent."""
+        if not self.hedge:
+            return False
+        if silent is not None and silent >= self.silence_limit(tracker):  # type: ignore[operator]
+            return budget.take()
+        delay = self.hedge_delay(tracker, size)
+        return delay is not None and elapsed >= delay and budget.take(self.hedge_reserve)
 
     def stall_limit(self, tracker: LatencyTracker) -> float:
         """Seconds without progress after which a request counts as stalled."""
@@ -205,9 +251,10 @@ class HedgeBudget:
         """A request (not a duplicate) started."""
         self.requests += 1
 
-    def take(self) -> bool:
-        """Whether one more duplicate may be sent now; counts it if so."""
-        if self.fraction <= 0 or self.hedges + 1 > self.fraction * self.requests + self.burst:
+    def take(self, reserve: int = 0) -> bool:
+        """Whether one more duplicate may be sent now, leaving ``reserve`` of the budget
+        untaken; counts it if so."""
+        if self.fraction <= 0 or self.hedges + 1 + reserve > self.fraction * self.requests + self.burst:
             return False
         self.hedges += 1
         return True
@@ -233,6 +280,10 @@ class Progress:
             self.longest_gap = max(self.longest_gap, now - self.last)
             self.last = now
             self.bytes += nbytes
+
+    def silence(self, now: float) -> float | None:
+        """Seconds since the attempt's last progress (None: it reports none)."""
+        return now - self.last if self.reporting else None
 
     def stalled(self, now: float, limit: float) -> bool:
         """Whether the attempt has made no progress for ``limit`` seconds."""
