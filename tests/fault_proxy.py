@@ -333,3 +333,17 @@ def _reset(writer: asyncio.StreamWriter) -> None:
         except OSError:
             pass
     writer.transport.abort()
+
+
+def strike_once(match):  # noqa: ANN001, ANN201
+    """A ``Faults.only`` (or ``outage_on``) predicate that strikes the first request
+    ``match(method, target)`` accepts, and no other."""
+    hits = []
+
+    def only(method: str, target: str) -> bool:
+        if not hits and match(method, target):
+            hits.append(target)
+            return True
+        return False
+
+    return only

@@ -23,7 +23,7 @@ from shardsafe.errors import StorageRequestError  # noqa: E402
 from shardsafe.storage import Deadline, storage_for  # noqa: E402
 from shardsafe.storage.fsspec import FsspecStorage  # noqa: E402
 
-from fault_proxy import Faults  # noqa: E402
+from fault_proxy import Faults, strike_once  # noqa: E402
 
 MiB = 1 << 20
 SLACK = 10.0  # seconds past a deadline by which a call must have raised
@@ -39,17 +39,6 @@ def _same(a: dict, b: dict) -> bool:
     return (torch.equal(a["w"], b["w"]) and torch.equal(a["b"], b["b"])
             and np.array_equal(a["table"], b["table"]) and (a["step"], a["name"]) == (b["step"], b["name"]))
 
-
-def _once(match):  # noqa: ANN001, ANN202 - a Faults.only predicate striking the first match only
-    hits = []
-
-    def only(method: str, target: str) -> bool:
-        if not hits and match(method, target):
-            hits.append(target)
-            return True
-        return False
-
-    return only
 
 
 def _committed(faulty, prefix: str) -> bool:  # noqa: ANN001
@@ -103,7 +92,7 @@ def test_an_upload_that_stalls_mid_body_is_cut_and_retried(faulty_s3) -> None:  
     storage, root = _small_parts(faulty_s3.loc, "stall")
     data = np.random.default_rng(0).integers(0, 255, 17 * MiB, dtype=np.uint8)
     faulty_s3.proxy.faults = Faults(stall=1.0, stall_seconds=120, phase=0.05,
-                                    only=_once(lambda m, t: m == "PUT" and "partNumber=2" in t))
+                                    only=strike_once(lambda m, t: m == "PUT" and "partNumber=2" in t))
     cut = storage._runner.watch.cut
     t0 = time.monotonic()
     storage.write(f"{root}/f", [memoryview(data)])
@@ -129,7 +118,7 @@ def test_a_read_whose_response_stalls_is_retried(faulty_s3) -> None:  # noqa: AN
     data = np.random.default_rng(1).integers(0, 255, 12 * MiB, dtype=np.uint8)
     storage.write(f"{root}/f", [memoryview(data)])
     faulty_s3.proxy.faults = Faults(stall=1.0, stall_seconds=120, phase=0.8,
-                                    only=_once(lambda m, t: m == "GET" and t.endswith("/f")))
+                                    only=strike_once(lambda m, t: m == "GET" and t.endswith("/f")))
     out = bytearray(11 * MiB)
     t0 = time.monotonic()
     storage.read_into(f"{root}/f", MiB, memoryview(out))
@@ -187,7 +176,8 @@ def test_a_save_carries_over_a_server_restart(faulty_s3) -> None:  # noqa: ANN00
     """The endpoint goes away as the data file goes up (every connection reset, new ones
     refused) and comes back on the same port 1.5 s later."""
     loc = faulty_s3.loc
-    faulty_s3.proxy.faults = Faults(outage_seconds=1.5, outage_on=_once(lambda m, t: m == "PUT" and "data-r" in t))
+    faulty_s3.proxy.faults = Faults(outage_seconds=1.5,
+                                    outage_on=strike_once(lambda m, t: m == "PUT" and "data-r" in t))
     shardsafe.save(_state(3), f"{loc.url}/r", storage_options=loc.storage_options, timeout=60)
     assert faulty_s3.proxy.counts["outage"] == 1
     assert _same(shardsafe.load(f"{loc.url}/r", storage_options=loc.storage_options), _state(3))

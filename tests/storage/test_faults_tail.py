@@ -14,21 +14,10 @@ torch = pytest.importorskip("torch")
 import shardsafe  # noqa: E402
 from shardsafe.storage import storage_for  # noqa: E402
 
-from fault_proxy import Faults  # noqa: E402
+from fault_proxy import Faults, strike_once  # noqa: E402
 
 MiB = 1 << 20
 
-
-def _once(match):  # noqa: ANN001, ANN202 - a Faults.only predicate striking the first match only
-    hits = []
-
-    def only(method: str, target: str) -> bool:
-        if not hits and match(method, target):
-            hits.append(target)
-            return True
-        return False
-
-    return only
 
 
 def test_a_load_whose_data_read_stalls_is_hedged(faulty_s3, monkeypatch) -> None:  # noqa: ANN001
@@ -38,7 +27,7 @@ def test_a_load_whose_data_read_stalls_is_hedged(faulty_s3, monkeypatch) -> None
     url = f"{loc.url}/hedged"
     shardsafe.save(state, url, storage_options=loc.storage_options, timeout=60)
     faulty_s3.proxy.faults = Faults(stall=1.0, stall_seconds=120, phase=0.3,
-                                    only=_once(lambda m, t: m == "GET" and "/data" in t))
+                                    only=strike_once(lambda m, t: m == "GET" and "/data" in t))
     t0 = time.monotonic()
     out = shardsafe.load(url, storage_options=loc.storage_options, timeout=60)
     assert time.monotonic() - t0 < 15 and faulty_s3.proxy.counts["stall"] == 1
@@ -56,7 +45,7 @@ def test_a_stalled_read_is_cut_at_the_learned_limit(faulty_s3, monkeypatch) -> N
         storage.read_into(f"{root}/f", i * 4096, memoryview(small))
     assert storage._runner.tail.policy.stall_limit(storage._runner.tail.tracker) < 5
     faulty_s3.proxy.faults = Faults(stall=1.0, stall_seconds=120, phase=0.8,
-                                    only=_once(lambda m, t: m == "GET" and t.endswith("/f")))
+                                    only=strike_once(lambda m, t: m == "GET" and t.endswith("/f")))
     out = bytearray(16 * MiB)
     t0 = time.monotonic()
     storage.read_into(f"{root}/f", 0, memoryview(out))

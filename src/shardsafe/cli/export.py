@@ -180,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         node = without(node, args.exclude)
     except KeyError as e:
-        raise ValueError(f"--exclude {e.args[0]!r}: no such key under {args.only or 'the root'} of {args.ckpt}") from None
+        raise ValueError(f"--exclude {e.args[0]!r}: no such key under {args.only or 'the root'} "
+                         f"of {args.ckpt}") from None
     dtype = DTYPES[args.dtype] if args.dtype else None
     reader = ChunkReader(storage, spath, index)
     tmp = f"{args.out}.tmp-{os.getpid()}"

@@ -115,8 +115,8 @@ def _readable_compressed(raw: bytes, stored: int) -> bool:
     """Whether readers accept ``raw`` (a global part) stored as ``stored`` zlib bytes: it
     inflates within ``max_inflated`` and its JSON within ``rules.check_json_size``."""
     (n,) = GLOBAL_HEAD.unpack_from(raw)
-    return (len(raw) <= max_inflated(stored)
-            and json_values(raw[GLOBAL_HEAD.size : GLOBAL_HEAD.size + n]) <= JSON_VALUES_FLOOR + JSON_VALUES_PER_BYTE * stored)
+    values = json_values(raw[GLOBAL_HEAD.size : GLOBAL_HEAD.size + n])
+    return len(raw) <= max_inflated(stored) and values <= JSON_VALUES_FLOOR + JSON_VALUES_PER_BYTE * stored
 
 
 def encode(index: ColumnarIndex, *, compress: bool | None = None) -> bytes:

@@ -405,7 +405,8 @@ def _layout(cols: dict[str, np.ndarray], counts: Sequence[int], itemsizes: Seque
 def _general(lay: TensorLayout, cols: dict[str, np.ndarray], num_files: int, shapes: Sequence[tuple[int, ...]],
              name: Any) -> tuple[Rows, np.ndarray]:
     """The general tensors' chunks, checked (file ids listed, positions inside the tensor,
-    the boxes of each tensor tiling it exactly once, as a whole read checks them), and ``(T + 1,)`` where each tensor's positions begin in ``pos``/``extent``."""
+    the boxes of each tensor tiling it exactly once, as a whole read checks them), and
+    ``(T + 1,)`` where each tensor's positions begin in ``pos``/``extent``."""
     gt = np.flatnonzero(~lay.split)
     per = np.zeros(len(lay.split), dtype=I64)
     per[gt] = lay.counts[gt] * lay.ndim[gt]
