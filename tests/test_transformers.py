@@ -71,6 +71,10 @@ def test_resume_from_a_path_is_bit_exact(ours, tmp_path) -> None:  # noqa: ANN00
     t = trainer(str(tmp_path / "again"))
     t.train(resume_from_checkpoint=os.path.join(out, "checkpoint-4"))
     assert same(weights(t.model), final)
+    assert t._checkpointer.closed  # train() freed the staging buffers when it returned
+    t.args.max_steps = 16  # training on saves again, with new buffers
+    t.train(resume_from_checkpoint=True)
+    assert [s for s, _ in committed_checkpoints(str(tmp_path / "again"))] == [8, 12, 16]
 
 
 def test_a_crash_before_the_files_beside_it_still_resumes(ours, tmp_path) -> None:  # noqa: ANN001

@@ -132,6 +132,8 @@ class CheckpointingMixin:
                 else:
                     self.state.stateful_callbacks[name] = cb.state()
         self._wait_staged()  # at most one save in flight: the previous one has copied its tensors
+        if self._checkpointer.closed:  # train() freed the staging buffers when it returned
+            self._checkpointer = Checkpointer()
         handle = self._checkpointer.async_save(self._checkpoint_state(), output_dir, staging="background",
                                                overwrite=True)
         self._in_flight = handle
@@ -242,6 +244,7 @@ class CheckpointingMixin:
                     log.error("a checkpoint also failed: %s", e)
                 raise
         self.wait_for_checkpoints()
+        self._checkpointer.close()  # frees the host buffers the saves reused (the size of the state)
         return out
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
