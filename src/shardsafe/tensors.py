@@ -23,9 +23,16 @@ from .format.dtypes import DTYPES, DType, from_numpy, lookup
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 
+_TORCH: list[Any] = []  # the module, once imported (tensor paths ask for it per tensor)
+
+
 def _torch() -> Any:
     """The torch module (imported on first use), or None where it is not installed."""
-    return importlib.import_module("torch") if HAVE_TORCH else None
+    if not _TORCH:
+        if not HAVE_TORCH:
+            return None
+        _TORCH.append(importlib.import_module("torch"))
+    return _TORCH[0]
 
 
 def __getattr__(name: str) -> Any:

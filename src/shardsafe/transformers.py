@@ -134,11 +134,12 @@ class CheckpointingMixin:
         self._wait_staged()  # at most one save in flight: the previous one has copied its tensors
         if self._checkpointer.closed:  # train() freed the staging buffers when it returned
             self._checkpointer = Checkpointer()
-        handle = self._checkpointer.async_save(self._checkpoint_state(), output_dir, staging="background",
-                                               overwrite=True)
+        state = self._checkpoint_state()
+        handle = self._checkpointer.async_save(state, output_dir, staging="background", overwrite=True)
+        weights = frozenset(k for k in state if k not in OWN_KEYS)
         self._in_flight = handle
         state_json = _state_json(dataclasses.asdict(self.state)) if self.args.should_save else None
-        t = threading.Thread(target=self._finish_checkpoint, args=(handle, output_dir, run_dir, state_json),
+        t = threading.Thread(target=self._finish_checkpoint, args=(handle, output_dir, run_dir, state_json, weights),
                              name="shardsafe-trainer-commit", daemon=True)
         t.start()
         self._after_commit = [x for x in self._after_commit if x.is_alive()] + [t]
@@ -168,14 +169,15 @@ class CheckpointingMixin:
         state["trainer_state"] = PerRank(dataclasses.asdict(self.state))  # flags and callbacks differ per rank
         return state
 
-    def _finish_checkpoint(self, handle: SaveHandle, path: str, run_dir: str, state_json: str | None) -> None:
+    def _finish_checkpoint(self, handle: SaveHandle, path: str, run_dir: str, state_json: str | None,
+                           weights: frozenset[str]) -> None:
         """After the commit (a background thread): the files the ecosystem reads, then the
         retention of ``save_total_limit``. Errors reach the training thread at the next
         save or at the end of ``train()``."""
         try:
             handle.result()
             if state_json is not None:
-                _write_beside(path, self.accelerator.unwrap_model(self.model), state_json)
+                _write_beside(path, self.accelerator.unwrap_model(self.model), state_json, weights)
                 self._rotate(run_dir)
         except BaseException as e:  # noqa: BLE001 - handed to the training thread
             with self._lock:
@@ -263,24 +265,21 @@ class CheckpointingMixin:
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         if checkpoint is None or not is_shardsafe_checkpoint(checkpoint):
             return super()._load_optimizer_and_scheduler(checkpoint)
-        index = read_checkpoint_index(checkpoint)
-        state = {k: v for k, v in (("optimizer", self.optimizer), ("lr_scheduler", self.lr_scheduler))
-                 if v is not None and _has_key(index, k)}
-        if state:
-            _load_subset(checkpoint, state)
+        # what the checkpoint lacks (a save_only_model one) is left as it is: strict=False
+        _load_subset(checkpoint, {k: v for k, v in (("optimizer", self.optimizer), ("lr_scheduler", self.lr_scheduler))
+                                  if v is not None})
 
     def _load_scaler(self, checkpoint: str | None) -> None:
         if checkpoint is None or not is_shardsafe_checkpoint(checkpoint):
             return super()._load_scaler(checkpoint)
         scaler = getattr(self.accelerator, "scaler", None)
-        if scaler is not None and _has_key(read_checkpoint_index(checkpoint), "scaler"):
+        if scaler is not None:
             _load_subset(checkpoint, {"scaler": scaler})
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
         if checkpoint is None or not is_shardsafe_checkpoint(checkpoint):
             return super()._load_rng_state(checkpoint)
-        if _has_key(read_checkpoint_index(checkpoint), "rng"):
-            _load_subset(checkpoint, {"rng": PerRank(RNGState(), missing="keep")})
+        _load_subset(checkpoint, {"rng": PerRank(RNGState(), missing="keep")})
 
     def _load_best_model(self) -> None:
         best = self.state.best_model_checkpoint
@@ -321,11 +320,7 @@ def _top_level(index: Any) -> dict[Any, Any]:
     return dict(tree.dict_items(index.tree)) if index.tree.get("t") == "dict" else {}
 
 
-def _has_key(index: Any, key: str) -> bool:
-    return key in _top_level(index)
-
-
-def _write_beside(path: str, model: Any, state_json: str) -> None:
+def _write_beside(path: str, model: Any, state_json: str, weights: frozenset[str]) -> None:
     """``config.json`` (and the generation config), ``trainer_state.json`` and
     ``model.safetensors.index.json`` in a committed checkpoint's directory, each written
     to a temporary name and renamed. The weights index is written only when every weight
@@ -338,7 +333,6 @@ def _write_beside(path: str, model: Any, state_json: str) -> None:
         gen = getattr(model, "generation_config", None)
         if gen is not None and getattr(model, "can_generate", lambda: False)():
             gen.save_pretrained(path)
-    weights = set(model.state_dict())
     index = read_checkpoint_index(path)
     weight_map, total = {}, 0
     for t in index.tensors:

@@ -172,10 +172,11 @@ def open_section(data: bytes | memoryview, head: struct.Struct, what: str,
         raise bad(f"{what}: its JSON runs past its end")
     if any(view[head.size + n : a]):
         raise bad(f"{what}: JSON padding must be zero bytes")
+    text = bytes(view[head.size : head.size + n])
     if stored is not None:
-        check_json_size(view[head.size : head.size + n], stored, what)
+        check_json_size(text, stored, what)
     try:
-        raw = json.loads(bytes(view[head.size : head.size + n]).decode("utf-8"), parse_constant=reject_constant,
+        raw = json.loads(text.decode("utf-8"), parse_constant=reject_constant,
                          parse_float=finite_float, object_pairs_hook=unique_members)
     except (ValueError, RecursionError) as e:
         raise bad(f"{what}: not valid JSON: {e}") from None
