@@ -1,4 +1,4 @@
-"""Issue 39's acceptance run (``-m stress``): 8 saves and 8 loads of a 96 MiB state with a
+"""The tail-tolerance acceptance run (``-m stress``): 8 saves and 8 loads of a 96 MiB state with a
 60 s deadline each, through the fault proxy with 10% of connections reset, cut short or
 stalled for 120 s, and then with 5% stalled alone, the stall timeout left at
 its default: every call succeeds and the worst takes at most 20 s. With
