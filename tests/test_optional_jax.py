@@ -26,7 +26,7 @@ assert out["w"].dtype == torch.bfloat16 and out["a"].tolist() == [0, 1, 2]
 target = {"w": torch.zeros(6, dtype=torch.bfloat16), "a": np.zeros(3, np.int64), "n": 0}
 shardsafe.load(os.path.join(d, "c"), target)
 assert target["w"].float().tolist() == list(range(6)) and target["n"] == 1
-import shardsafe.jax, shardsafe.engine.load.jax_restore
+import shardsafe.jax, shardsafe.engine.load.placers.jax_arrays
 print("jax imported:", any(m.split(".")[0] in ("jax", "jaxlib") for m in sys.modules))
 """
 

@@ -12,7 +12,7 @@ from jax_states import assert_same_tree, bits, put
 
 import shardsafe
 from shardsafe.api.load import read_checkpoint_index
-from shardsafe.engine.load import jax_restore
+from shardsafe.engine.load.placers import jax_arrays as jax_restore
 
 
 @pytest.fixture(scope="module")

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 
-from .._gc_pause import paused
 from ..engine.commit.diagnose import read_index_explained
-from ..engine.load.loader import LoadResult, load_path
+from ..engine.load.request import LoadRequest, LoadResult
+from ..engine.load.run import run
 from ..format.index.objects import Index
-from ..engine.load.jax_restore import holds_jax
-from ..plan.flatten import Stateful, is_stateful
+from ..plan.flatten import Stateful
 from ..storage import storage_for
 
 
@@ -36,7 +35,7 @@ def load(path: str, state: MutableMapping[str, Any] | Stateful | None = None, *,
     for arrays saved from numpy; from 2 MiB on, each in a page-aligned mapping of its
     own that cold reads fill directly, see ``engine.buffers.new_tensor``). With ``mmap=True`` (local checkpoints, no ``state``)
     the tensors are copy-on-write views of the memory-mapped data files, verified up
-    front (see ``engine.load.mapped``).
+    front (see ``engine.load.placers.mapped``).
 
     Under torch.distributed (more than one rank) the load is collective by default,
     like ``save``: every rank of ``process_group`` (default: the world) must call it.
@@ -56,24 +55,8 @@ def load(path: str, state: MutableMapping[str, Any] | Stateful | None = None, *,
         CorruptCheckpointError: A checksum fails or a file is truncated/malformed.
         StateMismatchError: ``strict`` and the target's keys, shapes or dtypes differ.
     """
-    return load_checked(path, state, None, strict=strict, storage_options=storage_options, mmap=mmap,
-                        process_group=process_group, collective=collective, timeout=timeout, cast=cast)
-
-
-def load_checked(path: str, state: MutableMapping[str, Any] | Stateful | None,
-                 check: Callable[[Index], None] | None, *, strict: bool = True,
-                 storage_options: dict | None = None, mmap: bool = False, process_group: Any = None,
-                 collective: bool | None = None, timeout: float | None = None, cast: bool = False) -> Any:
-    """``load``, first calling ``check(index)`` with the validated index: it raises (a
-    ``CheckpointError``) to refuse the checkpoint before anything is read. The manager
-    checks that a step's index records the step and run it restores."""
-    if state is not None and not isinstance(state, MutableMapping) and not is_stateful(state) \
-            and not holds_jax(state):
-        raise TypeError(f"state must be a mutable mapping (dict) or a Stateful object (with "
-                        f"state_dict() and load_state_dict()) to load into, got {type(state).__name__}")
-    with paused():  # building thousands of tensors and entries: no collection meanwhile
-        return load_path(path, state, check, strict=strict, storage_options=storage_options, mmap=mmap,
-                         process_group=process_group, collective=collective, timeout=timeout, cast=cast)
+    return run(LoadRequest(path=path, state=state, strict=strict, storage_options=storage_options, mmap=mmap,
+                           process_group=process_group, collective=collective, timeout=timeout, cast=cast))
 
 
 def read_checkpoint_index(path: str, storage_options: dict | None = None) -> Index:
@@ -88,4 +71,4 @@ def read_checkpoint_index(path: str, storage_options: dict | None = None) -> Ind
     return read_index_explained(storage, spath, path)
 
 
-__all__ = ["LoadResult", "load", "load_checked", "read_checkpoint_index"]
+__all__ = ["LoadResult", "load", "read_checkpoint_index"]

@@ -26,10 +26,11 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
-from ..engine.load.targets import read_targets
-from ..engine.load.match import TensorTarget
 from ..engine.commit.diagnose import read_index_explained
+from ..engine.load.match import TensorTarget
+from ..engine.load.placers import Placement
 from ..engine.load.reader import ChunkReader
+from ..engine.load.run import read_placement
 from ..errors import CheckpointError
 from ..format.index.objects import Index
 from ..storage import storage_for
@@ -124,7 +125,7 @@ class Reader(StorageReader):
             targets.append(TensorTarget(entry, into, offsets=offsets))
             commits.append((ri, target, into))
         storage, spath = storage_for(self.path, self.storage_options)
-        read_targets(ChunkReader(storage, spath, self._index), targets)
+        read_placement(ChunkReader(storage, spath, self._index), Placement(self._index, targets))
         for ri, target, into in commits:
             if into is not target:
                 target.copy_(into)

@@ -8,7 +8,7 @@ one per distinct box (a replicated box once), as chunks of the global array.
 
 ``shardsafe.load(path, target)`` with a target holding ``jax.Array`` or
 ``jax.ShapeDtypeStruct`` leaves returns the restored pytree, each array on its
-target's sharding, whatever mesh and layout it was saved from (``shardsafe.engine.load.jax_restore``).
+target's sharding, whatever mesh and layout it was saved from (``shardsafe.engine.load.placers.jax_arrays``).
 
 Key paths: see ``state_dict_names``; docs/guides/jax.md has the whole mapping.
 """

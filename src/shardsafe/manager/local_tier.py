@@ -35,11 +35,11 @@ import tempfile
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from ..api.load import load
+from ..engine.load.request import LoadRequest, holds_jax
+from ..engine.load.run import run
 from ..comm.agreement import Agreement
 from ..engine import commit
 from ..errors import CheckpointError
-from ..engine.load.jax_restore import holds_jax
 from ..storage import storage_for
 from . import peer_copy
 from .local_view import LocalView
@@ -224,7 +224,8 @@ class LocalTier:
         """Loads the local checkpoint at ``path`` into ``state`` (this rank alone, verified;
         ``cast`` as ``shardsafe.load``'s)."""
         # a JAX state is restored by replacing its arrays (its mutable containers in place)
-        load(path, {ROOT_KEY: state if holds_jax(state) else LocalView(state)}, collective=False, cast=cast)
+        root = {ROOT_KEY: state if holds_jax(state) else LocalView(state)}
+        run(LoadRequest(path=path, state=root, collective=False, cast=cast))
 
     def receive_directory(self) -> str:
         """Where a copy fetched from a peer is stored: this rank's own directory, or (read-only)

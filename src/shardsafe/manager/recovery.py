@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api.load import load_checked
+from ..engine.load.request import LoadRequest
+from ..engine.load.run import run
 from ..comm.agreement import Agreement
 from ..engine.commit.detach import detach
 from ..errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
@@ -75,9 +76,9 @@ def load_step(steps: StepDirectory, base_url: str, step: int, name: str,
 def _load(url: str, step: int, state: MutableMapping[str, Any],
           storage_options: Mapping[str, Any] | None, timeout: float | None, cast: bool) -> None:
     try:
-        load_checked(url, state, _records(step),
-                     storage_options=dict(storage_options) if storage_options is not None else None,
-                     timeout=timeout, cast=cast)
+        run(LoadRequest(path=url, state=state, check=_records(step),
+                        storage_options=dict(storage_options) if storage_options is not None else None,
+                        timeout=timeout, cast=cast))
     except FileNotFoundError as e:
         if isinstance(e, CheckpointNotFoundError):
             raise

@@ -1,8 +1,9 @@
-"""Read tensors of a checkpoint into host memory, verifying every checksum block.
+"""The units of a load: each target region cut into I/O-pool tasks, every task one read
+of a source (``sources``), its transform (``transforms``: verification, decoding) and
+the bytes' placement, so the stages of different units overlap across the pool's threads.
 
-Reads are cut into I/O-pool tasks of at most one checksum block each, so a single
-large tensor is read (and verified) by every I/O thread at once, straight into the
-target's memory:
+Units are at most one checksum block (16 MiB by default), so a single large tensor is
+read (and verified) by every I/O thread at once, straight into the target's memory:
 
 - a chunk of at least ``SPLIT_MIN`` bytes that fills its target: one task per checksum
   block, reading into the target's own bytes and verifying that block;
@@ -31,34 +32,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..._scratch import ScratchBuffer
 from ...errors import CorruptCheckpointError
-from ...format.block_verify import decode_block, verify_blocks
 from ...format.blockfile import stored_span
-from ...format.checksum import crc32c
 from ...format.dtypes import lookup
 from ...format.index.objects import Index, TensorEntry
 from ...format.index.rows import ChunkEntry
 from ...format.tree import render_path
-from ...plan.load_plan import CoverageError, Piece, coalesce, pieces_for
+from ...plan.load_plan import CoverageError, Piece, pieces_for
 from ...storage.base import Storage
 from ...storage.memory import populate
 from ..io_pool import io_pool, wait_all
-from ..commit.locations import Locator
+from .sources import FileSource, groups, scratch as _scratch_buffer
+from .transforms import decode, verify, verify_group
 
 SPLIT_MIN = 1 << 20  # chunks from this size are read block by block straight into the target
-MAX_GAP = 64 << 10  # small chunks further apart than this are not read together
-GROUP_MAX = 4 << 20  # bytes per coalesced read (each I/O thread keeps a scratch buffer this big)
-
-
-def verify(chunk: ChunkEntry, data: memoryview, block_size: int, key: str, first: int = 0) -> None:
-    """Checks ``data`` (blocks ``first``, ``first + 1``, ... of ``chunk``) against its checksums.
-
-    Raises:
-        CorruptCheckpointError: a block does not match (names file, key and byte offsets).
-    """
-    verify_blocks(data, block_size, chunk.checksums, first, offset=chunk.offset + first * block_size,
-                  file=chunk.file, key=key)
 
 
 @dataclass(slots=True)
@@ -83,9 +70,6 @@ class _Small:
     key: str
 
 
-_scratch_buffer = ScratchBuffer(GROUP_MAX).get  # pages stay faulted in between loads
-
-
 class ChunkReader:
     """Reads chunks of one checkpoint in parallel on the shared I/O pool."""
 
@@ -94,18 +78,10 @@ class ChunkReader:
         self.path = path
         self.index = index
         self.block = index.block_size
-        self._file = Locator(storage, path)  # index file name -> backend path (references too)
+        self.source = FileSource(storage, path)
 
     def _read(self, chunk: ChunkEntry, offset: int, out: memoryview, key: str) -> None:
-        self._read_range(chunk.file, offset, out, lambda: key)
-
-    def _read_range(self, file: str, offset: int, out: memoryview, key: Callable[[], str]) -> None:
-        try:
-            self.storage.read_into(self._file(file), offset, out)
-        except EOFError:
-            raise CorruptCheckpointError("data file is truncated", file=file, key=key()) from None
-        except FileNotFoundError:  # api.load tells a deleted checkpoint from a damaged one
-            raise CorruptCheckpointError("data file is missing", file=file, key=key()) from None
+        self.source.read(chunk.file, offset, out, lambda: key)
 
     # ------------------------------------------------------------------ task kinds
     def _read_block(self, chunk: ChunkEntry, j: int, dest: np.ndarray, key: str, base: int = 0) -> None:
@@ -128,7 +104,7 @@ class ChunkReader:
         offset, size = stored_span(chunk, j)  # validated: size <= len(out) <= block_size
         stored = memoryview(_scratch_buffer(size))
         self._read(chunk, offset, stored, key)
-        decode_block(chunk, j, stored, out, key=key)
+        decode(chunk, j, stored, out, key)
 
     def _read_small(self, group: Sequence[_Small]) -> None:
         start = group[0].chunk.offset
@@ -203,8 +179,8 @@ class ChunkReader:
                     small.append(_Small(p.chunk, job.dest, key))
         if small:
             ids = {f.name: i for i, f in enumerate(self.index.files)}
-            order, bounds = coalesce([ids.get(s.chunk.file, -1) for s in small], [s.chunk.offset for s in small],
-                                     [s.chunk.nbytes for s in small], GROUP_MAX, MAX_GAP)
+            order, bounds = groups([ids.get(s.chunk.file, -1) for s in small], [s.chunk.offset for s in small],
+                                   [s.chunk.nbytes for s in small])
             order_l, bounds_l = order.tolist(), bounds.tolist()
             for a, b in zip(bounds_l, bounds_l[1:]):
                 tasks.append((self._read_small, ([small[i] for i in order_l[a:b]],)))
@@ -219,9 +195,8 @@ class ChunkReader:
         the caller until the tasks ran (``tensor_of[i]`` names the tensor, for errors).
         Planned on the table's columns: chunks of at least ``SPLIT_MIN`` bytes are read
         block by block straight into their destination; smaller ones are grouped by file
-        position (``plan.load_plan.coalesce``) into reads of at most ``GROUP_MAX`` bytes
-        into a scratch buffer, each then
-        verified and copied out with ``memmove``. ``fresh``: the destinations are new
+        position (``sources.groups``) into reads of at most ``GROUP_MAX`` bytes into a
+        scratch buffer, each then verified and moved out (``transforms.verify_group``). ``fresh``: the destinations are new
         memory; each block's pages are faulted in with one call before it is read into
         (``storage.memory.populate``; ~1.4x faster than faulting them one by one).
         """
@@ -247,7 +222,7 @@ class ChunkReader:
         if not len(rows):
             return tasks
         file, off, nb = ct.file[rows], ct.offset[rows], ct.nbytes[rows]
-        order, bounds = coalesce(file, off, nb, GROUP_MAX, MAX_GAP)
+        order, bounds = groups(file, off, nb)
         rows, dests_a, tensor_of, file, off, nb = (a[order] for a in (rows, dests_a, tensor_of, file, off, nb))
         sums = ct.checksums[ct.block_start[rows]]
         cols = [a.tolist() for a in (rows, dests_a, tensor_of, off, nb, sums)]
@@ -265,13 +240,12 @@ class ChunkReader:
         span = max(o + n for o, n in zip(offsets, sizes)) - start
         buf = _scratch_buffer(span)
         view = memoryview(buf)
-        self._read_range(file, start, view, lambda: self._key(tensors[0]))
-        base = buf.ctypes.data - start
-        move, crc = ctypes.memmove, crc32c
-        for r, d, t, o, n, want in zip(rows, dests, tensors, offsets, sizes, sums):
-            if crc(view[o - start : o - start + n]) != want:
-                verify(self._chunk(r), view[o - start : o - start + n], self.block, self._key(t))
-            move(d, base + o, n)
+        self.source.read(file, start, view, lambda: self._key(tensors[0]))
+
+        def failed(i: int, data: memoryview) -> None:
+            verify(self._chunk(rows[i]), data, self.block, self._key(tensors[i]))
+
+        verify_group(view, buf.ctypes.data, start, dests, offsets, sizes, sums, failed)
 
     def _chunk(self, row: int) -> ChunkEntry:
         """Chunk ``row`` of the table as an entry (for the block reader and messages)."""

@@ -1,4 +1,4 @@
-"""``load(path, mmap=True)``: tensors that are zero-copy views of memory-mapped data files.
+"""The placer of ``load(path, mmap=True)``: tensors that are zero-copy views of memory-mapped data files.
 
 Checksums are verified up front, all blocks in parallel on the I/O pool, before any
 tensor is returned: a corrupt checkpoint never yields a tensor, and nothing needs to
@@ -22,20 +22,27 @@ from typing import Any
 
 import numpy as np
 
-from ... import tensors
-from ...errors import CorruptCheckpointError
-from ...format.block_verify import decode_block
-from ...format.blockfile import stored_span
-from ...format.checksum import blocks
-from ...format.dtypes import lookup
-from ...format.index.objects import Index
-from ...format.index.rows import ChunkEntry
-from ...format.tree import KeyPath, Node, build, render_path
-from ...storage.files import open_regular
-from ...storage.local import LocalStorage
-from ..commit.locations import data_file
-from ..io_pool import io_pool, wait_all
-from .reader import verify
+from typing import TYPE_CHECKING
+
+from .... import tensors
+from ....errors import CorruptCheckpointError
+from ....format.block_verify import decode_block
+from ....format.blockfile import stored_span
+from ....format.checksum import blocks
+from ....format.dtypes import lookup
+from ....format.index.objects import Index
+from ....format.index.rows import ChunkEntry
+from ....format.tree import KeyPath, Node, build, render_path
+from ....storage.files import open_regular
+from ....storage.local import LocalStorage
+from ...commit.locations import data_file
+from ...io_pool import io_pool, wait_all
+from ..request import LoadRequest
+from ..transforms import verify
+from . import Placement, tensor_bytes
+
+if TYPE_CHECKING:
+    from ..index_exchange import IndexRead
 
 
 def _map(path: str, name: str, size: int) -> mmap.mmap:
@@ -115,3 +122,24 @@ def load_mapped(path: str, index: Index) -> Any:
         return _view(maps, index, node)
 
     return build(index.tree, leaf)
+
+
+class Mapped:
+    """``load(path, mmap=True)`` (see the module docstring): its bytes are verified where
+    they lie, in ``place``; nothing is read through the reader."""
+
+    def __init__(self, request: LoadRequest) -> None:
+        self.request = request
+        self._value: Any = None
+
+    def place(self, read: IndexRead) -> Placement:
+        if not isinstance(read.storage, LocalStorage):
+            raise ValueError("mmap=True applies to load(path) of a local checkpoint, without a state")
+        self._value = load_mapped(read.spath, read.index)
+        return Placement(read.index, nbytes=tensor_bytes(read.index))
+
+    def finish(self) -> Any:
+        return self._value
+
+
+__all__ = ["Mapped", "load_mapped"]

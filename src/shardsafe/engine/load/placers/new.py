@@ -1,4 +1,4 @@
-"""The result of ``load(path)``: a new nested structure whose tensors are allocated, not yet read.
+"""The placer of ``load(path)``: a new nested structure whose tensors are allocated, then read.
 
 Works on the columns every decoded index has (whatever its version): a tensor stored as
 one raw chunk (every tensor of a single-process save) is allocated and described to the
@@ -15,14 +15,21 @@ from typing import Any
 
 import numpy as np
 
-from ... import tensors
-from ..buffers import new_tensor
-from ...format import tree
-from ...format.blockfile import RAW
-from ...format.index.chunk_table import ChunkTable
-from ...format.index.objects import Index
-from ...storage.memory import HUGE
-from .match import TensorTarget
+from typing import TYPE_CHECKING
+
+from .... import tensors
+from ...buffers import new_tensor
+from ....format import tree
+from ....format.blockfile import RAW
+from ....format.index.chunk_table import ChunkTable
+from ....format.index.objects import Index
+from ....storage.memory import HUGE
+from ..match import TensorTarget
+from ..request import LoadRequest
+from . import Placement, tensor_bytes
+
+if TYPE_CHECKING:
+    from ..index_exchange import IndexRead
 
 
 @dataclass(slots=True)
@@ -32,7 +39,7 @@ class Allocated:
     Attributes:
         tensors, rows, addrs: Tensors read whole from one raw chunk: tensor id, chunk row
             of the table, and the address of the tensor's (contiguous) memory.
-        others: Tensors read through ``engine.load.reader``'s general path.
+        others: Tensors read through the reader's general path (``ReadJob``).
     """
 
     tensors: list[int] = field(default_factory=list)
@@ -93,3 +100,21 @@ def build(index: Index) -> tuple[Any, Allocated]:
         return x
 
     return tree.build(index.tree, leaf), out
+
+
+class NewTensors:
+    """``load(path)``: the checkpoint's structure with new tensors (see the module docstring)."""
+
+    def __init__(self, request: LoadRequest) -> None:
+        self.request = request
+        self._value: Any = None
+
+    def place(self, read: IndexRead) -> Placement:
+        self._value, new = build(read.index)
+        return Placement(read.index, new.others, new, tensor_bytes(read.index))
+
+    def finish(self) -> Any:
+        return self._value
+
+
+__all__ = ["Allocated", "NewTensors", "build", "whole_raw"]

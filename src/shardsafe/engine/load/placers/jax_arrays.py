@@ -1,4 +1,4 @@
-"""Restore a checkpoint into a JAX pytree: each array onto its target's sharding.
+"""The placer of a JAX target: each array restored onto its target's sharding.
 
 ``shardsafe.load(path, target)`` comes here when ``target`` holds ``jax.Array`` or
 ``jax.ShapeDtypeStruct`` leaves (or is a JAX pytree node such as a registered
@@ -8,8 +8,8 @@ target (dicts, lists) also get the new values in place, so a ``CheckpointManager
 restores a dict of JAX values like any other state.
 
 For every array, ``plan`` lists the distinct boxes its target sharding puts on this
-process's devices (a replicated box once) as reads into host arrays; the load path
-hands them to the chunk reader, which reads only the byte ranges of those boxes (and
+process's devices (a replicated box once) as reads into host arrays; the load's
+``run`` hands them to the chunk reader, which reads only the byte ranges of those boxes (and
 verifies the checksum blocks they touch), whatever the layout the checkpoint was saved
 with. ``finish`` then puts each box on its devices and assembles the arrays
 (``jax.make_array_from_single_device_arrays``).
@@ -19,13 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ... import jax_values, tensors
-from ...format.index.objects import Index
-from ...format.tree import MAX_DEPTH, KeyPath, Node, build, dict_items, render_path
-from ...plan.flatten import is_stateful
-from ..buffers import new_tensor
+from .... import jax_values, tensors
+from ....format.index.objects import Index
+from ....format.tree import KeyPath, Node, build, dict_items, render_path
+from ...buffers import new_tensor
+from ..match import TensorTarget
+from ..request import LoadRequest
+from . import Placement, named_as_target, region_bytes, skipped, target_regions
+
+if TYPE_CHECKING:
+    from ..index_exchange import IndexRead
 
 Build = Callable[[], Any]
 
@@ -56,30 +61,6 @@ class JaxRestore:
     def finish(self) -> Any:
         """The restored pytree (call after every read succeeded)."""
         return self.build()
-
-
-def holds_jax(state: Any) -> bool:
-    """Whether ``state`` is a target for a JAX restore: it holds ``jax.Array`` or
-    ``jax.ShapeDtypeStruct`` leaves, or is a JAX pytree node shardsafe has no other rule for."""
-    jax = jax_values.imported()
-    return jax is not None and _holds(state, (jax.Array, jax.ShapeDtypeStruct), 0)
-
-
-def _holds(x: Any, types: tuple[type, ...], depth: int) -> bool:
-    """Walks containers (not ``jax.tree_util``: it sorts dict keys, which mixed key types
-    refuse, and a Stateful object's state is not a JAX target's)."""
-    if isinstance(x, types):
-        return True
-    if depth > MAX_DEPTH or isinstance(x, (str, bytes)) or is_stateful(x):
-        return False
-    if isinstance(x, Mapping):
-        return any(_holds(v, types, depth + 1) for v in x.values())
-    if isinstance(x, (list, tuple)):
-        return any(_holds(v, types, depth + 1) for v in x)
-    if x is None or isinstance(x, (int, float, complex)) or tensors.is_tensor(x):
-        return False
-    node_of = jax_values.children(x)
-    return node_of is not None and any(_holds(v, types, depth + 1) for v in node_of[1])
 
 
 def plan(index: Index, target: Any) -> JaxRestore:
@@ -229,4 +210,26 @@ class _Planner:
         return done
 
 
-__all__ = ["BoxRead", "JaxRestore", "holds_jax", "plan"]
+class JaxArrays:
+    """Restores into ``request.state``, a JAX pytree (see the module docstring)."""
+
+    def __init__(self, request: LoadRequest) -> None:
+        self.request = request
+        self._restore: JaxRestore | None = None
+
+    def place(self, read: IndexRead) -> Placement:
+        r = self.request
+        index = named_as_target(read.index, r.state)  # names nested one way, flat the other
+        restore = plan(index, r.state)
+        skipped(r.path, restore.problems, r.strict)
+        self._restore = restore
+        targets = [TensorTarget(None, b.host, offsets=b.offsets, tid=b.tid) for b in restore.reads]
+        regions = target_regions(targets, index)
+        return Placement(read.narrow(regions), targets, nbytes=region_bytes(index, regions))
+
+    def finish(self) -> Any:
+        assert self._restore is not None, "finish() follows place()"
+        return self._restore.finish()
+
+
+__all__ = ["BoxRead", "JaxArrays", "JaxRestore", "plan"]
