@@ -74,10 +74,11 @@ STATS = StagingStats()
 Box = tuple[tuple[int, ...], tuple[int, ...]]
 
 
-def boxes(shape: tuple[int, ...], itemsize: int, unit: int = UNIT) -> list[Box]:
+def boxes(shape: tuple[int, ...], itemsize: int, unit: int | None = None) -> list[Box]:
     """``(offsets, extent)`` of row-major boxes of at most ``unit`` bytes (at least one
     element each) that tile ``shape``: runs of whole rows where a row fits in ``unit``,
-    else one row at a time, itself cut the same way."""
+    else one row at a time, itself cut the same way (``unit`` default: ``UNIT``)."""
+    unit = UNIT if unit is None else unit
     if not shape:
         return [((), ())]
     if math.prod(shape) == 0:
