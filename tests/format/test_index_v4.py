@@ -441,3 +441,24 @@ def test_a_real_save_round_trips_through_version_4() -> None:
         with open(os.path.join(d, "c", "index.json"), "rb") as fh:
             index = decode_index(fh.read())
         assert decode_index(encode_index(index, version=4)).tensors == index.tensors
+
+
+def test_the_fields_of_a_head_are_read_without_its_tensor_tables(tmp_path) -> None:
+    """Listing steps reads a step's metadata from the head alone; a damaged head is refused."""
+    import torch
+
+    import shardsafe
+    from shardsafe.engine.load.index_exchange import read_metadata
+    from shardsafe.storage import LocalStorage
+
+    path = str(tmp_path / "c")
+    shardsafe.save({f"t{i}": torch.ones(3) for i in range(50)}, path, metadata={"step": 7})
+    assert read_metadata(LocalStorage(), path) == {"step": 7}
+    index = os.path.join(path, "index.json")
+    with open(index, "r+b") as f:
+        f.seek(40)
+        byte = f.read(1)
+        f.seek(40)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CorruptCheckpointError):
+        read_metadata(LocalStorage(), path)

@@ -35,10 +35,10 @@ import tempfile
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+from ..engine.load.index_exchange import read_metadata
 from ..engine.load.request import LoadRequest, holds_jax
 from ..engine.load.run import run
 from ..comm.agreement import Agreement
-from ..engine import commit
 from ..errors import CheckpointError
 from ..storage import storage_for
 from . import peer_copy
@@ -100,7 +100,7 @@ class LocalTier:
     def _identity(self, steps: StepDirectory, name: str) -> tuple[int | None, str | None]:
         """The step and run a committed local step records (Nones when unreadable)."""
         try:
-            info = commit.read_index(steps.storage, steps.storage.join(steps.path, name)).metadata.get(LOCAL_KEY)
+            info = read_metadata(steps.storage, steps.storage.join(steps.path, name)).get(LOCAL_KEY)
         except (OSError, CheckpointError):
             return None, None
         if not isinstance(info, dict):

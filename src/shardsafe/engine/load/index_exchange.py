@@ -178,6 +178,25 @@ def read_index_alone(storage: Storage, spath: str, whole: bool = False) -> Index
     return IndexRead(storage, spath, index, None, data)
 
 
+def read_metadata(storage: Storage, spath: str) -> dict[str, Any]:
+    """The user metadata of the committed checkpoint at ``spath``, from a version 4
+    index's head alone (its tensor tables not decoded: listing a directory of steps costs
+    a few kilobytes each), or from all of an older index.
+
+    Raises:
+        CheckpointNotFoundError: no committed checkpoint at ``spath``.
+        CorruptCheckpointError: the index (its head) is damaged.
+    """
+    try:
+        first = _read(storage, spath, 0, HEADER.size)
+    except CorruptCheckpointError:  # shorter than a v4 header: an older version (or damage)
+        first = b""
+    if version_of(first) != VERSION:
+        return commit.read_index(storage, spath).metadata
+    raw = first + _read(storage, spath, HEADER.size, Header(first).head_size - HEADER.size)
+    return GlobalPart.fields_of(raw)["metadata"]
+
+
 def from_head(storage: Storage, spath: str, raw: bytes) -> IndexRead:
     """The ``IndexRead`` of index bytes rank 0 read: a version 4 head, or a whole index."""
     if version_of(raw) == VERSION and len(raw) < Header(raw).file_size:
