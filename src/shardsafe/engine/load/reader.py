@@ -53,7 +53,9 @@ class ReadJob:
     """Fill ``dest`` (a flat uint8 view of a host array of ``shape``) with a region of a tensor.
 
     ``offsets``/``shape`` give the region of the global tensor that ``dest`` holds;
-    ``done`` runs (on the caller's thread) after every read of the load succeeded.
+    ``done`` runs (on the caller's thread) after every read of the load succeeded;
+    ``fresh``: ``dest`` is new memory, whose pages a read of a whole block faults in with
+    one call first (``storage.memory.populate``), not page by page as it writes them.
     """
 
     entry: TensorEntry
@@ -61,6 +63,7 @@ class ReadJob:
     offsets: tuple[int, ...]
     shape: tuple[int, ...]
     done: Callable[[], None] | None = None
+    fresh: bool = False
 
 
 @dataclass(slots=True)
@@ -173,8 +176,9 @@ class ChunkReader:
                 elif not (p.whole_chunk and p.dst == full):
                     tasks.append((self._read_piece, (p, job, key)))
                 elif p.chunk.nbytes >= SPLIT_MIN or p.chunk.stored is not None:
+                    fn = self._read_fresh_block if job.fresh else self._read_block
                     for j in range(len(p.chunk.checksums)):
-                        tasks.append((self._read_block, (p.chunk, j, job.dest, key)))
+                        tasks.append((fn, (p.chunk, j, job.dest, key)))
                 else:
                     small.append(_Small(p.chunk, job.dest, key))
         if small:
@@ -196,7 +200,8 @@ class ChunkReader:
         Planned on the table's columns: chunks of at least ``SPLIT_MIN`` bytes are read
         block by block straight into their destination; smaller ones are grouped by file
         position (``sources.groups``) into reads of at most ``GROUP_MAX`` bytes into a
-        scratch buffer, each then verified and moved out (``transforms.verify_group``). ``fresh``: the destinations are new
+        scratch buffer, each then verified and moved out (``transforms.verify_group``).
+        ``fresh``: the destinations are new
         memory; each block's pages are faulted in with one call before it is read into
         (``storage.memory.populate``; ~1.4x faster than faulting them one by one).
         """

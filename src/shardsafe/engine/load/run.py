@@ -138,7 +138,7 @@ def read_placement(reader: ChunkReader, placement: Placement) -> None:
         e = reader.index.tensors[tt.tid] if tt.tid >= 0 else tt.entry
         assert e is not None, "a target names its tensor by entry or by id"
         if tt.dest is not None:  # a new tensor: its bytes are known, and it is the whole
-            jobs.append(ReadJob(e, tt.dest, (0,) * len(e.shape), e.shape))
+            jobs.append(ReadJob(e, tt.dest, (0,) * len(e.shape), e.shape, fresh=True))
             continue
         target, offsets, shape = _region(tt)
         dest = None if tt.cast else tensors.writable_bytes(target)
