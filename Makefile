@@ -35,7 +35,7 @@ demo-distributed: $(STAMP) $(KERNEL)
 	$(BIN)/shardsafe demo --nproc $(NPROC)
 
 test: $(STAMP) $(KERNEL)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 test-stress: $(STAMP) $(KERNEL)
 	$(BIN)/python -m pytest -q -m stress
