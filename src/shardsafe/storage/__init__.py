@@ -13,7 +13,7 @@ def storage_for(path: str, storage_options: dict | None = None, *,
 
     Local paths (and ``file://`` URLs) use the POSIX backend; other URLs go through fsspec,
     whose requests are retried, watched for stalls and, with a ``deadline`` (that of the
-    save or load they serve), abandoned when it passes (``storage.request``).
+    save or load they serve), abandoned when it passes (``storage.runner``).
     """
     path = str(path)
     if "://" not in path:

@@ -5,7 +5,7 @@ of ``engine.commit`` applies: data objects are uploaded under the final prefix a
 index object is written last. A single PUT is atomic on every object store, which makes
 ``publish`` a plain upload.
 
-Every request goes through ``storage.request``: retried on throttling, server errors,
+Every request goes through ``storage.runner``: retried on throttling, server errors,
 resets, responses cut short and timeouts (jittered exponential backoff honouring
 ``Retry-After``, within a per-request budget), abandoned when it stalls, and bounded by
 the deadline of the save or load that made it (``storage_for(..., deadline=...)``). For
@@ -35,8 +35,8 @@ from .._numbers import ceil_div
 from ..errors import CheckpointError
 from . import multipart
 from .deadline import Deadline
-from . import request as _request
-from .request import Pending, Request, Runner
+from . import runner as _runner
+from .runner import Pending, Request, Runner
 from .retry import RetryPolicy
 from .s3_client import endpoint_of, s3_options, watch_of
 from .tail import TailPolicy
@@ -322,7 +322,7 @@ class FsspecStorage:
         from s3fs.core import _error_wrapper, version_id_kw
 
         bucket, key, version = self._afs.split_path(path)
-        progress = _request.progress()
+        progress = _runner.progress()
 
         async def get() -> bytes:
             if progress is not None:

@@ -2,7 +2,7 @@
 
 ``upload(fs, runner, path, size, parts, window)`` creates the upload, sends the parts
 as the caller's iterator produces them with at most ``window`` in flight (each a
-``storage.request`` call with its own retries, stall detection and the deadline),
+``storage.runner`` call with its own retries, stall detection and the deadline),
 completes it, and returns. On any failure (a part out of attempts, the deadline, an
 error of the iterator, an interrupt) the parts still in flight are abandoned and the
 upload is aborted, so no unfinished upload keeps holding storage; an abort that fails
@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .._numbers import ceil_div
-from .request import CLEANUP_SECONDS, Pending, Request, Runner
+from .runner import CLEANUP_SECONDS, Pending, Request, Runner
 
 log = logging.getLogger("shardsafe")
 

@@ -1,5 +1,5 @@
 """How the S3 client behind an fsspec store is set up for ``storage.fsspec``: connect and
-read timeouts from the stall timeout, the client's own retries off (``storage.request``
+read timeouts from the stall timeout, the client's own retries off (``storage.runner``
 retries instead), sockets that report progress to a ``StallWatch``, and the endpoint
 named in error messages."""
 
@@ -27,7 +27,7 @@ def s3_options(opts: dict[str, Any], policy: RetryPolicy) -> dict[str, Any]:
     config = dict(opts.get("config_kwargs") or {})
     config.setdefault("connect_timeout", min(CONNECT_TIMEOUT, policy.stall_timeout))
     config.setdefault("read_timeout", policy.stall_timeout)  # aiohttp's sock_read: no byte for that long
-    config.setdefault("retries", {"total_max_attempts": 1})  # storage.request retries instead
+    config.setdefault("retries", {"total_max_attempts": 1})  # storage.runner retries instead
     if takes_socket_factory():
         connector = dict(config.get("connector_args") or {})
         connector.setdefault("socket_factory", StallWatch.for_timeout(policy.stall_timeout))

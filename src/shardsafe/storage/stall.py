@@ -13,7 +13,7 @@ opens is a ``WatchedSocket``, which notes when a send could not hand all its byt
 the kernel and when one could (any accepted byte is progress). ``sweep()`` shuts down
 each socket that has had unsent bytes and no progress for ``stall_timeout`` seconds;
 the request on it then fails as a lost connection and is retried. The sweep runs in
-the requests' own waits (``storage.request``), on the event loop that owns the
+the requests' own waits (``storage.runner``), on the event loop that owns the
 sockets, so the watch needs no thread. An idle pooled connection has nothing unsent
 and is never cut.
 """

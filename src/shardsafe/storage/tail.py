@@ -4,7 +4,7 @@ A job of thousands of ranks waits for its slowest request, and an object store's
 has a long tail: most ranged GETs take a fraction of a second, a few take many times that
 and some stall. Two decisions cut that tail, both learned from what the store has been
 doing in this process (``LatencyTracker``), both taking the time as an argument so that
-the real request runner (``storage.request``) and the restore simulation
+the real request runner (``storage.runner``) and the restore simulation
 (``bench.tail``) run the same objects, one on the monotonic clock, one on a simulated one:
 
 * **hedging** (``TailPolicy.hedge_now``, ``HedgeBudget``): an idempotent request (a

@@ -11,7 +11,7 @@ import pytest
 
 fsspec_asyn = pytest.importorskip("fsspec.asyn")
 
-from shardsafe.storage.request import Request, Runner, progress  # noqa: E402
+from shardsafe.storage.runner import Request, Runner, progress  # noqa: E402
 from shardsafe.storage.retry import RetryPolicy  # noqa: E402
 from shardsafe.storage.tail import TailPolicy  # noqa: E402
 
