@@ -33,9 +33,10 @@ def load(path: str, state: MutableMapping[str, Any] | Stateful | None = None, *,
     the result is a LoadResult too.
     Without ``state``: returns a new nested dict (torch tensors on the CPU, numpy arrays
     for arrays saved from numpy; from 2 MiB on, each in a page-aligned mapping of its
-    own that cold reads fill directly, see ``engine.buffers.new_tensor``). With ``mmap=True`` (local checkpoints, no ``state``)
-    the tensors are copy-on-write views of the memory-mapped data files, verified up
-    front (see ``engine.load.placers.mapped``).
+    own that cold reads fill directly; like ``torch.load``'s, such a tensor's storage
+    cannot be resized). With ``mmap=True`` (local checkpoints, no ``state``) the tensors
+    are copy-on-write views of the memory-mapped data files, every checksum verified up
+    front (writing to one changes only this process's copy).
 
     Under torch.distributed (more than one rank) the load is collective by default,
     like ``save``: every rank of ``process_group`` (default: the world) must call it.
