@@ -1,4 +1,4 @@
-"""The placer of ``load(path, mmap=True)``: tensors that are zero-copy views of memory-mapped data files.
+"""The placer of ``load(path, mmap=True)``: zero-copy views of memory-mapped data files.
 
 Checksums are verified up front, all blocks in parallel on the I/O pool, before any
 tensor is returned: a corrupt checkpoint never yields a tensor, and nothing needs to
@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from typing import TYPE_CHECKING
 
 from .... import tensors
 from ....errors import CorruptCheckpointError
