@@ -86,9 +86,11 @@ def _small_parts(loc, path: str, **kw) -> tuple[FsspecStorage, str]:  # noqa: AN
     return FsspecStorage(storage.fs, part_size=8 * MiB, max_concurrency=3, **kw), root
 
 
-def test_an_upload_that_stalls_mid_body_is_cut_and_retried(faulty_s3) -> None:  # noqa: ANN001
+def test_an_upload_that_stalls_mid_body_is_cut_and_retried(faulty_s3, monkeypatch) -> None:  # noqa: ANN001
     """The server stops reading a part's body: aiohttp has no timeout for that; the stall
-    watch cuts the connection and the part is sent again."""
+    watch cuts the connection and the part is sent again (hedging off: a duplicate would
+    win first, test_faults_tail)."""
+    monkeypatch.setenv("SHARDSAFE_HEDGE", "0")
     storage, root = _small_parts(faulty_s3.loc, "stall")
     data = np.random.default_rng(0).integers(0, 255, 17 * MiB, dtype=np.uint8)
     faulty_s3.proxy.faults = Faults(stall=1.0, stall_seconds=120, phase=0.05,

@@ -1,6 +1,7 @@
-"""Reads that stall behind the fault proxy cost seconds, not ``SHARDSAFE_STALL_TIMEOUT``:
-a ranged GET is hedged after the learned delay, and a GET that stops sending is cut at the
-stall limit learned from the store's recent requests (the fixed timeout here is 30 s)."""
+"""Requests that stall behind the fault proxy cost seconds, not ``SHARDSAFE_STALL_TIMEOUT``:
+a ranged GET and a multipart part upload are hedged after the learned delay, and a GET
+that stops sending is cut at the stall limit learned from the store's recent requests
+(the fixed timeout here is 30 s)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 import shardsafe  # noqa: E402
 from shardsafe.storage import storage_for  # noqa: E402
+from shardsafe.storage.fsspec import FsspecStorage  # noqa: E402
 
 from fault_proxy import Faults, strike_once  # noqa: E402
 
@@ -51,3 +53,22 @@ def test_a_stalled_read_is_cut_at_the_learned_limit(faulty_s3, monkeypatch) -> N
     storage.read_into(f"{root}/f", 0, memoryview(out))
     assert time.monotonic() - t0 < 15 and faulty_s3.proxy.counts["stall"] == 1
     assert bytes(out) == data.tobytes()
+
+
+def test_a_part_upload_that_stalls_is_hedged_and_leaves_no_part_behind(faulty_s3, monkeypatch) -> None:  # noqa: ANN001
+    """The store stops reading part 2's body: its duplicate, sent once the part is far
+    slower than its siblings, completes the upload long before the 30 s stall limit; the
+    object holds the right bytes and no unfinished upload is left."""
+    monkeypatch.setenv("SHARDSAFE_STALL_TIMEOUT", "30")
+    storage, root = storage_for(f"{faulty_s3.loc.url}/hedged-up", faulty_s3.loc.storage_options)
+    storage = FsspecStorage(storage.fs, part_size=8 * MiB, max_concurrency=3)
+    data = np.random.default_rng(4).integers(0, 255, 41 * MiB, dtype=np.uint8)
+    faulty_s3.proxy.faults = Faults(stall=1.0, stall_seconds=120, phase=0.05,
+                                    only=strike_once(lambda m, t: m == "PUT" and "partNumber=2" in t))
+    hedges = storage._runner.tail.budget.hedges
+    t0 = time.monotonic()
+    storage.write(f"{root}/f", [memoryview(data)])
+    assert time.monotonic() - t0 < 15 and faulty_s3.proxy.counts["stall"] == 1
+    assert storage._runner.tail.budget.hedges > hedges
+    assert storage.read(f"{root}/f") == data.tobytes()
+    assert faulty_s3.direct.filesystem().list_multipart_uploads(faulty_s3.direct.bucket) == []

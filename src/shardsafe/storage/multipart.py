@@ -48,7 +48,7 @@ def upload(fs: Any, runner: Runner, path: str, size: int | None, part_size: int,
             while len(inflight) >= window:
                 etags.append(_finished(inflight.popleft()))
             inflight.append((number, runner.submit(
-                Request("PUT", path, f"part {number}{count}"),
+                Request("PUT", path, f"part {number}{count}", size=len(body), idempotent=True),
                 lambda n=number, b=body: fs._call_s3("upload_part", Bucket=bucket, Key=key,
                                                      UploadId=upload_id, PartNumber=n, Body=b))))
         while inflight:

@@ -18,11 +18,13 @@ one HTTP request, or a few for an fsspec call) on fsspec's event loop and
   ranged GET notes every chunk it receives, a HEAD its answer) when it has made none for
   the stall limit learned from this process's recent requests (``storage.tail``), and
   cuts stalled uploads at that limit too;
-* hedges an idempotent request (``Request.idempotent``: ranged GETs, HEADs): when its
-  attempt has received nothing for the silence limit the tail policy learned (a likely
-  stall), or it has not finished after the delay learned for its size, one duplicate is
-  sent (within the hedge budget, ``TailPolicy.hedge_now``) and the first answer wins; the
-  other is cancelled.
+* hedges an idempotent request (``Request.idempotent``: ranged GETs, HEADs, and the part
+  uploads of a multipart upload, which send the same bytes under the same part number):
+  when its attempt has received nothing for the silence limit the tail policy learned (a
+  likely stall), or it has not finished after the delay learned for its size (uploads
+  and reads learned apart), one duplicate is sent (within the hedge budget,
+  ``TailPolicy.hedge_now``) and the first answer wins; the other is cancelled (a part
+  whose duplicate also lands holds the same bytes, and the completion names the winner's).
 
 The caller's thread waits for the result (``run``) or holds a future (``submit``); the
 coroutines run on the loop fsspec already runs for its asynchronous filesystems, so
@@ -64,7 +66,12 @@ class Request:
     size: int | None = None
     """Bytes the request moves (its latency is learned by size class); None: not learned."""
     idempotent: bool = False
-    """Whether sending it twice is harmless (a read): only such requests are hedged."""
+    """Whether sending it twice is harmless (a read, a part upload): only such requests are hedged."""
+
+    @property
+    def uploads(self) -> bool:
+        """Whether it sends its bytes (its durations are learned apart from reads')."""
+        return self.verb == "PUT"
 
     def __str__(self) -> str:
         return f"{self.verb} {self.detail}" if self.detail else self.verb
@@ -162,6 +169,7 @@ class Runner:
         answers teach the tracker); the first answer wins. When both fail, the first one's
         error is raised."""
         tail, size = self.tail, request.size or 0
+        tracker = tail.durations(request)
         tail.budget.started()
         start = time.monotonic()
         current: list[Progress | None] = [None]
@@ -170,7 +178,7 @@ class Runner:
         hedged = False
         try:
             while racers:
-                wait_s = None if hedged else _until_due(tail.policy, tail.tracker, size, start, current[0])
+                wait_s = None if hedged else _until_due(tail.policy, tracker, size, start, current[0])
                 done, racers = await asyncio.wait(racers, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     if task.exception() is None:
@@ -181,7 +189,7 @@ class Runner:
                 now = time.monotonic()
                 attempt = current[0]
                 if not hedged and racers and tail.policy.hedge_now(
-                        tail.tracker, tail.budget, size, now - start, attempt.silence(now) if attempt else None):
+                        tracker, tail.budget, size, now - start, attempt.silence(now) if attempt else None):
                     hedged = True
                     log.debug("%s of %s: no answer after %.2f s; sent a duplicate", request, request.path,
                               now - start)
@@ -217,8 +225,8 @@ class Runner:
                             raise StalledRequestError(f"no progress for {limit:g} s") from e
                         raise
                     if request.size is not None or progress.reporting:
-                        tail.tracker.record(request.size or 0, time.monotonic() - progress.started,
-                                            progress.longest_gap if progress.reporting else None)
+                        tail.durations(request).record(request.size or 0, time.monotonic() - progress.started,
+                                                       progress.longest_gap if progress.reporting else None)
                     return result
                 if progress.stalled(time.monotonic(), limit):
                     raise StalledRequestError(f"no progress for {limit:g} s")
@@ -329,11 +337,23 @@ def progress() -> Progress | None:
 
 @dataclass(slots=True)
 class TailState:
-    """This process's learned latencies and hedge budget for one event loop's requests."""
+    """This process's learned latencies and hedge budget for one event loop's requests.
+
+    Attributes:
+        policy: When to hedge, when a request is stalled.
+        tracker: Reads' durations and longest gaps without progress (the stall limit).
+        uploads: Uploads' durations (an upload of a size takes longer than a read of it).
+        budget: The duplicates sent, against the requests made.
+    """
 
     policy: TailPolicy
     tracker: LatencyTracker
+    uploads: LatencyTracker
     budget: HedgeBudget
+
+    def durations(self, request: Request) -> LatencyTracker:
+        """The tracker that learns ``request``'s duration and sets its hedge delay."""
+        return self.uploads if request.uploads else self.tracker
 
 
 _TAILS: dict[tuple[int, TailPolicy], TailState] = {}
@@ -343,8 +363,8 @@ def _tail_state(loop: asyncio.AbstractEventLoop, policy: TailPolicy) -> TailStat
     key = (id(loop), policy)
     state = _TAILS.get(key)
     if state is None:
-        state = _TAILS[key] = TailState(policy, LatencyTracker(), HedgeBudget(policy.hedge_budget,
-                                                                              policy.hedge_burst))
+        state = _TAILS[key] = TailState(policy, LatencyTracker(), LatencyTracker(),
+                                        HedgeBudget(policy.hedge_budget, policy.hedge_burst))
     return state
 
 
