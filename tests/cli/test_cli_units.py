@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shardsafe._numbers import ceil_div
-from shardsafe.cli._common import Entry, scan
+from shardsafe.cli._listing import Entry, scan
 from shardsafe.cli._tensors import leaves, subtree
 from shardsafe.cli.gc import expired
 from shardsafe.cli.verify import plan_reads

@@ -11,7 +11,7 @@ from dist_worker import compressed_tensors
 import shardsafe
 from shardsafe.api.load import read_checkpoint_index
 from shardsafe.cli.verify import verify_checkpoint
-from shardsafe.cli._common import checkpoints_at
+from shardsafe.cli._listing import checkpoints_at
 from shardsafe.storage.local import LocalStorage
 
 

@@ -30,7 +30,6 @@ from shardsafe.engine.load.placers import Placement, staged
 from shardsafe.engine.load.reader import ChunkReader
 from shardsafe.engine.load.run import read_placement
 from shardsafe.errors import CorruptCheckpointError
-from shardsafe.format import INDEX_NAME
 from shardsafe.storage import LocalStorage
 
 from helpers import flip_byte

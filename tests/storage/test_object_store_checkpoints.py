@@ -220,7 +220,7 @@ def test_s3_crash_mid_upload_leaves_no_committed_checkpoint(s3, subprocess_env, 
 
 @pytest.mark.parametrize("how", ["sync", "async"])
 def test_s3_compressed_round_trip_and_verify(s3, how) -> None:  # noqa: ANN001
-    from shardsafe.cli._common import checkpoints_at
+    from shardsafe.cli._listing import checkpoints_at
     from shardsafe.cli.verify import verify_checkpoint
 
     url = f"{s3.url}/cz-{how}/ckpt"

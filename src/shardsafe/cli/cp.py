@@ -17,7 +17,10 @@ import json
 from dataclasses import dataclass
 
 from . import EXIT_FAILED, EXIT_OK
-from ._common import add_command, add_quiet_option, human_bytes, progress, resolve_step, scan, storage_options
+from .._numbers import human_bytes
+from ._args import add_command, add_quiet_option, resolve_step, storage_options
+from ._listing import scan
+from ._output import progress
 from ..engine.commit.diagnose import not_found
 from ..engine.commit import is_committed, read_index
 from ..engine.transfer.verbatim import CopyResult, copy_checkpoint

@@ -17,7 +17,8 @@ import numpy as np
 
 from . import EXIT_FAILED, EXIT_OK
 from .. import tensors
-from ._common import add_command, add_quiet_option, open_checkpoint, progress, storage_options
+from ._args import add_command, add_quiet_option, open_checkpoint, storage_options
+from ._output import progress
 from ._summary import add_selection_options, groups, label, within
 from ._tensors import Leaf, leaves, read_tensor
 from ..engine.load.reader import ChunkReader

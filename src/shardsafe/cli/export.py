@@ -23,7 +23,8 @@ from typing import Any
 
 from . import EXIT_OK, UsageError
 from .. import tensors
-from ._common import CKPT, add_command, add_quiet_option, open_checkpoint, progress, storage_options
+from ._args import CKPT, add_command, add_quiet_option, open_checkpoint, storage_options
+from ._output import progress
 from ._tensors import as_torch, leaves, read_tensor, require_torch, subtree, without
 from ..engine.load.reader import ChunkReader
 from ..format.datafile import safetensors_header

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from . import EXIT_OK
-from ._common import Entry, add_command, modified, scan, storage_options
+from ._args import add_command, storage_options
+from ._listing import Entry, modified, scan
 from ..engine.commit import is_temporary, uncommit
 from ..engine.commit.names import written_by_shardsafe
 from ..engine.commit.sweep import plan_sweep, sweep

@@ -26,7 +26,7 @@ from typing import Any
 from . import EXIT_OK
 from .. import tensors
 from ..api.save import save
-from ._common import add_command, storage_options
+from ._args import add_command, storage_options
 from ._tensors import require_torch
 from ..engine.commit.diagnose import DCP_METADATA
 from ..storage.files import kind_of

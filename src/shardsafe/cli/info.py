@@ -10,8 +10,10 @@ import json
 from typing import Any
 
 from . import EXIT_OK
-from ._common import (CKPT, add_command, human_bytes, local_time, open_checkpoint, own_bytes,
-                      referenced_bytes, storage_options, table)
+from .._numbers import human_bytes
+from ._args import CKPT, add_command, open_checkpoint, storage_options
+from ._listing import own_bytes, referenced_bytes
+from ._output import local_time, table
 from ._summary import add_selection_options, groups, label, within
 from ._tensors import Leaf, leaves
 from ..format.index.objects import Index, TensorEntry

@@ -7,8 +7,10 @@ import json
 from typing import Any
 
 from . import EXIT_OK
-from ._common import (Entry, add_command, checkpoints_at, human_bytes, local_time, resolve_step,
-                      modified, storage_options, table)
+from .._numbers import human_bytes
+from ._args import add_command, resolve_step, storage_options
+from ._listing import Entry, checkpoints_at, modified
+from ._output import local_time, table
 from ..engine.commit.diagnose import describe
 from ..manager.steps import is_rolled_back
 from ..storage import storage_for

@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from . import EXIT_FAILED, EXIT_OK
-from ._common import (Entry, add_command, add_quiet_option, checkpoints_at, progress, resolve_step,
-                      storage_options)
+from ._args import add_command, add_quiet_option, resolve_step, storage_options
+from ._listing import Entry, checkpoints_at
+from ._output import progress
 from ..errors import CheckpointError
 from ..format.block_verify import BlockSpan, BlockStream, index_spans
 from ..format.blockfile import DATA_START, MAGIC
