@@ -1,9 +1,11 @@
-"""Loading: match a checkpoint's index against a target (or build a new state), plan the
-reads, read and verify every block, and place the bytes.
+"""Loading, as one pipeline (docs/development.md, "The load pipeline").
 
-- ``match``: the walk that pairs a live state's tensors with the checkpoint's;
-  ``new_state``: the structure of ``load(path)`` with its tensors allocated;
-- ``targets``: what each target needs read, turned into the reader's tasks;
-- ``reader``: the parallel, verified reads; ``mapped``: memory-mapped loads;
-- ``index_exchange``: the collective index read of a load.
+- ``request``: the ``LoadRequest`` built at the API edge, and the kind of its target;
+- ``run``: the one driver, from the index to what the load returns;
+- ``index_exchange``: the index read once (collectively, or in parts for version 4);
+- ``placers``: where bytes land (in place, new tensors, memory-mapped, JAX arrays; staged
+  through bounded buffers where they cannot land directly); ``match``: pairing a live
+  state's tensors with the checkpoint's;
+- ``reader``: each target region cut into units; ``sources``: byte ranges from storage;
+  ``transforms``: checksum verification and decoding.
 """
