@@ -103,6 +103,9 @@ def main() -> int:
     t.train(resume_from_checkpoint=True if a.resume else None)
     if t.args.process_index == 0:
         torch.save(weights(t.accelerator.unwrap_model(t.model)), os.path.join(a.out, "final.pt"))
+    if torch.distributed.is_initialized():  # else gloo's threads may abort the exit (SIGABRT)
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     return 0
 
 
