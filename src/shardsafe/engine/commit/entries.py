@@ -433,7 +433,7 @@ def columnar_index(items: Sequence[TensorItem], parts: Sequence[Entries], block_
         lambda t: render_path(items[t].path),
         _coding(c, order, sums, nbytes, block_size))
     subs = _concat_subs(parts)
-    if subs is not None:
+    if subs is not None and len(subs):  # an index with no chunk above one sub-block records none
         pre = np.empty_like(nbytes)
         pre[order] = nbytes
         nsub = num_sub_blocks(pre, SUB_BLOCK_SIZE)
