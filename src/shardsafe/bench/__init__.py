@@ -87,8 +87,8 @@ def _cases(args: argparse.Namespace) -> list[str]:
         args.compression_size = 1 << 20
         args.pipeline_shm_size, args.pipeline_store_size = 4 << 20, 1 << 20
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    if not set(cases) <= {"a", "b", "c", "d", "e", "compression", "pipeline"}:
-        raise ValueError(f"--cases takes a subset of a,b,c,d,e,compression,pipeline, got {args.cases!r}")
+    if not set(cases) <= {"a", "b", "c", "d", "e", "compression", "pipeline", "load"}:
+        raise ValueError(f"--cases takes a subset of a,b,c,d,e,compression,pipeline,load, got {args.cases!r}")
     return cases
 
 
@@ -192,6 +192,13 @@ def run(args: argparse.Namespace) -> int:
             table, targets, raw["pipeline"] = pipeline.section(
                 directory, args.size, args.pipeline_shm_size, args.pipeline_store_size,
                 args.pipeline_bandwidth, args.repeat, log)
+            more_targets += targets
+            sections.append(table)
+        if "load" in cases:
+            from . import load
+
+            table, targets, raw["load"] = load.section(directory, args.size, args.pipeline_shm_size,
+                                                       args.small_count, args.repeat, log)
             more_targets += targets
             sections.append(table)
     finally:

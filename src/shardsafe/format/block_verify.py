@@ -6,6 +6,9 @@ bytes checked against their CRC32C, is decoded (never beyond its raw size) and t
 decoded bytes are checked against the raw CRC32C.
 
 - ``verify_blocks`` checks raw blocks held in memory (the reader, the memory-mapped load);
+- ``verify_partial`` checks the part of a raw chunk that a partial read read, by its
+  sub-blocks (``format.sub_blocks``) where the chunk records them, after checking that
+  they combine to the recorded block checksums;
 - ``decode_block`` checks and decodes one compressed block (the same readers);
 - ``index_spans`` lists every block of an index, for ``BlockStream``;
 - ``BlockStream`` checks the blocks of a data file from its bytes fed in file order, in
@@ -31,6 +34,7 @@ from .blockfile import stored_span
 from .checksum import blocks, crc32c
 from .index.objects import Index
 from .index.rows import ChunkEntry
+from .sub_blocks import PartialRead, join_sub_crcs
 from .tree import render_path
 
 
@@ -62,6 +66,39 @@ def verify_blocks(data: memoryview, block_size: int, checksums: Sequence[int], f
         if crc32c(block) != checksums[i]:
             raise _raw_mismatch(i, pos, len(block), file, key)
         pos += len(block)
+
+
+def verify_partial(chunk: ChunkEntry, data: memoryview, read: PartialRead, block_size: int, *,
+                   key: str | None = None) -> None:
+    """Checks ``data``, the bytes ``[read.start, read.stop)`` of raw ``chunk``.
+
+    Read by sub-blocks, each sub-block is checked against its recorded CRC32C, and the
+    recorded sub-block CRC32Cs of every block the read touches must combine to that
+    block's recorded CRC32C (so the sub-block column proves nothing the block checksum
+    would not). Read by blocks, each block is checked as ``verify_blocks`` does.
+
+    Raises:
+        CorruptCheckpointError: a sub-block or block does not match, or the sub-block
+            checksums of a block do not combine to its checksum; names the file and the key.
+    """
+    if read.sub_size == block_size or not chunk.sub_checksums:
+        verify_blocks(data, block_size, chunk.checksums, read.start // block_size,
+                      offset=chunk.offset + read.start, file=chunk.file, key=key)
+        return
+    sub, subs = read.sub_size, chunk.sub_checksums
+    per = block_size // sub
+    for j in range(read.start // block_size, (read.stop - 1) // block_size + 1):
+        a, b = j * per, min((j + 1) * per, len(subs))
+        last = min(block_size, chunk.nbytes - j * block_size) - (b - a - 1) * sub
+        if a >= b or join_sub_crcs(subs[a:b], sub, last) != chunk.checksums[j]:
+            raise CorruptCheckpointError(f"the sub-block checksums of block {j} do not combine to its "
+                                         "checksum (forged index)", file=chunk.file, key=key)
+    pos = chunk.offset + read.start
+    for i, piece in enumerate(blocks(data, sub), start=read.start // sub):
+        if crc32c(piece) != subs[i]:
+            raise CorruptCheckpointError(f"checksum mismatch in sub-block {i} (file bytes "
+                                         f"{pos}-{pos + len(piece)})", file=chunk.file, key=key)
+        pos += len(piece)
 
 
 def decode_block(chunk: ChunkEntry, j: int, stored: memoryview, out: memoryview, *,

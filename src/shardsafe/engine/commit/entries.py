@@ -15,7 +15,7 @@ import math
 import struct
 from collections.abc import Iterator, Sequence
 from itertools import chain
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from ...format.codec import CODECS
 from ...format.dtypes import lookup
 from ...format.index.rows import FileEntry, split_reference
 from ...format.index.model import ColumnarIndex, TensorInfo
+from ...format.sub_blocks import SUB_BLOCK_SIZE, SubBlocks, num_sub_blocks
 from ...format.tree import render_path
 from ...plan.flatten import TensorItem
 from ...plan.layout import FilePlan
@@ -42,12 +43,18 @@ class BlockSums(Sequence[list[int]]):
     """The block checksums of a file's items: item ``i``'s are ``flat[first[i]:first[i + 1]]``.
 
     Reads as a sequence of per-item lists (what the index builder and incremental saves
-    take); ``flat`` and ``first`` give the same numbers as columns.
+    take); ``flat`` and ``first`` give the same numbers as columns. ``sub`` holds the
+    sub-block checksums (``format.sub_blocks``) of items larger than ``sub_size``, item
+    ``i``'s at ``sub[sub_first[i]:sub_first[i + 1]]``, where they were computed.
     """
 
-    def __init__(self, flat: np.ndarray, first: np.ndarray) -> None:
+    def __init__(self, flat: np.ndarray, first: np.ndarray, sub: np.ndarray | None = None,
+                 sub_first: np.ndarray | None = None, sub_size: int = 0) -> None:
         self.flat = flat
         self.first = first
+        self.sub = sub
+        self.sub_first = sub_first
+        self.sub_size = sub_size
 
     def __len__(self) -> int:
         return len(self.first) - 1
@@ -98,6 +105,9 @@ class Entries:
         codec, stored, stored_sums: Per block (aligned with ``sums``): codec id
             (``format.codec.CODECS``), stored size and CRC32C of the stored bytes. Raw
             blocks (codec 0) leave the other two 0: ``columnar_index`` derives them.
+        subs: The sub-block checksums (``format.sub_blocks``, ``SUB_BLOCK_SIZE``) of every
+            chunk larger than one sub-block, chunk by chunk; None where some are not known
+            (then the index records none).
     """
 
     files: list[FileEntry]
@@ -111,6 +121,7 @@ class Entries:
     codec: np.ndarray
     stored: np.ndarray
     stored_sums: np.ndarray
+    subs: np.ndarray | None = None
 
 
 def from_plans(plans: Sequence[FilePlan], checksums: Sequence[Sequence[Sequence[int]]], rank: int,
@@ -158,7 +169,20 @@ def from_plans(plans: Sequence[FilePlan], checksums: Sequence[Sequence[Sequence[
                     r.codec, r.stored, r.stored_checksums)
             at += n
     return Entries(files, a["item"], a["file"], a["offset"], a["nsums"], np.array(pos, dtype=I64),
-                   np.array(extent, dtype=I64), sums, codec, stored, stored_sums.astype(np.uint32))
+                   np.array(extent, dtype=I64), sums, codec, stored, stored_sums.astype(np.uint32),
+                   _plan_subs(checksums, refs))
+
+
+def _plan_subs(checksums: Sequence[Sequence[Sequence[int]]], refs: Sequence[tuple[TensorItem, ChunkRef]]
+               ) -> np.ndarray | None:
+    """The sub-block checksums of the files' items, when every file's were computed and no
+    referenced chunk needs any (references carry block checksums only)."""
+    if not all(isinstance(c, BlockSums) and c.sub is not None and c.sub_size == SUB_BLOCK_SIZE for c in checksums):
+        return None
+    if any(math.prod(it.local_shape) * lookup(it.dtype).itemsize > SUB_BLOCK_SIZE for it, _ in refs):
+        return None
+    subs = [c.sub for c in checksums]  # type: ignore[attr-defined]
+    return np.concatenate(subs).astype(np.uint32) if subs else np.zeros(0, dtype=np.uint32)
 
 
 def reference_files(refs: Sequence[tuple[TensorItem, ChunkRef]]) -> list[FileEntry]:
@@ -236,7 +260,13 @@ def from_block_files(written: Sequence[CodedFile], rank: int) -> Entries:
 def join(parts: Sequence[Entries]) -> Entries:
     """One rank's entries from several groups of its files (file ids renumbered)."""
     files, cols = _concat(parts)
-    return Entries(files, **cols)
+    return Entries(files, **cols, subs=_concat_subs(parts))
+
+
+def _concat_subs(parts: Sequence[Entries]) -> np.ndarray | None:
+    if any(p.subs is None for p in parts):
+        return None
+    return np.concatenate([p.subs for p in parts]) if parts else np.zeros(0, dtype=np.uint32)  # type: ignore[misc]
 
 
 def encode(e: Entries) -> bytes:
@@ -245,10 +275,10 @@ def encode(e: Entries) -> bytes:
     skip = () if e.codec.any() else _CODING
     arrays = {c: getattr(e, c)[:0] if c in skip else getattr(e, c) for c in _COLS}
     head = json.dumps({"files": [[f.name, f.size, f.data_start, f.rank] for f in e.files],
-                       "lengths": [len(arrays[c]) for c in _COLS]},
+                       "lengths": [len(arrays[c]) for c in _COLS], "subs": None if e.subs is None else len(e.subs)},
                       separators=(",", ":")).encode("utf-8")
     cols = [np.ascontiguousarray(arrays[c], dtype="<u4" if c in _U4 else I64).tobytes()
-            for c in _COLS]
+            for c in _COLS] + ([] if e.subs is None else [np.ascontiguousarray(e.subs, dtype="<u4").tobytes()])
     return b"".join([_HEAD.pack(len(head)), head, *cols])
 
 
@@ -267,12 +297,16 @@ def decode(data: bytes) -> Entries:
             cols[c] = np.frombuffer(data, dtype=dt, count=length, offset=at).astype(
                 np.uint32 if c in _U4 else np.int64)
             at += length * dt.itemsize
+        subs = None
+        if head.get("subs") is not None:
+            subs = np.frombuffer(data, dtype="<u4", count=head["subs"], offset=at).astype(np.uint32)
+            at += 4 * len(subs)
         if at != len(data):
             raise ValueError("trailing bytes")
         for c in _CODING:
             if len(cols[c]) == 0 and len(cols["sums"]):  # every block raw (see encode)
                 cols[c] = np.zeros(len(cols["sums"]), dtype=cols[c].dtype)
-        return Entries([FileEntry(*f) for f in head["files"]], **cols)
+        return Entries([FileEntry(*f) for f in head["files"]], **cols, subs=subs)
     except (ValueError, KeyError, TypeError, struct.error) as e:
         raise CheckpointError(f"a rank sent malformed chunk entries: {e}") from None
 
@@ -388,6 +422,8 @@ def columnar_index(items: Sequence[TensorItem], parts: Sequence[Entries], block_
     sizes = {d: lookup(d).itemsize for d in {it.dtype for it in items}}
     itemsizes = [sizes[it.dtype] for it in items]
     sums = _gather_runs(c["sums"], c["nsums"], order)
+    nbytes = (np.prod(ext, axis=1, dtype=np.int64) * np.asarray(itemsizes, dtype=np.int64)[t_sorted]
+              if len(order) else np.zeros(0, dtype=np.int64))
     table = ChunkTable.build(
         [it.shape for it in items], itemsizes, splits,
         counts.tolist(), c["offset"][order], file[general], pos[keep], ext[keep],
@@ -395,8 +431,15 @@ def columnar_index(items: Sequence[TensorItem], parts: Sequence[Entries], block_
         np.array([f.size for f in files], dtype=np.int64),
         np.array([f.data_start for f in files], dtype=np.int64),
         lambda t: render_path(items[t].path),
-        _coding(c, order, sums, np.prod(ext, axis=1, dtype=np.int64) * np.asarray(itemsizes, dtype=np.int64)[t_sorted]
-                if len(order) else np.zeros(0, dtype=np.int64), block_size))
+        _coding(c, order, sums, nbytes, block_size))
+    subs = _concat_subs(parts)
+    if subs is not None and len(subs):  # an index with no chunk above one sub-block records none
+        pre = np.empty_like(nbytes)
+        pre[order] = nbytes
+        nsub = num_sub_blocks(pre, SUB_BLOCK_SIZE)
+        if len(subs) != int(nsub.sum()):
+            raise CheckpointError(f"the ranks sent {len(subs)} sub-block checksums, their chunks have {int(nsub.sum())}")
+        table = replace(table, sub=SubBlocks.of(SUB_BLOCK_SIZE, _gather_runs(subs, nsub, order), nbytes))
     infos = tuple(map(TensorInfo, [it.path for it in items], [it.kind for it in items],
                       [it.dtype for it in items], [tuple(it.shape) for it in items]))
     return ColumnarIndex(tensors=infos, files=tuple(files), chunks=table, **header)  # type: ignore[arg-type]

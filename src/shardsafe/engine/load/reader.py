@@ -37,13 +37,14 @@ from ...format.blockfile import stored_span
 from ...format.dtypes import lookup
 from ...format.index.objects import Index, TensorEntry
 from ...format.index.rows import ChunkEntry
+from ...format.sub_blocks import partial_read
 from ...format.tree import render_path
 from ...plan.load_plan import CoverageError, Piece, pieces_for
 from ...storage.base import Storage
 from ...storage.memory import populate
 from ..io_pool import io_pool, wait_all
 from .sources import FileSource, groups, scratch as _scratch_buffer
-from .transforms import decode, verify, verify_group
+from .transforms import decode, verify, verify_group, verify_partial
 
 SPLIT_MIN = 1 << 20  # chunks from this size are read block by block straight into the target
 
@@ -124,17 +125,15 @@ class ChunkReader:
         itemsize = lookup(job.entry.dtype).itemsize
         c = p.chunk
         lo, hi = _byte_span(p, c.shape, itemsize)
-        b0, b1 = lo // self.block, max(lo, hi - 1) // self.block
-        start, stop = b0 * self.block, min((b1 + 1) * self.block, c.nbytes)
         # np.empty of a large size is mapped lazily: only the pages read below are touched.
         tmp = np.empty(c.nbytes, dtype=np.uint8)
-        span = memoryview(tmp)[start:stop]
         if c.stored is not None:  # decode only the blocks that hold the piece
+            b0, b1 = lo // self.block, max(lo, hi - 1) // self.block
+            span = memoryview(tmp)[b0 * self.block : min((b1 + 1) * self.block, c.nbytes)]
             for j in range(b0, b1 + 1):
                 self._decode_block(c, j, span[(j - b0) * self.block : (j - b0 + 1) * self.block], key)
         else:
-            self._read(c, c.offset + start, span, key)
-            verify(c, span, self.block, key, first=b0)
+            _read_verified(self, c, lo, hi, tmp, key)
         src = _as_bytes_nd(tmp, c.shape, itemsize)
         dst = _as_bytes_nd(job.dest, job.shape, itemsize)
         dst[_slices(p.dst)] = src[_slices(p.src)]
@@ -297,3 +296,13 @@ def _as_bytes_nd(flat: np.ndarray, shape: Sequence[int], itemsize: int) -> np.nd
 
 def _slices(region: Sequence[tuple[int, int]]) -> tuple[slice, ...]:
     return tuple(slice(a, b) for a, b in region)
+
+
+def _read_verified(reader: ChunkReader, c: ChunkEntry, lo: int, hi: int, out: np.ndarray, key: str) -> None:
+    """Reads into ``out`` (the chunk's bytes) what holds bytes ``[lo, hi)`` of raw chunk ``c``:
+    its sub-blocks where the index records them, else its blocks; and verifies it
+    (``format.sub_blocks.partial_read``, ``transforms.verify_partial``)."""
+    read = partial_read(c.nbytes, c.sub_checksums, False, lo, hi, reader.block)
+    span = memoryview(out)[read.start : read.stop]
+    reader._read(c, c.offset + read.start, span, key)
+    verify_partial(c, span, read, reader.block, key=key)

@@ -6,7 +6,9 @@
 - ``decode``: a compressed block's stored bytes checked, decoded straight into its
   destination and checked again (``format.block_verify``, docs/FORMAT.md section 12);
 - ``verify_group``: the whole small chunks of one coalesced read, each checked, then
-  moved to its destination.
+  moved to its destination;
+- ``verify_partial``: the part of a raw chunk a resharded target needs, by the checksum
+  sub-blocks the index records (docs/FORMAT.md section 15.7), else by whole blocks.
 
 Nothing leaves this stage unchecked: a failing block raises ``CorruptCheckpointError``
 naming the block, its file bytes, the file and the key.
@@ -17,9 +19,11 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable, Sequence
 
+from ...format import block_verify
 from ...format.block_verify import decode_block, verify_blocks
 from ...format.checksum import crc32c
 from ...format.index.rows import ChunkEntry
+from ...format.sub_blocks import PartialRead
 
 
 def verify(chunk: ChunkEntry, data: memoryview, block_size: int, key: str, first: int = 0) -> None:
@@ -56,4 +60,16 @@ def verify_group(view: memoryview, address: int, start: int, dests: Sequence[int
         move(d, base + o, n)
 
 
-__all__ = ["decode", "verify", "verify_group"]
+def verify_partial(chunk: ChunkEntry, data: memoryview, read: PartialRead, block_size: int, key: str) -> None:
+    """Checks ``data``, the bytes ``read`` names of raw ``chunk``: first that the recorded
+    sub-block checksums of every block it touches join into that block's checksum, then
+    the sub-blocks (or whole blocks) it holds.
+
+    Raises:
+        CorruptCheckpointError: a checksum does not match, or the sub-block checksums do
+            not join into their block's.
+    """
+    block_verify.verify_partial(chunk, data, read, block_size, key=key)
+
+
+__all__ = ["decode", "verify", "verify_group", "verify_partial"]

@@ -1,9 +1,11 @@
 """Transforms: the middle stage of the save pipeline, between the feed and the sinks.
 
-- ``Checksum`` (data files): the CRC32C of every checksum block, from the unit's copy
-  of the bytes, so the checksums describe what reaches the file even if another thread
-  changes the state meanwhile. A block that spans units is checksummed piece by piece
-  and the pieces are joined with ``crc32c_combine``. Cheap (CRC32C runs at memory
+- ``Checksum`` (data files): the CRC32C of every checksum sub-block (``format.sub_blocks``)
+  of the chunks larger than one, joined into the CRC32C of their checksum blocks, and of
+  every other block, from the unit's copy of the bytes, so the checksums describe what
+  reaches the file even if another thread changes the state meanwhile. A sub-block or
+  block that spans units is checksummed piece by piece and the pieces are joined with
+  ``crc32c_combine``. Cheap (CRC32C runs at memory
   speed and releases the GIL), so it runs in the thread that produced the unit, while
   the bytes are still warm.
 - ``Compress`` (block files): each checksum block of the unit is coded on its own
@@ -26,6 +28,7 @@ from ... import knobs
 from ...format.blockfile import RAW, CodedBlock, code_block
 from ...format.checksum import crc32c
 from ...format.crc_combine import crc32c_combine
+from ...format.sub_blocks import SUB_BLOCK_SIZE, join_sub_crcs, num_sub_blocks
 from ..io_pool import SharedThreadPool
 from .feeds import Unit
 from ..commit.entries import BlockSums
@@ -41,51 +44,100 @@ def transform_pool() -> ThreadPoolExecutor:
 
 
 class Checksum:
-    """The block checksums of one data file, filled unit by unit (any order, any thread)."""
+    """The block and sub-block checksums of one data file, filled unit by unit (any order, any thread)."""
 
     inline = True  # cheap: runs on the thread that produced the unit
 
-    def __init__(self, units: FileUnits) -> None:
+    def __init__(self, units: FileUnits, sub_size: int = SUB_BLOCK_SIZE) -> None:
         self.units = units
+        self.sub = sub_size
         self._sums = np.zeros(units.nblocks_total, dtype=np.uint32)
+        nsub = num_sub_blocks(units.nbytes, sub_size)
+        self._sub_item = np.concatenate([[0], np.cumsum(nsub)]).astype(np.int64)
+        self._subs = np.zeros(int(self._sub_item[-1]), dtype=np.uint32)
+        item = units.block_item
+        index = np.arange(len(item), dtype=np.int64) - units.block_first[:-1][item]
+        per = max(1, units.block_size // sub_size)  # sub-blocks per block
+        # the first sub-block of each block, -1 for a block of a chunk without sub-blocks
+        self._sub_first = np.where(nsub[item] > 0, self._sub_item[:-1][item] + index * per, -1).tolist()
         self._pieces: dict[int, list[tuple[int, int, int]]] = {}
+        self._sub_pieces: dict[int, list[tuple[int, int, int]]] = {}
+        self._pending: set[int] = set()  # blocks with sub-blocks that span units
         self._lock = threading.Lock()
 
     def __call__(self, unit: Unit) -> None:
-        """Checksums the blocks, or pieces of blocks, that ``unit`` holds."""
+        """Checksums the blocks, sub-blocks, or pieces of them, that ``unit`` holds."""
         u, start = self.units, unit.start
         data = unit.view(start, unit.stop)
         ids = u.blocks_touching(start, unit.stop)
         b0, b1 = u.block_start[ids], u.block_stop[ids]
         lo, hi = np.maximum(b0, start), np.minimum(b1, unit.stop)
         whole = (lo == b0) & (hi == b1)
-        found = []
-        for b, s, e, w in zip(ids.tolist(), (lo - start).tolist(), (hi - start).tolist(), whole.tolist()):
+        found, sub_found, pending = [], [], []
+        for b, s, e, w, first in zip(ids.tolist(), (lo - start).tolist(), (hi - start).tolist(), whole.tolist(),
+                                     (b0 - start).tolist()):
+            sf = self._sub_first[b]
+            if sf < 0:
+                if w:
+                    self._sums[b] = crc32c(data[s:e])
+                else:
+                    found.append((b, (s + start, crc32c(data[s:e]), e - s)))
+                continue
+            sub = self.sub
+            k0 = (s - first) // sub
+            for k in range(k0, -(-(e - first) // sub)):
+                a, z = max(s, first + k * sub), min(e, first + (k + 1) * sub)
+                crc = crc32c(data[a:z])
+                if (a == first + k * sub and z - a == sub) or (a == first + k * sub and z == e and w):
+                    self._subs[sf + k] = crc
+                else:
+                    sub_found.append((sf + k, (a + start, crc, z - a)))
             if w:
-                self._sums[b] = crc32c(data[s:e])
+                self._sums[b] = self._join_block(b)
             else:
-                found.append((b, (s + start, crc32c(data[s:e]), e - s)))
-        if found:
+                pending.append(b)
+        if found or sub_found or pending:
             with self._lock:
+                self._pending.update(pending)
                 for b, piece in found:
                     self._pieces.setdefault(b, []).append(piece)
+                for i, piece in sub_found:
+                    self._sub_pieces.setdefault(i, []).append(piece)
+
+    def _join_block(self, b: int) -> int:
+        """Block ``b``'s CRC32C from its sub-blocks' (all known)."""
+        u, sub = self.units, self.sub
+        n = int(u.block_stop[b] - u.block_start[b])
+        sf = self._sub_first[b]
+        k = -(-n // sub)
+        return join_sub_crcs(self._subs[sf : sf + k].tolist(), sub, n - (k - 1) * sub)
 
     def result(self) -> BlockSums:
-        """The checksums of every block, once every unit was seen (pieces joined in file order)."""
+        """The checksums of every block and sub-block, once every unit was seen (pieces
+        joined in file order)."""
         u = self.units
+        for i, pieces in self._sub_pieces.items():
+            self._subs[i] = _join_pieces(pieces, u.plan.name, f"sub-block {i}")
+        for b in self._pending:
+            self._sums[b] = self._join_block(b)
         for b, pieces in self._pieces.items():
             start, stop = int(u.block_start[b]), int(u.block_stop[b])
-            crc, pos = crc32c(b""), start
-            for s, c, n in sorted(pieces):
-                if s != pos:
-                    raise RuntimeError(f"{u.plan.name}: block {b} was not fully staged (gap at byte {pos})")
-                crc = c if pos == start else crc32c_combine(crc, c, n)
-                pos += n
-            if pos != stop:
-                raise RuntimeError(f"{u.plan.name}: block {b} ends at {pos}, not {stop}")
-            self._sums[b] = crc
-        self._pieces = {}
-        return BlockSums(self._sums, u.block_first)
+            if sorted(pieces)[0][0] != start or sum(n for _, _, n in pieces) != stop - start:
+                raise RuntimeError(f"{u.plan.name}: block {b} was not fully staged")
+            self._sums[b] = _join_pieces(pieces, u.plan.name, f"block {b}")
+        self._pieces, self._sub_pieces, self._pending = {}, {}, set()
+        return BlockSums(self._sums, u.block_first, self._subs, self._sub_item, self.sub)
+
+
+def _join_pieces(pieces: list[tuple[int, int, int]], file: str, what: str) -> int:
+    """The CRC32C of consecutive pieces ``(file offset, CRC32C, length)``, in any order."""
+    crc, pos = 0, None
+    for s, c, n in sorted(pieces):
+        if pos is not None and s != pos:
+            raise RuntimeError(f"{file}: {what} was not fully staged (gap at byte {pos})")
+        crc = c if pos is None else crc32c_combine(crc, c, n)
+        pos = s + n
+    return crc
 
 
 class Compress:

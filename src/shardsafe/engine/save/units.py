@@ -61,6 +61,7 @@ class FileUnits:
             raise ValueError(f"unit_size must be a positive multiple of {ALIGN}, got {unit_size}")
         self.plan = plan
         self.unit_size = unit_size
+        self.block_size = block_size
         self.size = plan.layout.size
         self.nunits = max(1, ceil_div(self.size, unit_size))
         n = len(plan.items)

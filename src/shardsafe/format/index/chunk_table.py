@@ -27,6 +27,7 @@ from operator import attrgetter, getitem, is_not
 import numpy as np
 
 from ..blockfile import RAW, BlockCoding, check_coding
+from ..sub_blocks import SubBlocks
 from ..tiling import cover_problem
 from .rules import bad
 
@@ -97,6 +98,8 @@ class ChunkTable:
         block_size: Checksum block size in bytes.
         coding: How each block is stored, when some chunk is compressed (else None).
         whole: Whether the chunks cover every tensor (False: a ``partial`` table).
+        sub: The sub-block checksums of the chunks, where the index records them (not
+            part of equality, like ``ChunkEntry.sub_checksums``).
     """
 
     shapes: tuple[tuple[int, ...], ...]
@@ -114,6 +117,7 @@ class ChunkTable:
     block_size: int
     coding: BlockCoding | None = None
     whole: bool = True
+    sub: SubBlocks | None = None
 
     @property
     def num_chunks(self) -> int:

@@ -169,7 +169,8 @@ class LazyChunks(Sequence[ChunkEntry]):
         ct = self._index.chunks
         return ChunkEntry(self._index.files[int(ct.file[row])].name, int(ct.offset[row]),
                           int(ct.nbytes[row]), tuple(pos.tolist()), tuple(extent.tolist()),
-                          tuple(ct.chunk_checksums(row).tolist()), stored_blocks(ct, row))
+                          tuple(ct.chunk_checksums(row).tolist()), stored_blocks(ct, row),
+                          () if ct.sub is None else ct.sub.row(row))
 
 
 class LazyTensors(Sequence[TensorEntry]):
@@ -287,7 +288,7 @@ def chunk_entries(index: ColumnarIndex, t: int) -> list[ChunkEntry]:
     names = [index.files[i].name for i in c.file.tolist()]
     return [ChunkEntry(names[i], int(c.offset[i]), int(c.nbytes[i]), tuple(c.pos[i].tolist()),
              tuple(c.extent[i].tolist()), tuple(ct.chunk_checksums(c.start + i).tolist()),
-             stored_blocks(ct, c.start + i))
+             stored_blocks(ct, c.start + i), () if ct.sub is None else ct.sub.row(c.start + i))
             for i in range(len(names))]
 
 

@@ -7,7 +7,7 @@ A leaf of ``format.index``: ``format.blockfile`` and the chunk table build on it
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import INDEX_NAME
 
@@ -106,6 +106,9 @@ class ChunkEntry:
         checksums: CRC32C of each ``block_size`` slice of the chunk's (decoded) bytes.
         stored: How the blocks are coded, for a compressed chunk; None for a chunk stored
             raw (its ``nbytes`` bytes at ``offset``).
+        sub_checksums: CRC32C of each sub-block of the raw bytes (``format.sub_blocks``),
+            where the index records them; empty otherwise. Not part of equality: an index
+            says the same with or without them.
     """
 
     file: str
@@ -115,6 +118,7 @@ class ChunkEntry:
     shape: tuple[int, ...]
     checksums: tuple[int, ...]
     stored: StoredBlocks | None = None
+    sub_checksums: tuple[int, ...] = field(default=(), compare=False)
 
     @property
     def stored_nbytes(self) -> int:

@@ -25,17 +25,20 @@ from __future__ import annotations
 
 import json
 import zlib
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from ..blockfile import BlockCoding
 from ..checksum import ALGORITHM, crc32c
+from ..sub_blocks import SubBlocks, num_sub_blocks
 from .chunk_table import ChunkTable, num_blocks
 from .container import CODED_COLUMNS, stored_columns
 from .model import ColumnarIndex
 from .rules import JSON_VALUES_FLOOR, JSON_VALUES_PER_BYTE, bad, decode_files, encode_files, json_values
 from .v3 import tensor_columns
+from .v4_sub import PART_SUB, WHOLE_SUB
 from .v4_global import GLOBAL_CODED, GLOBAL_COLUMNS, PART_COLUMNS, GlobalPart
 from .v4_layout import (ENTRY, GLOBAL_HEAD, HEADER, MAGIC, PART_HEAD, RAW, VERSION, ZLIB, blocks_of, check_part,
                         describe, files_per_part, group_rows, max_inflated, pack_section, pad8, products, ranges)
@@ -58,6 +61,9 @@ def _global(index: ColumnarIndex, part_files: np.ndarray, whole: np.ndarray) -> 
     cols.update(file=general["file"], pos=general["pos"], extent=general["extent"], part_files=part_files,
                 whole_offset=ct.offset[whole], whole_crc32c=ct.checksums[blocks])
     names = GLOBAL_COLUMNS
+    if ct.sub is not None:
+        cols[WHOLE_SUB] = ct.sub.rows(whole)
+        names += (WHOLE_SUB,)
     if ct.coding is not None:
         cd = ct.coding
         cols.update(whole_codec=cd.codec[blocks], whole_stored=cd.stored[blocks],
@@ -65,8 +71,11 @@ def _global(index: ColumnarIndex, part_files: np.ndarray, whole: np.ndarray) -> 
         names += GLOBAL_CODED
     body: dict[str, Any] = {
         "library": index.library, "created": index.created, "world_size": index.world_size,
-        "checksum": ALGORITHM, "block_size": ct.block_size, "metadata": index.metadata,
-        "files": len(index.files), "dtypes": dtypes, "columns": describe(cols, names)}
+        "checksum": ALGORITHM, "block_size": ct.block_size}
+    if ct.sub is not None:
+        body["sub_block_size"] = ct.sub.size
+    body.update({"metadata": index.metadata, "files": len(index.files), "dtypes": dtypes,
+                 "columns": describe(cols, names)})
     if ct.coding is not None:
         body["codecs"] = list(ct.coding.codecs)
     body["whole_files"] = [[i, *encode_files([index.files[i]])] for i in np.unique(ct.file[whole]).tolist()]
@@ -84,6 +93,11 @@ def _parts(index: ColumnarIndex, part_files: np.ndarray, rows: np.ndarray, bound
     blocks = blocks_of(ct.block_start, rows)
     cols = {"offset": ct.offset[rows], "crc32c": ct.checksums[blocks]}
     names = PART_COLUMNS
+    per: dict[str, np.ndarray] = {"offset": np.ones(len(rows), dtype=I64), "crc32c": nb}  # values per row
+    if ct.sub is not None:
+        cols[PART_SUB] = ct.sub.rows(rows)
+        per[PART_SUB] = ct.sub.start[rows + 1] - ct.sub.start[rows]
+        names += (PART_SUB,)
     if ct.coding is not None:
         cd = ct.coding
         cols.update(codec=cd.codec[blocks], stored=cd.stored[blocks], stored_crc32c=cd.checksums[blocks])
@@ -91,16 +105,14 @@ def _parts(index: ColumnarIndex, part_files: np.ndarray, rows: np.ndarray, bound
     kinds = {n: d[0] for n, d in describe(cols, names).items()}
     bufs = [np.ascontiguousarray(cols[n], dtype=kinds[n]).tobytes() for n in names]
     sizes = [np.dtype(kinds[n]).itemsize for n in names]
-    per_block = [n != "offset" for n in names]
-    row_at = bounds.tolist()
-    block_at = np.concatenate([[0], np.cumsum(nb)])[bounds].tolist()
+    at = {n: np.concatenate([[0], np.cumsum(per.get(n, nb))])[bounds].tolist() for n in names}
     first = np.concatenate([[0], np.cumsum(part_files)]).tolist()
     esc = json.encoder.encode_basestring  # what json.dumps uses with ensure_ascii=False
     rows_json = [f'{{"name":{esc(f.name)},"size":{f.size},"data_start":{f.data_start},"rank":{f.rank}}}'
                  for f in index.files]
     out = []
     for k in range(len(part_files)):
-        spans = [(block_at[k], block_at[k + 1]) if b else (row_at[k], row_at[k + 1]) for b in per_block]
+        spans = [(at[n][k], at[n][k + 1]) for n in names]
         desc = ",".join(f'"{n}":["{kinds[n]}",{e - a}]' for n, (a, e) in zip(names, spans))
         text = (f'{{"part":{k},"files":[{",".join(rows_json[first[k] : first[k + 1]])}],'
                 f'"columns":{{{desc}}}}}').encode("utf-8")
@@ -196,6 +208,10 @@ def decode(data: bytes) -> ColumnarIndex:
     nb = block_start[rows + 1] - block_start[rows]
     block_at = np.concatenate([[0], np.cumsum(nb)])[bounds].tolist()
     row_at = bounds.tolist()
+    sub_start = sub_at = None
+    if g.sub_size is not None:
+        sub_start = np.concatenate([[0], np.cumsum(num_sub_blocks(nbytes, g.sub_size))]).astype(I64)
+        sub_at = np.concatenate([[0], np.cumsum(sub_start[rows + 1] - sub_start[rows])])[bounds].tolist()
     listed: list[Any] = []
     cols: dict[str, list[np.ndarray]] = {}
     for k, entry in enumerate(entries):
@@ -205,7 +221,8 @@ def decode(data: bytes) -> ColumnarIndex:
         if not isinstance(raw.get("files"), list):
             raise bad(f"part {k}: files must be a list")
         listed.append(raw["files"])
-        for n, c in g.part_columns(k, raw, section, row_at[k + 1] - row_at[k], block_at[k + 1] - block_at[k]).items():
+        for n, c in g.part_columns(k, raw, section, row_at[k + 1] - row_at[k], block_at[k + 1] - block_at[k],
+                                   None if sub_at is None else sub_at[k + 1] - sub_at[k]).items():
             cols.setdefault(n, []).append(c)
     files = decode_files([f for part in listed for f in part])  # one check: every name once
     at = 0
@@ -221,9 +238,18 @@ def decode(data: bytes) -> ColumnarIndex:
     for fid, f in g.whole_files.items():
         if files[fid] != f:
             raise bad(f"data file {fid} is listed differently in the global part and in its part")
+    sub = None
+    if sub_start is not None:
+        subs = np.empty(int(sub_start[-1]), dtype=np.uint32)
+        subs[ranges(sub_start[whole], sub_start[whole + 1])] = g.whole_subs
+        if cols:
+            subs[ranges(sub_start[rows], sub_start[rows + 1])] = np.concatenate(cols[PART_SUB])
+        sub = SubBlocks(g.sub_size, subs, sub_start)
     table = ChunkTable.build(
         [i.shape for i in g.infos], g.layout.itemsizes.tolist(), g.splits, g.layout.counts.tolist(), offset,
         g.file, g.pos, g.extent, sums, g.block_size, np.array([f.size for f in files], dtype=I64),
         np.array([f.data_start for f in files], dtype=I64), g.name,
         None if g.codecs is None else BlockCoding(g.codecs, coded[0], coded[1], coded[2].astype(np.uint32)))
+    if sub is not None:
+        table = replace(table, sub=sub)
     return ColumnarIndex(tree=g.tree, tensors=g.infos, files=tuple(files), chunks=table, **g.fields)

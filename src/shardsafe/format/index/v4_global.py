@@ -16,7 +16,7 @@ and reads on it as on a whole index (docs/FORMAT.md section 15).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -27,11 +27,13 @@ from ..tiling import cover_problem
 from .chunk_table import ChunkTable, Split, check_tensor_rows, num_blocks
 from .container import CODED_COLUMNS, block_coding, column_views, widen
 from .model import ColumnarIndex, TensorInfo
+from ..sub_blocks import num_sub_blocks
 from .rows import FileEntry
 from .rules import MAX_NDIM, bad, check_int, decode_files, header_fields, tree_keys
 from .v3 import TENSOR_COLUMNS, tensor_table
+from .v4_sub import PART_SUB, WHOLE_SUB, check_sub_count, order_subs, runs_at, sub_size_of
 from .v4_layout import (GLOBAL_HEAD, PART_HEAD, Header, check_part, open_section, products, ranges,
-                        section_columns)
+                        section_columns, whole_files_member)
 
 GLOBAL_COLUMNS = TENSOR_COLUMNS + ("file", "pos", "extent", "part_files", "whole_offset", "whole_crc32c")
 GLOBAL_CODED = ("whole_codec", "whole_stored", "whole_stored_crc32c")
@@ -39,8 +41,9 @@ PART_COLUMNS = ("offset", "crc32c")
 I64 = np.int64
 Region = tuple[int, Sequence[int], Sequence[int]]
 """``(tensor id, offsets, shape)``: a box of a tensor that a rank reads."""
-Piece = tuple["Rows", np.ndarray, np.ndarray, "tuple[np.ndarray, ...] | None"]
-"""Rows, their offsets, their block checksums and (compressed indexes) block coding."""
+Piece = tuple["Rows", np.ndarray, np.ndarray, "tuple[np.ndarray, ...] | None", "np.ndarray | None"]
+"""Rows, their offsets, their block checksums, (compressed indexes) block coding and
+(indexes with sub-blocks) sub-block checksums."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -102,6 +105,9 @@ class GlobalPart:
             and, with compressed chunks, ``whole_coding`` (codec, stored size, stored CRC32C).
         whole_files: The rows of the files those lie in, by file id.
         codecs: Codec names of an index with compressed chunks (else None).
+        sub_size: The sub-block size of an index that records sub-block checksums (else
+            None); ``whole_subs`` those of the tensors stored as one chunk
+            (``whole_sub_start[j]``: where the ``j``-th one's begin).
     """
 
     header: Header
@@ -124,6 +130,9 @@ class GlobalPart:
     whole_coding: tuple[np.ndarray, np.ndarray, np.ndarray] | None
     whole_files: dict[int, FileEntry]
     codecs: tuple[str, ...] | None
+    sub_size: int | None = None
+    whole_subs: np.ndarray | None = None
+    whole_sub_start: np.ndarray | None = None
 
     @property
     def num_parts(self) -> int:
@@ -166,7 +175,9 @@ class GlobalPart:
             raise bad(f"unknown checksum algorithm {raw.get('checksum')!r}")
         block_size = check_int(raw.get("block_size"), "block_size", 4096, 1 << 40)
         num_files = check_int(raw.get("files"), "files", 0, 1 << 31)
-        views = column_views(raw.get("columns"), section, GLOBAL_COLUMNS, GLOBAL_CODED)
+        sub_size = sub_size_of(raw, block_size)
+        views = column_views(raw.get("columns"), section, GLOBAL_COLUMNS + ((WHOLE_SUB,) if sub_size else ()),
+                             GLOBAL_CODED)
         keys = tree_keys(raw.get("tree"), len(views["kind"]))  # the tree proves the tensor count
         cols = widen(views, _column_counts(views, header))
         kinds, dtypes, shapes, counts, itemsizes, splits = tensor_table(raw, cols)
@@ -190,8 +201,9 @@ class GlobalPart:
         for c, n in {"whole_offset": len(whole_t), "whole_crc32c": int(blocks[-1])}.items():
             if len(cols[c]) != n:
                 raise bad(f"column {c} holds {len(cols[c])} values, the tensors stored as one chunk need {n}")
-        whole_files = _whole_files(raw.get("whole_files"), num_files)
+        whole_files = whole_files_member(raw.get("whole_files"), num_files)
         _check_whole_files(whole_t, general, layout, cols["file"], whole_files, name)
+        sub_start = None if sub_size is None else check_sub_count(cols[WHOLE_SUB], nbytes, sub_size, "global part")
         coding = block_coding(raw, {c[len("whole_"):]: cols[c] for c in GLOBAL_CODED if c in cols})
         if coding is not None and len(coding.codec) != int(blocks[-1]):
             raise bad(f"the global part's coding columns must hold one value per block ({int(blocks[-1])})")
@@ -200,7 +212,7 @@ class GlobalPart:
             cols["file"], cols["pos"], cols["extent"], at,
             np.concatenate([[0], np.cumsum(part_files)]).astype(I64), whole, cols["whole_offset"],
             cols["whole_crc32c"], blocks, None if coding is None else (coding.codec, coding.stored, coding.checksums),
-            whole_files, None if coding is None else coding.codecs)
+            whole_files, None if coding is None else coding.codecs, sub_size, cols.get(WHOLE_SUB), sub_start)
 
     # ------------------------------------------------------------------ which parts
 
@@ -298,16 +310,19 @@ class GlobalPart:
             data, entry = parts[k]
             check_part(data, k, entry)
             rows = self.part_rows(k)
-            nb = num_blocks(self.boxes(rows)[3], self.block_size)
+            nbytes = self.boxes(rows)[3]
+            nb = num_blocks(nbytes, self.block_size)
             raw, section = self.open_part(k, data)
             part_files = self.part_files(k, decode_files(raw.get("files")))
-            cols = self.part_columns(k, raw, section, len(rows.row), int(nb.sum()))
+            ns = None if self.sub_size is None else num_sub_blocks(nbytes, self.sub_size)
+            cols = self.part_columns(k, raw, section, len(rows.row), int(nb.sum()), None if ns is None else int(ns.sum()))
             keep = np.flatnonzero(chosen[rows.tensor])
             starts = np.concatenate([[0], np.cumsum(nb)]).astype(I64)
             blocks = ranges(starts[keep], starts[keep] + nb[keep])
             pieces.append((Rows(rows.row[keep], rows.tensor[keep], rows.index[keep]), cols["offset"][keep],
                            cols["crc32c"][blocks],
-                           None if "codec" not in cols else tuple(cols[c][blocks] for c in CODED_COLUMNS)))
+                           None if "codec" not in cols else tuple(cols[c][blocks] for c in CODED_COLUMNS),
+                           None if ns is None else cols[PART_SUB][runs_at(ns, keep)]))
             for fid, f in part_files.items():
                 if files.setdefault(fid, f) != f:
                     raise bad(f"data file {fid} is listed differently in part {k} and the global part")
@@ -321,11 +336,13 @@ class GlobalPart:
         return raw, section
 
     def part_columns(self, k: int, raw: dict[str, Any], section: memoryview, rows: int,
-                     blocks: int) -> dict[str, np.ndarray]:
-        """Part ``k``'s columns, checked to hold ``rows`` chunks of ``blocks`` blocks in all."""
-        names = PART_COLUMNS + (CODED_COLUMNS if self.codecs is not None else ())
-        return section_columns(raw.get("columns"), section, {n: rows if n == "offset" else blocks for n in names},
-                               f"part {k}")
+                     blocks: int, subs: int | None = None) -> dict[str, np.ndarray]:
+        """Part ``k``'s columns, checked to hold ``rows`` chunks of ``blocks`` blocks in all
+        (and ``subs`` sub-blocks, in an index that records them)."""
+        names = PART_COLUMNS + ((PART_SUB,) if subs is not None else ()) + (
+            CODED_COLUMNS if self.codecs is not None else ())
+        counts = {n: rows if n == "offset" else subs if n == PART_SUB else blocks for n in names}
+        return section_columns(raw.get("columns"), section, counts, f"part {k}")  # type: ignore[arg-type]
 
     def part_files(self, k: int, listed: Sequence[FileEntry]) -> dict[int, FileEntry]:
         """Part ``k``'s files by id, checked to be as many as ``part_files`` says."""
@@ -340,7 +357,11 @@ class GlobalPart:
         w = self.whole
         blocks = ranges(self.whole_blocks[keep], self.whole_blocks[keep + 1])
         coding = None if self.whole_coding is None else tuple(c[blocks] for c in self.whole_coding)
-        return Rows(w.row[keep], w.tensor[keep], w.index[keep]), self.whole_offset[keep], self.whole_sums[blocks], coding
+        subs = None
+        if self.whole_subs is not None and self.whole_sub_start is not None:
+            subs = self.whole_subs[ranges(self.whole_sub_start[keep], self.whole_sub_start[keep + 1])]
+        return (Rows(w.row[keep], w.tensor[keep], w.index[keep]), self.whole_offset[keep], self.whole_sums[blocks],
+                coding, subs)
 
     def _assemble(self, pieces: Sequence[Piece], files: dict[int, FileEntry]) -> ColumnarIndex:
         """The partial index of the rows of ``pieces``."""
@@ -359,6 +380,11 @@ class GlobalPart:
         if self.codecs is not None:
             coding = BlockCoding(self.codecs, *(np.concatenate([p[3][c] for p in pieces])[block_order]  # type: ignore[index]
                                                 for c in range(3)))
+        sub = None
+        if self.sub_size is not None:
+            nbytes_pieces = np.empty_like(nbytes)
+            nbytes_pieces[order] = nbytes
+            sub = order_subs(self.sub_size, [p[4] for p in pieces], nbytes_pieces, order, nbytes)  # type: ignore[misc]
         ids = np.unique(file)
         if len({files[f].name for f in ids.tolist()}) != len(ids):
             raise bad("duplicate or reserved data file name among the parts read")
@@ -367,6 +393,8 @@ class GlobalPart:
             np.searchsorted(ids, file), np.concatenate([p[1] for p in pieces])[order], nbytes, pos, ext, sums,
             self.block_size, np.array([files[f].size for f in ids.tolist()], dtype=I64),
             np.array([files[f].data_start for f in ids.tolist()], dtype=I64), self.name, coding)
+        if sub is not None:
+            table = replace(table, sub=sub)
         return ColumnarIndex(tree=self.tree, tensors=self.infos, files=tuple(files[f] for f in ids.tolist()),
                              chunks=table, **self.fields)
 
@@ -481,12 +509,3 @@ def _check_whole_files(whole_t: np.ndarray, general: Rows, lay: TensorLayout, fi
     if len(extra):
         raise bad(f"whole_files lists data file {int(extra[0])}, which holds no tensor stored as one chunk")
 
-
-def _whole_files(raw: Any, num_files: int) -> dict[int, FileEntry]:
-    """The ``whole_files`` member: ``[[file id, file row], ...]`` by ascending id."""
-    if not isinstance(raw, list) or not all(isinstance(p, list) and len(p) == 2 for p in raw):
-        raise bad("whole_files must be a list of [file id, file row] pairs")
-    ids = [check_int(p[0], "whole_files id", 0, 1 << 31) for p in raw]
-    if ids != sorted(set(ids)) or (ids and ids[-1] >= num_files):
-        raise bad(f"whole_files ids must ascend, each once, below the file count {num_files}")
-    return dict(zip(ids, decode_files([p[1] for p in raw])))

@@ -27,8 +27,9 @@ from ...errors import CorruptCheckpointError
 from .. import INDEX_NAME
 from ..checksum import crc32c
 from .container import MAGIC, WIDTHS, narrowest, pad8
-from .rules import (MAX_DIM, MAX_INDEX_BYTES, bad, check_json_size, dumps, finite_float, reject_constant,
-                    unique_members)
+from .rows import FileEntry
+from .rules import (MAX_DIM, MAX_INDEX_BYTES, bad, check_int, check_json_size, decode_files, dumps, finite_float,
+                    reject_constant, unique_members)
 
 VERSION = 4
 HEADER = struct.Struct("<8sIIQQQQIIII")
@@ -274,3 +275,13 @@ def products(flat: np.ndarray, at: np.ndarray, nd: np.ndarray) -> np.ndarray:
             j = np.flatnonzero(nd == d)
             out[j] = np.prod(flat[ranges(at[j], at[j] + d)].reshape(-1, d), axis=1, dtype=I64)
     return out
+
+def whole_files_member(raw: Any, num_files: int) -> dict[int, FileEntry]:
+    """The ``whole_files`` member: ``[[file id, file row], ...]`` by ascending id."""
+    if not isinstance(raw, list) or not all(isinstance(p, list) and len(p) == 2 for p in raw):
+        raise bad("whole_files must be a list of [file id, file row] pairs")
+    ids = [check_int(p[0], "whole_files id", 0, 1 << 31) for p in raw]
+    if ids != sorted(set(ids)) or (ids and ids[-1] >= num_files):
+        raise bad(f"whole_files ids must ascend, each once, below the file count {num_files}")
+    return dict(zip(ids, decode_files([p[1] for p in raw])))
+
