@@ -33,7 +33,7 @@ from ...errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpoin
 from ...format import INDEX_NAME
 from ...format.index.objects import Index, from_columnar
 from ...format.index.v4_global import GlobalPart, Region
-from ...format.index.v4_layout import HEADER, VERSION, Header
+from ...format.index.v4_layout import HEADER, VERSION, Header, head_fields
 from ...format.index.container import version_of
 from ...format.index.rules import MAX_INDEX_BYTES
 from ...format.index.versions import decode_index
@@ -194,7 +194,7 @@ def read_metadata(storage: Storage, spath: str) -> dict[str, Any]:
     if version_of(first) != VERSION:
         return commit.read_index(storage, spath).metadata
     raw = first + _read(storage, spath, HEADER.size, Header(first).head_size - HEADER.size)
-    return GlobalPart.fields_of(raw)["metadata"]
+    return head_fields(raw)["metadata"]
 
 
 def from_head(storage: Storage, spath: str, raw: bytes) -> IndexRead:

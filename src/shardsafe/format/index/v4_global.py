@@ -149,19 +149,6 @@ class GlobalPart:
     # ------------------------------------------------------------------ decoding
 
     @staticmethod
-    def fields_of(head: bytes | memoryview) -> dict[str, Any]:
-        """``world_size``, ``created``, ``metadata`` and ``library`` of the global part in
-        ``head``, its other members unchecked: for listing checkpoints (what a step
-        records), never for reading one (``decode`` checks everything a read relies on).
-
-        Raises:
-            CorruptCheckpointError: The header, the section or those fields are malformed.
-        """
-        header = Header(head)
-        raw, _ = open_section(header.inflate(head), GLOBAL_HEAD, "global part", header.stored)
-        return header_fields(raw)
-
-    @staticmethod
     def decode(head: bytes | memoryview) -> GlobalPart:
         """Checks and decodes the header and the global part in ``head`` (the index's
         first ``Header.head_size`` bytes, or more).

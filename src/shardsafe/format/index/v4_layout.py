@@ -29,7 +29,7 @@ from ..checksum import crc32c
 from .container import MAGIC, WIDTHS, narrowest, pad8
 from .rows import FileEntry
 from .rules import (MAX_DIM, MAX_INDEX_BYTES, bad, check_int, check_json_size, decode_files, dumps, finite_float,
-                    reject_constant, unique_members)
+                    header_fields, reject_constant, unique_members)
 
 VERSION = 4
 HEADER = struct.Struct("<8sIIQQQQIIII")
@@ -284,4 +284,18 @@ def whole_files_member(raw: Any, num_files: int) -> dict[int, FileEntry]:
     if ids != sorted(set(ids)) or (ids and ids[-1] >= num_files):
         raise bad(f"whole_files ids must ascend, each once, below the file count {num_files}")
     return dict(zip(ids, decode_files([p[1] for p in raw])))
+
+
+def head_fields(head: bytes | memoryview) -> dict[str, Any]:
+    """``world_size``, ``created``, ``metadata`` and ``library`` of the global part in
+    ``head`` (an index's first ``Header.head_size`` bytes), its other members unchecked:
+    for listing checkpoints (what a step records), never for reading one
+    (``GlobalPart.decode`` checks everything a read relies on).
+
+    Raises:
+        CorruptCheckpointError: The header, the section or those fields are malformed.
+    """
+    header = Header(head)
+    raw, _ = open_section(header.inflate(head), GLOBAL_HEAD, "global part", header.stored)
+    return header_fields(raw)
 
