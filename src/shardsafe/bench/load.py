@@ -6,7 +6,8 @@ On states built once per run, medians of ``repeat`` rounds after an unrecorded w
    the files from the page cache (``posix_fadvise(DONTNEED)``), against O_DIRECT reads of
    the same data files by 2, 4 and 8 threads (the best is the limit);
 2. **new tensors**: ``load(path)`` against ``torch.load(weights_only=True)`` of the same
-   state saved by ``torch.save``, cold and warm;
+   state saved by ``torch.save``, cold and warm (the files read buffered just before: a
+   load's cold reads use O_DIRECT and leave the page cache as it was);
 3. **compressed**: ``load`` of ``shm_size`` bytes of bf16 weights saved with
    ``compression="auto"`` to /dev/shm, end to end, and the codec's decode alone
    (``bench.compression``); ``zstd`` against ``auto`` scaled by the bytes each stores;
@@ -76,6 +77,15 @@ def _data_files(path: str) -> list[str]:
     return sorted(os.path.join(path, f) for f in os.listdir(path) if f.startswith("data-"))
 
 
+def _warm(files: list[str]) -> None:
+    """Reads ``files`` buffered, so that they are in the page cache (a load reads cold
+    ranges with O_DIRECT, which leaves them out of it)."""
+    for f in files:
+        with open(f, "rb", buffering=0) as fh:
+            while fh.read(16 * MiB):
+                pass
+
+
 def _cold(path: str, fn: Callable[[], object]) -> float:
     drop_cache(path)
     settle()
@@ -109,6 +119,7 @@ def measure_local(directory: str, size: int, repeat: int, log: Callable[[str], N
             row[f"odirect_{t}"] = timed(lambda t=t: _odirect(files, t, buf))
         row["new_cold"] = _cold(path, lambda: shardsafe.load(path))
         row["torch_cold"] = _cold(tpath, lambda: torch.load(tpath, weights_only=True))
+        _warm(files)
         row["new_warm"] = timed(lambda: shardsafe.load(path))
         row["torch_warm"] = timed(lambda: torch.load(tpath, weights_only=True))
         if dcp is not None:
