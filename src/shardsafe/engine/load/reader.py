@@ -54,7 +54,6 @@ class ReadJob:
     """Fill ``dest`` (a flat uint8 view of a host array of ``shape``) with a region of a tensor.
 
     ``offsets``/``shape`` give the region of the global tensor that ``dest`` holds;
-    ``done`` runs (on the caller's thread) after every read of the load succeeded;
     ``fresh``: ``dest`` is new memory, whose pages a read of a whole block faults in with
     one call first (``storage.memory.populate``), not page by page as it writes them.
     """
@@ -63,7 +62,6 @@ class ReadJob:
     dest: np.ndarray
     offsets: tuple[int, ...]
     shape: tuple[int, ...]
-    done: Callable[[], None] | None = None
     fresh: bool = False
 
 
@@ -273,9 +271,6 @@ class ChunkReader:
     def run(self, jobs: Sequence[ReadJob]) -> None:
         """Executes all jobs in parallel; re-raises the first error after all reads stopped."""
         self.run_tasks(self.tasks(jobs))
-        for job in jobs:
-            if job.done is not None:
-                job.done()
 
 
 def _byte_span(p: Piece, shape: Sequence[int], itemsize: int) -> tuple[int, int]:
