@@ -26,7 +26,7 @@ PUBLIC = {
     "CheckpointTimeoutError", "StorageRequestError",
 }
 HANDLE = {"path", "nbytes", "timings", "wait_staged", "result", "done", "failed", "exception"}
-CHECKPOINTER = {"save", "async_save", "wait", "close", "closed", "retained_bytes"}
+CHECKPOINTER = {"save", "async_save", "load", "wait", "close", "closed", "retained_bytes"}
 
 
 def _members(cls: type) -> set[str]:

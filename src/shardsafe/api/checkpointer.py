@@ -7,10 +7,12 @@ as a ``SaveRequest`` and submits it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from ..comm import Comm
+from ..engine.load.request import LoadRequest
+from ..engine.load.run import run as run_load
 from ..engine.save.handle import SaveHandle
 from ..engine.save.options import SaveOptions
 from ..engine.save.request import SaveRequest, StagingMode
@@ -122,6 +124,25 @@ class Checkpointer:
             state=state, path=path, overwrite=overwrite, metadata=metadata, storage_options=storage_options,
             process_group=process_group, timeout=timeout, collective=collective, compression=compression,
             staging=staging, max_staging_bytes=max_staging_bytes)).handle
+
+    def load(self, path: str, state: MutableMapping[str, Any] | Stateful | None = None, *, strict: bool = True,
+             storage_options: dict | None = None, mmap: bool = False, process_group: Any = None,
+             collective: bool | None = None, timeout: float | None = None, cast: bool = False) -> Any:
+        """Loads the checkpoint at ``path``, as ``shardsafe.load`` does, among the
+        Checkpointer's ranks (its ``comm``; ``process_group`` overrides it), once its save
+        in flight is committed: a checkpoint this Checkpointer just saved asynchronously
+        loads as it was saved.
+
+        Raises:
+            CheckpointError: The save in flight failed and nobody collected its error (raised
+                once, as the next save would raise it), or the load failed (see
+                ``shardsafe.load``).
+        """
+        self._saver.settle()
+        comm = self._saver.comm if process_group is None else None
+        return run_load(LoadRequest(path=path, state=state, strict=strict, storage_options=storage_options,
+                                    mmap=mmap, process_group=process_group, comm=comm, collective=collective,
+                                    timeout=timeout, cast=cast))
 
     @property
     def closed(self) -> bool:

@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from ... import jax_values, tensors
+from ...comm import distributed_active, get_comm
 from ...format.tree import MAX_DEPTH
 from ...plan.flatten import is_stateful
 
 if TYPE_CHECKING:
+    from ...comm import Comm
     from ...format.index.objects import Index
 
 TargetKind = Literal["new", "mapped", "jax", "in_place"]
@@ -57,6 +59,8 @@ class LoadRequest:
         storage_options: fsspec options for URLs.
         mmap: Map the data files (local checkpoints, no ``state``).
         process_group: The group of a collective load (None: the world).
+        comm: The ranks of a collective load, as a ``Comm`` (a ``Checkpointer``'s); None:
+            those of ``process_group``.
         collective: None: collective under torch.distributed; False: this rank alone.
         timeout: Seconds a rank waits for the others; an object store's deadline.
         cast: Convert floating-point tensors into the target's dtype.
@@ -75,6 +79,7 @@ class LoadRequest:
     storage_options: dict | None = None
     mmap: bool = False
     process_group: Any = None
+    comm: Comm | None = None
     collective: bool | None = None
     timeout: float | None = None
     cast: bool = False
@@ -93,6 +98,16 @@ class LoadRequest:
                             f"state_dict() and load_state_dict()) to load into, got "
                             f"{type(self.state).__name__}")
         object.__setattr__(self, "target", kind)
+
+    def ranks(self) -> Comm:
+        """The ranks this load involves (a single process outside torch.distributed)."""
+        return self.comm if self.comm is not None else get_comm(self.process_group)
+
+    def is_collective(self) -> bool:
+        """Whether every rank of ``ranks()`` takes part (reads the index once for all)."""
+        if self.collective is False:
+            return False
+        return self.comm.world_size > 1 if self.comm is not None else distributed_active(self.process_group)
 
 
 def target_kind(state: Any, mmap: bool = False) -> TargetKind:

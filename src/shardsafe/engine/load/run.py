@@ -30,7 +30,6 @@ import numpy as np
 from ... import dtensor, tensors
 from ..._gc_pause import paused
 from ..._numbers import transfer
-from ...comm import distributed_active, get_comm
 from ...errors import CheckpointNotFoundError, CorruptCheckpointError
 from ...storage import Deadline, LocalStorage, storage_for
 from ..buffers import allocating
@@ -59,12 +58,13 @@ def run(request: LoadRequest) -> Any:
 
 def _run(r: LoadRequest) -> Any:
     t0 = time.perf_counter()
+    comm = r.ranks()
     storage, spath = storage_for(r.path, r.storage_options, deadline=Deadline.for_call(
-        r.timeout, get_comm(r.process_group).rank, f"load of {r.path}"))
+        r.timeout, comm.rank, f"load of {r.path}"))
     whole = r.target in ("new", "mapped")  # else a version 4 index is read in parts (what the targets need)
-    if r.collective is not False and distributed_active(r.process_group):
+    if r.is_collective():
         try:
-            read = read_index_collective(storage, spath, get_comm(r.process_group), r.timeout, whole)
+            read = read_index_collective(storage, spath, comm, r.timeout, whole)
         except CheckpointNotFoundError:
             raise not_found(storage, spath, r.path) from None
         return _from(read, r, t0)

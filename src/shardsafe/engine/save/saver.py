@@ -213,6 +213,12 @@ class Saver:
         if self._inflight:
             self._inflight[0].handle.result(timeout)
 
+    def settle(self) -> None:
+        """Waits for the save in flight (if any) and raises its failure if nobody has seen
+        it yet (once: a later call goes on), as the next save would."""
+        with self._lock:
+            self._wait_previous()
+
     def close(self) -> None:
         """Waits for the save in flight, frees the buffers, and raises an uncollected failure."""
         if self.closed:
