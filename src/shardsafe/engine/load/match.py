@@ -41,7 +41,7 @@ class TensorTarget:
     """The tensor's position in the index's tensor table (-1: not known)."""
     cast: bool = False
     """``target`` has another floating-point dtype than the stored tensor (``load(...,
-    cast=True)``): the bytes are read into a temporary of the stored dtype, then converted."""
+    cast=True)``): the bytes are staged in the stored dtype, then converted (``placers.staged``)."""
 
 
 @dataclass(slots=True)
