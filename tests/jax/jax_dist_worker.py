@@ -120,6 +120,25 @@ def run(name: str) -> dict:
         restored = mgr.restore(target)
         mgr.close()
         return {"steps": steps, "restored": restored, "shards": check(target, 3)}
+    if name == "preempt":
+        # a preemption signal reaches process 1 only, at step 4: every process saves the
+        # same step and stops there
+        mgr = shardsafe.CheckpointManager(os.path.join(OUT, "preempt"), save_interval_steps=100,
+                                          preemption_signals=[signal.SIGUSR1], timeout=60)
+        stopped = None
+        for step in range(1, 20):
+            if step == 4 and RANK == 1:
+                os.kill(os.getpid(), signal.SIGUSR1)
+            mgr.save(step, state_on(mesh(), step))
+            if mgr.reached_preemption(step):
+                stopped = step
+                break
+        mgr.wait_until_finished()
+        steps = mgr.all_steps()
+        mgr.close()
+        target = abstract(SPECS[1])
+        restored = shardsafe.CheckpointManager(os.path.join(OUT, "preempt"), timeout=60).restore(target)
+        return {"stopped": stopped, "steps": steps, "restored": restored, "shards": check(target, restored)}
     if name == "absent":
         # process 1 crashed before the save: it never calls it
         comm.barrier()  # the others start the save together

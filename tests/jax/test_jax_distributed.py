@@ -118,3 +118,12 @@ def test_a_process_sigkilled_mid_save_leaves_the_previous_checkpoint(tmp_path) -
     assert kill["error"] is not None, kill
     assert kill["step"] == expected(0)["step"], kill  # nothing committed over it
     assert sorted(f for f in os.listdir(tmp_path) if not f.endswith((".json", ".log"))) == ["ckpt"]
+
+
+@pytest.mark.stress
+def test_manager_preemption_is_agreed_across_processes(tmp_path) -> None:
+    out = run_jax(2, 4, ["preempt"], str(tmp_path))["preempt"]
+    stopped = {r["stopped"] for r in out}
+    assert len(stopped) == 1 and None not in stopped, out  # every process stopped at the same step
+    step = stopped.pop()
+    assert step >= 4 and all(r["steps"] == [step] and r["restored"] == step for r in out), out
