@@ -120,6 +120,13 @@ def run(name: str) -> dict:
         restored = mgr.restore(target)
         mgr.close()
         return {"steps": steps, "restored": restored, "shards": check(target, 3)}
+    if name == "local":
+        # the local tier holds a process's own state alone: refused in a jax.distributed job
+        try:
+            shardsafe.CheckpointManager(os.path.join(OUT, "mgr-local"), local_directory=os.path.join(OUT, "local"))
+        except ValueError as e:
+            return {"error": str(e)}
+        return {"error": None}
     if name == "preempt":
         # a preemption signal reaches process 1 only, at step 4: every process saves the
         # same step and stops there

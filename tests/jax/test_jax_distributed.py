@@ -70,19 +70,20 @@ def _check_torch(path: str) -> None:
 
 
 def test_two_processes_save_restore_async_manager_and_an_absent_process(tmp_path, mesh42) -> None:
-    out = run_jax(2, 4, ["save", "restore", "reshard", "async", "manager", "absent"], str(tmp_path))
+    out = run_jax(2, 4, ["save", "restore", "reshard", "async", "manager", "local", "absent"], str(tmp_path))
     # each process wrote its own data file (the shards it addresses with replica_id 0)
     assert out["save"][0]["files"] == ["data-r00000-000.safetensors", "data-r00001-000.safetensors",
                                        "index.json"]
     assert all(r["shards"] == 16 for r in out["restore"] + out["reshard"] + out["async"])
     assert [r["steps"] for r in out["manager"]] == [[2, 3], [2, 3]]
     assert [r["restored"] for r in out["manager"]] == [3, 3]
+    assert all("local tier is not available" in r["error"] for r in out["local"]), out["local"]
     absent = out["absent"][0]
     assert absent["error"] is not None and "rank(s) 1 of 2" in absent["error"], absent
     assert absent["took"] < 3 + 10, absent  # 3 s timeout, and some slack for this busy machine
     assert absent["step"] == expected(0)["step"]  # the previous checkpoint is still there
     assert sorted(f for f in os.listdir(tmp_path) if not f.endswith((".json", ".log"))) == \
-        ["ckpt", "ckpt-async", "mgr"]  # no working directory left behind
+        ["ckpt", "ckpt-async", "mgr", "mgr-local"]  # no working directory left behind
     # saved on 2 processes x 4 devices: restored in one process onto 8 devices, and into torch
     ckpt = str(tmp_path / "ckpt")
     _check_here(ckpt, mesh42, SPECS[1])
