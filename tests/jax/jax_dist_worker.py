@@ -91,7 +91,17 @@ def run(name: str) -> dict:
         gathered = comm.gather({"rank": comm.rank}, 0)
         big = comm.broadcast_bytes(bytes(range(256)) * 10_000 if comm.rank == 0 else None, 0)
         comm.barrier()
-        return {"type": type(comm).__name__, "rank": comm.rank, "world": comm.world_size,
+        ch = comm.channel("channel-test")
+        late = ch.wait([f"never/{comm.rank}"], 0.2)  # nobody sets it: the wait gives up
+        ch.set(f"long/{comm.rank}", bytes(range(256)) * 12_000)  # 3 MB: in pieces
+        comm.barrier()
+        other = ch.fetch([f"long/{1 - comm.rank}"])[0] if ch.wait([f"long/{1 - comm.rank}"], 30)[0] else b""
+        comm.barrier()
+        ch.delete(f"long/{comm.rank}")
+        comm.barrier()
+        gone = ch.wait([f"long/{1 - comm.rank}"], 0.2)
+        return {"late": late, "long_ok": other == bytes(range(256)) * 12_000, "gone": gone,
+                "type": type(comm).__name__, "rank": comm.rank, "world": comm.world_size,
                 "gathered": gathered, "big": len(big), "big_ok": big == bytes(range(256)) * 10_000,
                 "max": comm.allreduce_max([comm.rank, 10 - comm.rank])}
     if name == "save":
