@@ -5,7 +5,8 @@ MASTER_PORT, ...; a real gloo group over TCP on 127.0.0.1, no mocks).
 ``run_job`` runs any script as ranks and keeps each rank's output; ``run_script`` runs
 one that must succeed on every rank; ``run_ranks`` runs the phases of
 ``distributed/dist_worker.py``, which writes each rank's result as JSON to
-``<out_dir>/<scenario>-w<world>-r<rank>.json``.
+``<out_dir>/<scenario>-w<world>-r<rank>.json``; ``run_jax`` runs a ``jax.distributed`` job
+of ``jax/jax_dist_worker.py`` (its processes take the same variables).
 """
 
 from __future__ import annotations
@@ -110,4 +111,35 @@ def run_ranks(nprocs: int, phases: Sequence[tuple[str, int]], out_dir: str, *arg
 
 def _result(out_dir: str, name: str, world: int, rank: int) -> dict[str, Any]:
     with open(os.path.join(out_dir, f"{name}-w{world}-r{rank}.json")) as f:
+        return json.load(f)
+
+
+JAX_WORKER = os.path.join(TESTS, "jax", "jax_dist_worker.py")
+
+
+def run_jax(nprocs: int, devices: int, scenarios: Sequence[str], out_dir: str, *, timeout: float = 120,
+            killed: Sequence[int] = ()) -> dict[str, list[dict[str, Any] | None]]:
+    """Runs ``scenarios`` (of ``tests/jax/jax_dist_worker.py``) in one real ``jax.distributed``
+    job of ``nprocs`` processes with ``devices`` CPU devices each.
+
+    Returns:
+        ``{scenario: [result of process 0, process 1, ...]}`` (None where a process wrote none).
+
+    Raises:
+        AssertionError: a process other than ``killed`` failed, or the job hung.
+    """
+    os.makedirs(out_dir, exist_ok=True)
+    job = run_job(JAX_WORKER, nprocs, out_dir, str(devices), ",".join(scenarios), timeout=timeout,
+                  log_dir=out_dir, name="jax")
+    assert not job.hung, f"{scenarios} on {nprocs} processes hung for {timeout} s:\n{job.logs()}"
+    bad = [r for r, c in enumerate(job.codes) if (c != 0) != (r in killed)]
+    assert not bad, f"{scenarios}: process(es) {bad} exited wrongly:\n{job.logs()}"
+    return {name: [_read(os.path.join(out_dir, f"{name}-r{r}.json")) for r in range(nprocs)]
+            for name in scenarios}
+
+
+def _read(path: str) -> dict[str, Any] | None:
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
         return json.load(f)

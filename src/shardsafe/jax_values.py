@@ -102,13 +102,24 @@ def children(x: Any) -> tuple[list[Any], list[Any], Any] | None:
 def check_addressable(x: Any, what: str) -> None:
     """Raises TypeError unless this process addresses every shard of ``x``.
 
-    An array of a multi-process ``jax.distributed`` job spans processes; committing its
-    chunks needs every process's entries, and shardsafe gathers those through
-    torch.distributed only (``shardsafe.comm``).
+    An array of a multi-process ``jax.distributed`` job spans processes: it is saved by
+    every process of the job together (each writes the shards it addresses), never by
+    one process alone.
     """
     if not x.is_fully_addressable:
-        raise TypeError(f"{what}: a jax.Array spanning several processes (jax.distributed) "
-                        f"cannot be saved; shardsafe's collectives run on torch.distributed")
+        raise TypeError(f"{what}: a jax.Array spanning several processes (jax.distributed) is saved "
+                        f"by every process of the job together; this save runs in one process only")
+
+
+def spans_processes(x: Any) -> bool:
+    """True for a ``jax.Array`` whose shards live on devices of several processes."""
+    return is_array(x) and not x.is_fully_addressable
+
+
+def job_position() -> tuple[int, int]:
+    """``(process index, process count)`` of this process in its JAX job."""
+    jax = imported()
+    return int(jax.process_index()), int(jax.process_count())
 
 
 def box(index: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:

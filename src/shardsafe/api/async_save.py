@@ -56,9 +56,10 @@ def async_save(state: Mapping[str, Any] | Stateful, path: str, *, staging: Stagi
     any tensor of ``state``. Checksums, writes and the commit run in the background;
     ``handle.result()`` waits for them and re-raises any failure. At most one save is in
     flight: a new save (sync or async) first waits for the previous one and raises its
-    error if nobody collected it. Under torch.distributed it is collective like ``save``:
-    the planning runs on the calling thread, while the background part talks to the
-    other ranks through the c10d Store only, never the training process group. With
+    error if nobody collected it. Under torch.distributed (or ``jax.distributed``) it is
+    collective like ``save``: the planning runs on the calling thread, while the background
+    part talks to the other ranks through the c10d Store (JAX's coordination service) only,
+    never the training process group. With
     ``collective=False`` this rank alone saves its own state, with no communication (as
     ``save(..., collective=False)``). With ``compression`` (as for ``save``) the
     tensors are compressed in the background, after staging, so the stall does not grow.

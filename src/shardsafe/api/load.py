@@ -38,8 +38,9 @@ def load(path: str, state: MutableMapping[str, Any] | Stateful | None = None, *,
     are copy-on-write views of the memory-mapped data files, every checksum verified up
     front (writing to one changes only this process's copy).
 
-    Under torch.distributed (more than one rank) the load is collective by default,
-    like ``save``: every rank of ``process_group`` (default: the world) must call it.
+    Under torch.distributed (more than one rank), or in a multi-process ``jax.distributed``
+    job, the load is collective by default, like ``save``: every rank of ``process_group``
+    (default: the world, or every process of the JAX job) must call it.
     Rank 0 reads and validates the index once and broadcasts it; then each rank reads
     only the byte ranges its own tensors need (a DTensor target: its local shard), so
     a checkpoint saved by N ranks loads onto any other number and sharding. Pass

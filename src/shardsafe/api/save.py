@@ -33,7 +33,10 @@ def save(state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool = Fa
         storage_options: Passed to fsspec for URLs.
         process_group: When torch.distributed is initialised the save is collective
             over the default group, or over this group: every rank must call it. Each
-            rank writes its own data file; rank 0 commits once all are durable.
+            rank writes its own data file; rank 0 commits once all are durable. In a
+            multi-process ``jax.distributed`` job (without torch.distributed) it is
+            collective over the job's processes, coordinated through JAX's coordination
+            service; each process writes the shards it addresses with ``replica_id`` 0.
         timeout: Seconds a rank of a collective save waits for the others before it
             raises CheckpointTimeoutError (default: ``SHARDSAFE_TIMEOUT`` or 600); on an
             object store also the save's deadline, counted from the call: a request

@@ -1,6 +1,6 @@
 """shardsafe against Orbax on one sharded JAX state, in one run.
 
-    python -m shardsafe.bench.jax [--mib 512] [--repeat 3] [--dir DIR]
+    python -m shardsafe.bench.jax [--mib 512] [--repeat 3] [--dir DIR] [--processes N]
 
 The state is a model's parameters as a JAX user holds them: ``layers`` x {kernel
 (2048 x 2048 float32), bias (2048)} on a 4x2 mesh of emulated CPU devices
@@ -13,6 +13,9 @@ biases ``P("tp")``. Measured, medians of ``repeat`` runs taken in turn:
 * the same two through each library's ``CheckpointManager``;
 * cold restore onto the saving sharding and onto another (an 8x1 mesh, kernels split by
   rows only), each after evicting the checkpoint's files from the page cache.
+
+``--processes N`` runs the multi-process form instead: one ``jax.distributed`` job of N
+processes (``bench.jax_multi``).
 """
 
 from __future__ import annotations
@@ -162,13 +165,22 @@ def report(res: dict[str, dict[str, float]], mib: int) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m shardsafe.bench.jax", description=__doc__.split("\n")[0])
-    ap.add_argument("--mib", type=int, default=512, help="state size in MiB (default 512)")
+    ap.add_argument("--mib", type=int, default=None, help="state size in MiB (default 512; 256 with --processes)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per measurement (medians)")
     ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    ap.add_argument("--processes", type=int, default=1, choices=(1, 2, 4, 8),
+                    help="processes of a jax.distributed job (default 1: one process, no job)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
-        res = run(args.mib, args.repeat, d)
-    print(report(res, args.mib))
+        if args.processes > 1:
+            from . import jax_multi
+
+            mib = args.mib or 256
+            print(jax_multi.report(jax_multi.launch(args.processes, mib, args.repeat, d), mib, args.processes))
+            return
+        mib = args.mib or 512
+        res = run(mib, args.repeat, d)
+    print(report(res, mib))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""``shardsafe import SRC CKPT``: convert a torch.save file, a safetensors file or a DCP checkpoint.
+"""``shardsafe import SRC CKPT``: convert a torch.save file, a safetensors file, a DCP checkpoint
+or an Orbax checkpoint.
 
 * torch.save files are read with ``torch.load(weights_only=True)``: files holding
   arbitrary Python objects are refused, never unpickled.
@@ -9,6 +10,10 @@
   so this runs only with ``--trust-pickle``, for a local directory the user names
   explicitly (never a URL). Non-tensor values inside DCP are read with
   ``torch.load(weights_only=True)``, not DCP's default full unpickling.
+* An Orbax checkpoint (the PyTree layout of ``StandardCheckpointer``, OCDBT or not; a
+  ``CheckpointManager`` step with one item) is read through orbax-checkpoint (``_orbax``),
+  every array as stored; the new checkpoint is then loaded back and compared with it,
+  byte for byte, before the command reports success.
 
 Only regular files (and, for DCP, a directory of regular files) are read: a FIFO,
 socket or device is refused before it is opened (opening a FIFO would block forever).
@@ -25,7 +30,10 @@ from typing import Any
 
 from . import EXIT_OK
 from .. import tensors
+from ..api.load import load
 from ..api.save import save
+from ..errors import CorruptCheckpointError
+from . import _orbax
 from ._args import add_command, storage_options
 from ._tensors import require_torch
 from ..engine.commit.diagnose import DCP_METADATA
@@ -33,11 +41,13 @@ from ..storage.files import kind_of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_command(sub, "import", run, "convert a torch.save / safetensors / DCP checkpoint",
+    p = add_command(sub, "import", run, "convert a torch.save / safetensors / DCP / Orbax checkpoint",
                     "Convert SRC into a shardsafe checkpoint at CKPT. SRC is a torch.save file "
-                    "(loaded with weights_only=True), a .safetensors file, or a DCP checkpoint "
-                    "directory (local and trusted, with --trust-pickle: DCP metadata is a pickle).",
-                    ("src", "SRC", "source file or DCP directory (local)"),
+                    "(loaded with weights_only=True), a .safetensors file, a DCP checkpoint "
+                    "directory (local and trusted, with --trust-pickle: DCP metadata is a pickle), "
+                    "or an Orbax checkpoint directory (StandardCheckpointer / PyTree layout; "
+                    "needs orbax-checkpoint), verified bit-exact after the import.",
+                    ("src", "SRC", "source file, DCP or Orbax directory (local)"),
                     ("ckpt", "CKPT", "checkpoint to create (directory or URL)"),
                     json_help="print JSON for machines: what was imported into which checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace an existing checkpoint")
@@ -130,8 +140,20 @@ def _check_dcp(src: str, trust_pickle: bool) -> None:
                          f"can run code when read; pass --trust-pickle to import it if you trust it")
 
 
+def _verify_orbax(state: Mapping[str, Any], args: argparse.Namespace) -> None:
+    """Loads the new checkpoint back and compares it with the Orbax values, byte for byte.
+
+    Raises:
+        CorruptCheckpointError: a value differs (naming its key path).
+    """
+    loaded = load(args.ckpt, storage_options=storage_options(args))
+    bad = _orbax.same_values(dict(state), loaded)
+    if bad:
+        raise CorruptCheckpointError(f"{args.ckpt}: the imported checkpoint differs from the Orbax "
+                                     f"checkpoint at {', '.join(bad[:8])}")
+
+
 def run(args: argparse.Namespace) -> int:
-    require_torch("import")
     src = args.src
     if "://" in src:
         raise ValueError("import reads a local SRC; copy it from object storage first")
@@ -140,15 +162,20 @@ def run(args: argparse.Namespace) -> int:
         kind = kind_of(src)
     except FileNotFoundError:
         raise FileNotFoundError(f"{src} does not exist") from None
-    if kind == "a directory":
+    if kind == "a directory" and _orbax.is_orbax(src):
+        state, metadata["format"] = _orbax.read_orbax(src), "orbax"
+    elif kind == "a directory":
+        require_torch("import")
         _check_dcp(src, args.trust_pickle)
         state, metadata["format"] = read_dcp(src), "dcp"
     elif kind != "a regular file":
         raise ValueError(f"{src} is {kind}, not a regular file (never opened)")
     elif src.lower().endswith(".safetensors"):
+        require_torch("import")
         state, st_meta = read_safetensors(src)
         metadata.update(format="safetensors", safetensors_metadata=st_meta)
     else:
+        require_torch("import")
         state, metadata["format"] = read_torch_save(src), "torch.save"
     if not isinstance(state, Mapping):
         raise ValueError(f"{src} holds a {type(state).__name__}, not a dict of state")
@@ -158,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
         state, metadata["prefix"] = {args.prefix: state}, args.prefix
     save(state, args.ckpt, overwrite=args.overwrite, metadata={"shardsafe.import": metadata},
          storage_options=storage_options(args))
+    if metadata["format"] == "orbax":
+        _verify_orbax(state, args)
     if args.json:
         print(json.dumps({"imported": src, "format": metadata["format"], "into": args.ckpt}))
     else:

@@ -39,6 +39,7 @@ from ..knobs import timeout as default_timeout
 from . import distributed_active, get_comm, next_namespace
 from .base import Comm
 from .channel import announce, receive
+from .jax_comm import JaxComm
 from .rounds import join, leader_round, leave
 
 T = TypeVar("T")
@@ -194,9 +195,17 @@ class Agreement:
 
     def peer_link(self, directory: str) -> Any:
         """The peers' point-to-point link (``comm.p2p.PeerLink``) of ``directory``, whose
-        transfers give up after the timeout; None without torch.distributed. Collective."""
+        transfers give up after the timeout; None without torch.distributed. Collective.
+
+        Raises:
+            ValueError: the job is a ``jax.distributed`` one (peer copies travel over a
+                torch.distributed gloo group).
+        """
         if not distributed_active():
             return None
+        if isinstance(self.comm, JaxComm):
+            raise ValueError("local_replication copies local checkpoints between nodes over "
+                             "torch.distributed; a jax.distributed job keeps them on its own nodes")
         from .p2p import PeerLink  # torch.distributed only when there are peers
 
         return PeerLink(directory, timeout=self.timeout)

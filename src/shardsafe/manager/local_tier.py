@@ -39,6 +39,7 @@ from ..engine.load.index_exchange import read_metadata
 from ..engine.load.request import LoadRequest, holds_jax
 from ..engine.load.run import run
 from ..comm.agreement import Agreement
+from ..comm.jax_comm import JaxComm
 from ..errors import CheckpointError
 from ..storage import storage_for
 from . import peer_copy
@@ -65,10 +66,19 @@ class LocalTier:
             torch.distributed with at least two nodes; collective to construct).
         agreement: The manager's agreement (rank, timeout, the peers' link).
         writable: False for a read-only manager (nothing is ever written here).
+
+    Raises:
+        ValueError: the job is a multi-process ``jax.distributed`` one: a rank's local
+            checkpoint holds its own state alone, and an array spanning processes is
+            saved by the whole job (use the persistent tier).
     """
 
     def __init__(self, directory: str, *, run: str | None, interval: int, max_to_keep: int,
                  replication: bool, agreement: Agreement, writable: bool) -> None:
+        if isinstance(agreement.comm, JaxComm):
+            raise ValueError("local_directory: the local tier is not available in a multi-process "
+                             "jax.distributed job (its arrays span processes); save to the persistent "
+                             "directory only")
         self.directory = os.path.abspath(directory)
         self.run, self.interval, self.writable = run, interval, writable
         self.max_to_keep = max_to_keep

@@ -5,6 +5,12 @@ table). ``write_items`` replaces it, for writing, by one item per distinct box t
 process addresses, each holding that box's host copy at its offsets: the chunks of the
 tensor, written like a DTensor's shards (same files, checksums and commit). Replicated
 boxes are written once, by the shard whose ``replica_id`` is 0.
+
+In a multi-process ``jax.distributed`` job an array spans processes; JAX gives each
+distinct box ``replica_id`` 0 on exactly one device of the job, so the processes' written
+shards never overlap and together cover the array: ``localize_spanning`` tells the
+collective planner that each process alone holds its part (no writer has to be chosen),
+and ``check_alone`` refuses such an array in a save of one process.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import jax_values
+from ..format.tree import render_path
 from .flatten import TensorItem
+from .localize import Holders
 
 
 class JaxShard(TensorItem):
@@ -44,3 +52,35 @@ def write_items(items: Sequence[TensorItem]) -> list[TensorItem]:
         out.extend(JaxShard(it.id, it.path, host, "jax", it.dtype, it.shape, offsets, False)
                    for offsets, host in per)
     return out
+
+
+def check_alone(items: Sequence[TensorItem]) -> None:
+    """Refuses arrays spanning processes in a save that only this process makes.
+
+    Raises:
+        TypeError: an array spans processes (the message names its key path).
+    """
+    for it in items:
+        if it.kind == "jax" and jax_values.is_array(it.value):
+            jax_values.check_addressable(it.value, f"jax.Array at key path {render_path(it.path)!r}")
+
+
+def localize_spanning(items: Sequence[TensorItem], holders: list[Holders], rank: int,
+                      world_size: int) -> None:
+    """Marks each array spanning processes as this process's own part (its ``replica_id``
+    0 shards; nothing where it has none) in ``holders``, for the collective planner.
+
+    Raises:
+        TypeError: an array spans processes but the saving group is not the JAX job
+            (its ranks must be the JAX processes, in order).
+    """
+    for i, it in enumerate(items):
+        if it.kind != "jax" or not jax_values.spans_processes(it.value):
+            continue
+        if jax_values.job_position() != (rank, world_size):
+            raise TypeError(f"jax.Array at key path {render_path(it.path)!r} spans processes: the "
+                            f"ranks of the saving group must be the processes of the jax.distributed "
+                            f"job (rank {rank} of {world_size} is process {jax_values.job_position()})")
+        mine = any(s.replica_id == 0 for s in it.value.addressable_shards)
+        holders[i] = (rank,) if mine else ()
+        it.replicated = False

@@ -38,6 +38,7 @@ from ...per_rank import own_entry
 from ...plan.answer import (Decision, Leader, decide_first, decide_full, decide_trees, in_ranks,
                            read_hellos, read_share, wanted)
 from ...plan.flatten import TensorItem, flatten
+from ...plan.jax_shards import localize_spanning
 from ...plan.localize import localize
 from ...plan.report import Description, describe, hello, report
 from ...plan.union import Table
@@ -134,6 +135,7 @@ def _prepare_local(state: Mapping[str, Any], comm: Comm, metadata: Mapping[str, 
     with own_entry():
         tree, items = flatten(state)
     holders = localize(items, comm.group_rank)
+    localize_spanning(items, holders, comm.rank, comm.world_size)  # jax.distributed arrays
     return _Local(tree, items, describe(tree, items, holders, comm.rank))
 
 

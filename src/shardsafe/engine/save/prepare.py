@@ -28,7 +28,7 @@ from ...format.index.container import check_metadata
 from ...format.index.versions import WRITE_VERSION, encode_columnar
 from ...format.tree import Node
 from ...plan.flatten import TensorItem, flatten
-from ...plan.jax_shards import write_items
+from ...plan.jax_shards import check_alone, write_items
 from ...plan.layout import FilePlan, block_file_name, data_file_name, plan_file
 from ...plan.localize import localize
 from ...storage import Deadline, Storage, storage_for
@@ -114,13 +114,15 @@ def prepare(state: Any, path: str, comm: Comm, *, overwrite: bool, metadata: Map
         wait = knobs.timeout() if timeout is None else float(timeout)
         p = plan_exchange.plan_collective(state, storage, spath, comm, overwrite=overwrite,
                                           metadata=md, timeout=wait)
-        split = baseline.split(p.mine, spath) if baseline is not None else None
-        plain, coded = split_coded(split.write if split is not None else p.mine, compression)
+        mine = write_items(p.mine)  # jax.Arrays: the shards this process writes
+        split = baseline.split(mine, spath) if baseline is not None else None
+        plain, coded = split_coded(split.write if split is not None else mine, compression)
         return PreparedSave(storage, p.txn, p.tree, p.items, [plan_file(data_file_name(comm.rank), plain)],
                             md, comm, comm.channel(p.token), wait, baseline=baseline, split=split,
                             compression=compression, coded=_block_plans(comm.rank, coded))
     tree, items = flatten(state)
     localize(items, comm.group_rank)  # DTensors on a one-rank mesh: their local tensor
+    check_alone(items)
     writes = write_items(items)  # jax.Arrays: the shards this process writes
     check_metadata(md)
     txn = commit.plan_transaction(storage, spath, overwrite=overwrite, token=uuid.uuid4().hex[:16])
