@@ -51,7 +51,7 @@ def allocating(what: Callable[[], str]) -> Iterator[None]:
         raise CheckpointError(f"cannot allocate memory to load {what()}: {e}") from e
 
 
-def new_tensor(kind: str, dtype: str, shape: tuple[int, ...]) -> tuple[Any, np.ndarray]:
+def new_tensor(kind: str, dtype: str, shape: tuple[int, ...], *, huge: bool = False) -> tuple[Any, np.ndarray]:
     """A new host tensor (or numpy array) for a load to fill: ``(value, writable bytes)``.
 
     From ``HUGE`` bytes on, the memory is an anonymous mapping of its own (returned to
@@ -60,9 +60,11 @@ def new_tensor(kind: str, dtype: str, shape: tuple[int, ...]) -> tuple[Any, np.n
     ``torch.load``'s, such a tensor's storage cannot be resized. Smaller values come
     from ``tensors.empty``.
 
-    Not on huge pages: on the project VM (whose balloon device takes back free 2 MiB
-    blocks) a fresh huge-page mapping filled from the page cache was 2-3x slower than
-    4 KiB pages, though 2x faster for cold direct reads (docs/BENCHMARKS.md).
+    ``huge``: on transparent huge pages, for bytes read with direct I/O (cold): on the
+    project VM a cold direct read into fresh huge pages ran 2x faster than into 4 KiB
+    pages, but a copy from the page cache (warm) into them 2-3x slower (its balloon
+    device takes back free 2 MiB blocks; docs/BENCHMARKS.md), so warm loads keep 4 KiB
+    pages.
     """
     d = lookup(dtype)
     nbytes = d.itemsize * math.prod(shape)
@@ -70,7 +72,7 @@ def new_tensor(kind: str, dtype: str, shape: tuple[int, ...]) -> tuple[Any, np.n
     if nbytes < HUGE or (kind == "torch" and not tensors.HAVE_TORCH) or (kind != "torch" and host is None):
         return tensors.empty(kind, dtype, shape)
     try:
-        _map, flat = anonymous(nbytes, huge=False)  # ``flat`` keeps the mapping alive
+        _map, flat = anonymous(nbytes, huge=huge)  # ``flat`` keeps the mapping alive
     except (OSError, OverflowError) as e:  # e.g. ENOMEM: what an allocator would raise
         raise MemoryError(f"cannot map {nbytes} bytes for a {dtype} tensor of shape {shape}: {e}") from e
     if kind == "torch":

@@ -22,10 +22,11 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from .. import knobs
+from ..errors import CorruptCheckpointError
 from ..format.datafile import ALIGN
 from ..format.index.rules import MAX_INDEX_BYTES
-from .cached_or_direct import read_range
-from .files import check_directory, check_regular, read_regular, with_path
+from .cached_or_direct import cached, read_range
+from .files import check_directory, check_regular, open_regular, read_regular, with_path
 
 log = logging.getLogger("shardsafe")
 
@@ -241,6 +242,20 @@ class LocalStorage:
         # Cached pages come from the page cache, the rest with direct I/O (cold loads
         # run at device speed, warm ones at memcpy speed); see cached_or_direct.
         read_range(path, offset, out, direct=self.direct_io)
+
+    def reads_direct(self, path: str) -> bool:
+        """Whether a load will read (some of) file ``path`` with direct I/O: direct I/O is on
+        and part of the file is out of the page cache (asked of the kernel, no I/O)."""
+        if not self.direct_io:
+            return False
+        try:
+            fd, size = open_regular(path)
+        except (OSError, CorruptCheckpointError):  # a read of it fails later, with its error
+            return False
+        try:
+            return cached(fd, 0, size) is False
+        finally:
+            os.close(fd)
 
     def size(self, path: str) -> int:
         # a symlink, FIFO, device or directory is refused here (CorruptCheckpointError),

@@ -21,7 +21,9 @@ from ....format import tree
 from ....format.blockfile import RAW
 from ....format.index.chunk_table import ChunkTable
 from ....format.index.objects import Index
+from ....storage.local import LocalStorage
 from ....storage.memory import HUGE
+from ...commit.locations import data_file
 from ..match import TensorTarget
 from ..request import LoadRequest
 from . import Placement, tensor_bytes
@@ -66,8 +68,10 @@ def whole_raw(table: ChunkTable) -> np.ndarray:
     return one & (per_chunk[first] == 0) if table.num_chunks else one
 
 
-def build(index: Index) -> tuple[Any, Allocated]:
-    """The new structure of ``index`` and what its tensors need read."""
+def build(index: Index, cold_files: frozenset[int] = frozenset()) -> tuple[Any, Allocated]:
+    """The new structure of ``index`` and what its tensors need read; a tensor stored raw
+    in one of ``cold_files`` (file ids a load reads with direct I/O) gets huge pages
+    (``buffers.new_tensor``)."""
     infos, table = index.infos, index.table
     assert infos is not None and table is not None, "a decoded index has its tables as columns"
     out = Allocated()
@@ -76,6 +80,8 @@ def build(index: Index) -> tuple[Any, Allocated]:
     nbytes = np.where(whole_a, table.nbytes[first] if table.num_chunks else 0, 0).tolist()
     whole = whole_a.tolist()
     starts = table.tensor_start.tolist()
+    cold = np.isin(table.file[first], list(cold_files)).tolist() if cold_files and table.num_chunks \
+        else [False] * len(whole)
     torch_types = tensors.torch_dtypes() if tensors.HAVE_TORCH else {}
 
     def leaf(_: tree.KeyPath, node: tree.Node) -> Any:
@@ -87,7 +93,7 @@ def build(index: Index) -> tuple[Any, Allocated]:
                 x = tensors.torch.empty(shape, dtype=td)
                 addr = x.data_ptr()
             else:
-                x, dest = new_tensor(kind, dtype, shape)
+                x, dest = new_tensor(kind, dtype, shape, huge=cold[t])
                 addr = dest.ctypes.data
             out.tensors.append(t)
             out.rows.append(starts[t])
@@ -108,11 +114,20 @@ class NewTensors:
         self._value: Any = None
 
     def place(self, read: IndexRead) -> Placement:
-        self._value, new = build(read.index)
+        self._value, new = build(read.index, _cold_files(read))
         return Placement(read.index, new.others, new, tensor_bytes(read.index))
 
     def finish(self) -> Any:
         return self._value
+
+
+def _cold_files(read: IndexRead) -> frozenset[int]:
+    """Ids of the data files a load will read (in part) with direct I/O."""
+    storage = read.storage
+    if not isinstance(storage, LocalStorage) or not storage.direct_io:
+        return frozenset()
+    return frozenset(i for i, f in enumerate(read.index.files)
+                     if storage.reads_direct(data_file(storage, read.spath, f.name)))
 
 
 __all__ = ["Allocated", "NewTensors", "build", "whole_raw"]
