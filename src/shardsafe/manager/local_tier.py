@@ -32,6 +32,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
@@ -41,6 +42,7 @@ from ..engine.load.run import run
 from ..comm.agreement import Agreement
 from ..comm.jax_comm import JaxComm
 from ..errors import CheckpointError
+from ..format import INDEX_NAME
 from ..storage import storage_for
 from . import peer_copy
 from .local_view import LocalView
@@ -83,6 +85,8 @@ class LocalTier:
         self.run, self.interval, self.writable = run, interval, writable
         self.max_to_keep = max_to_keep
         self.tight = False  # the directory was full once: keep a step fewer between saves
+        self._sweeper: threading.Thread | None = None  # removing the data of dropped steps
+        self._identities: dict[tuple[str, int, int, int], tuple[int | None, str | None]] = {}
         self.rank = agreement.rank
         self.own_path = os.path.join(self.directory, f"rank_{self.rank}")
         storage, spath = storage_for(self.own_path)
@@ -108,16 +112,21 @@ class LocalTier:
         return StepDirectory(storage, spath) if storage.exists(spath) else None
 
     def _identity(self, steps: StepDirectory, name: str) -> tuple[int | None, str | None]:
-        """The step and run a committed local step records (Nones when unreadable)."""
+        """The step and run a committed local step records (Nones when unreadable); kept
+        per index file (its inode, size and change time: a committed step's index is
+        never rewritten in place), so listing the steps again reads no index twice."""
+        path = steps.storage.join(steps.path, name)
         try:
-            info = read_metadata(steps.storage, steps.storage.join(steps.path, name)).get(LOCAL_KEY)
-        except (OSError, CheckpointError):
+            st = os.stat(os.path.join(path, INDEX_NAME))
+        except OSError:
             return None, None
-        if not isinstance(info, dict):
-            return None, None
-        step, run = info.get("step"), info.get("run")
-        return (step if isinstance(step, int) and not isinstance(step, bool) else None,
-                run if isinstance(run, str) else None)
+        key = (path, st.st_ino, st.st_size, st.st_ctime_ns)
+        known = self._identities.get(key)
+        if known is None:
+            if len(self._identities) > 256:  # steps long gone
+                self._identities.clear()
+            known = self._identities[key] = _read_identity(steps.storage, path)
+        return known
 
     def valid(self, steps: StepDirectory) -> dict[int, str]:
         """Committed steps of this run whose index records the step their name says."""
@@ -165,7 +174,10 @@ class LocalTier:
         return self.writable and step % self.interval == 0
 
     def target(self, step: int, state: Mapping[str, Any]) -> tuple[dict[str, Any], str, dict[str, Any]]:
-        """``(state to save, path, metadata)`` of the local save of ``step``."""
+        """``(state to save, path, metadata)`` of the local save of ``step`` (on a full
+        directory, once the space of the steps retention dropped is free)."""
+        if self.tight:
+            self.settle_sweep()
         return ({ROOT_KEY: LocalView(state)}, self.own.step_path(step),  # type: ignore[arg-type]
                 {LOCAL_KEY: {"step": step, "run": self.run}})
 
@@ -197,10 +209,32 @@ class LocalTier:
             raise CheckpointError(f"{self.describe(step)}: {problem}") from problem
 
     def _retain(self, steps: StepDirectory) -> None:
+        """Un-commits the steps beyond ``max_to_keep`` now (listings and restores no longer
+        see them), and removes their directories in the background: on a memory-backed
+        directory freeing a step's pages takes as long as writing them, and a save is
+        complete once it is committed. A local step references no other step's files (the
+        local tier never saves incrementally), so its directory goes whole, without the
+        mark phase of a sweep; what a killed removal leaves, un-committed, the next
+        manager's start sweeps."""
         committed = steps.committed()
         records = [StepRecord(s, 0.0) for s in committed]
         policy = LatestN(self.max_to_keep - 1 if self.tight else self.max_to_keep)
-        steps.drop({s: committed[s] for s in steps_to_delete(records, policy)})
+        drop = {s: committed[s] for s in steps_to_delete(records, policy)}
+        if not drop:
+            return
+        for step, name in drop.items():
+            steps.uncommit(step, name)
+        self.settle_sweep()
+        paths = [steps.step_path(s, n) for s, n in drop.items()]
+        self._sweeper = threading.Thread(target=_remove, args=(steps.storage, paths),
+                                         name="shardsafe-local-sweep", daemon=True)
+        self._sweeper.start()
+
+    def settle_sweep(self) -> None:
+        """Waits for the background removal of dropped steps' data (if any)."""
+        if self._sweeper is not None:
+            self._sweeper.join()
+            self._sweeper = None
 
     def _replicate(self, step: int, path: str | None, error: BaseException | None) -> None:
         assert self.link is not None
@@ -252,13 +286,47 @@ class LocalTier:
         if not self.writable:
             return
         for d in self._directories():
-            d.drop({s: n for s, n in d.committed().items() if s > step})
+            newer = {s: n for s, n in d.committed().items() if s > step}
+            if newer:
+                self.settle_sweep()  # one sweep of a directory at a time
+                d.drop(newer)
 
     def close(self) -> None:
-        """Destroys the peers' link (collective: every rank closes its manager)."""
+        """Waits for the removal of dropped steps' data; destroys the peers' link
+        (collective: every rank closes its manager)."""
+        self.settle_sweep()
         if self.link is not None:
             self.link.close()
             self.link = None
+
+
+def _read_identity(storage: Any, path: str) -> tuple[int | None, str | None]:
+    """The step and run the committed local step at ``path`` records (Nones when unreadable)."""
+    try:
+        info = read_metadata(storage, path).get(LOCAL_KEY)
+    except (OSError, CheckpointError):
+        return None, None
+    if not isinstance(info, dict):
+        return None, None
+    step, run = info.get("step"), info.get("run")
+    return (step if isinstance(step, int) and not isinstance(step, bool) else None,
+            run if isinstance(run, str) else None)
+
+
+def _remove(storage: Any, paths: list[str]) -> None:
+    """Removes the un-committed step directories ``paths`` (a failure is logged: they stay
+    un-committed, and a later sweep removes them), at the lowest CPU priority:
+    housekeeping gives way to the training and to a restore."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread alone (Linux)
+    except (AttributeError, OSError):
+        pass
+    for path in paths:
+        try:
+            storage.delete(path)
+        except OSError as e:
+            log.warning("removing the dropped local step %s failed (%s: %s); it is swept later",
+                        path, type(e).__name__, e)
 
 
 def _out_of_space(error: BaseException) -> bool:
