@@ -1,10 +1,12 @@
 """A load, as one request: built once at the API edge, read by every stage below.
 
-``shardsafe.load``, ``Checkpointer.load``, the manager's tiers, ``shardsafe.dcp.Reader``,
-the JAX restore and the CLI describe what they want loaded as a ``LoadRequest``; the
-engine (``load.run.run``) reads the index once, hands the request to the one placer
-its target kind names (``load.placers.placer_for``) and drives the reads. No layer below
-the edge takes the options as keywords again.
+``shardsafe.load`` (and through it the JAX restore and the integrations),
+``Checkpointer.load`` and the manager's tiers describe what they want loaded as a
+``LoadRequest``; the engine (``load.run.run``) reads the index once, hands the request to
+the one placer its target kind names (``load.placers.placer_for``) and drives the reads.
+No layer below the edge takes the options as keywords again. ``shardsafe.dcp.Reader``,
+whose reads DCP plans, hands its targets to the same reads (``run.read_placement``); the
+CLI's ``export`` and ``diff`` read tensors through the same units (``reader``).
 
 The kind of target is decided here, once: ``new`` (``load(path)``: new tensors),
 ``mapped`` (``mmap=True``), ``jax`` (a pytree of ``jax.Array`` / ``ShapeDtypeStruct``
