@@ -110,8 +110,11 @@ def run(name: str) -> dict:
         shardsafe.save(state, CKPT, timeout=60)
         return {"files": files(CKPT)}
     if name == "restore":
+        from shardsafe.engine.load.index_exchange import STATS
+
         out = shardsafe.load(CKPT, abstract(SPECS[0]), timeout=60)
-        return {"shards": check(out, 0, SPECS[0])}
+        # the index head comes from storage on every process, never through the key-value store
+        return {"shards": check(out, 0, SPECS[0]), "index_read": STATS.read, "index_received": STATS.received}
     if name == "reshard":
         other = SPECS[1] if len(jax.devices()) >= 4 else SPECS[2]
         out = shardsafe.load(CKPT, abstract(other), timeout=60)

@@ -76,6 +76,7 @@ def test_two_processes_save_restore_async_manager_and_an_absent_process(tmp_path
     assert out["save"][0]["files"] == ["data-r00000-000.safetensors", "data-r00001-000.safetensors",
                                        "index.json"]
     assert all(r["shards"] == 16 for r in out["restore"] + out["reshard"] + out["async"])
+    assert all(r["index_read"] > 0 and r["index_received"] == 0 for r in out["restore"]), out["restore"]
     assert [r["steps"] for r in out["manager"]] == [[2, 3], [2, 3]]
     assert [r["restored"] for r in out["manager"]] == [3, 3]
     assert all("local tier is not available" in r["error"] for r in out["local"]), out["local"]

@@ -33,6 +33,11 @@ class Comm(Protocol):
 
     rank: int
     world_size: int
+    bulk: bool
+    """Whether ``broadcast_bytes`` and ``gather_bytes`` move bulk (megabytes: an index's
+    head) over a transport made for it (a process group); False where they go through a
+    key-value store, which should carry small values only (a load's ranks then read such
+    payloads from storage themselves)."""
 
     def barrier(self) -> None:
         """Blocks until every rank of the group arrives."""
@@ -103,6 +108,7 @@ class SingleProcessComm:
 
     rank = 0
     world_size = 1
+    bulk = True  # nothing moves at all
 
     def barrier(self) -> None:
         return None

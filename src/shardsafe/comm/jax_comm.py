@@ -48,6 +48,8 @@ class JaxComm(JsonCollectives):
         RuntimeError: ``jax.distributed`` is not initialised in this process.
     """
 
+    bulk = False  # every byte goes through the coordination service's key-value store
+
     def __init__(self, timeout: float | None = None) -> None:
         kv = client()
         if kv is None:

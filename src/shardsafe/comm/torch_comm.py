@@ -140,6 +140,8 @@ class TorchComm(JsonCollectives):
             initialised with (what torchrun sets up).
     """
 
+    bulk = True  # byte collectives run on the process group
+
     def __init__(self, process_group: dist.ProcessGroup | None = None,
                  store: dist.Store | None = None) -> None:
         self.group = process_group

@@ -208,7 +208,9 @@ def from_head(storage: Storage, spath: str, raw: bytes) -> IndexRead:
 def read_index_collective(storage: Storage, spath: str, comm: Comm, timeout: float | None = None,
                           whole: bool = False) -> IndexRead:
     """Rank 0 reads and validates the index's head (``whole``: all of the index) once and
-    broadcasts it; every rank decodes it.
+    broadcasts it; every rank decodes it. Where the byte collectives run on a key-value
+    store (``Comm.bulk`` False: a ``jax.distributed`` job), the ranks agree through the
+    store and each reads the head from storage itself.
 
     When rank 0 fails, every other rank reads the index itself, so it raises the very
     same error.
@@ -232,6 +234,14 @@ def read_index_collective(storage: Storage, spath: str, comm: Comm, timeout: flo
         raise error
     if "error" in decision:
         return read_index_alone(storage, spath, whole)
+    if not comm.bulk:  # a key-value store carries small values only: each rank reads the head
+        if mine is not None:
+            return mine
+        read = read_index_alone(storage, spath, whole)
+        if len(read.raw) != decision["bytes"]:
+            raise CheckpointError(f"read {len(read.raw)} index bytes, rank 0 read {decision['bytes']} "
+                                  f"(the checkpoint changed during the load?)")
+        return read
     data = comm.broadcast_bytes(mine.raw if mine is not None else None)
     if mine is not None:
         return mine
