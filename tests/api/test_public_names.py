@@ -25,6 +25,13 @@ PUBLIC = {
     "CheckpointError", "CorruptCheckpointError", "CheckpointNotFoundError", "StateMismatchError",
     "CheckpointTimeoutError", "StorageRequestError",
 }
+# DESIGN.md's "Public API contract" (plus LoadResult, SaveHandle and __version__, which the
+# API returns or promises): all of it is public
+CONTRACT = {
+    "__version__", "save", "load", "async_save", "SaveHandle", "LoadResult", "RNGState", "CheckpointManager",
+    "CheckpointError", "CorruptCheckpointError", "CheckpointNotFoundError", "StateMismatchError",
+    "CheckpointTimeoutError", "delete",
+}
 HANDLE = {"path", "nbytes", "timings", "wait_staged", "result", "done", "failed", "exception"}
 CHECKPOINTER = {"save", "async_save", "load", "wait", "close", "closed", "retained_bytes"}
 
@@ -63,6 +70,7 @@ def _documented() -> set[str]:
 def test_the_export_list_is_pinned() -> None:
     assert set(shardsafe.__all__) == PUBLIC
     assert len(shardsafe.__all__) == len(PUBLIC)  # no name twice
+    assert CONTRACT <= PUBLIC, CONTRACT - PUBLIC
 
 
 def test_the_reference_documents_exactly_the_exports() -> None:
@@ -74,7 +82,7 @@ def test_a_save_handle_shows_only_what_its_caller_uses() -> None:
     assert _members(shardsafe.SaveHandle) == HANDLE
 
 
-def test_a_checkpointer_shows_only_saving_waiting_and_closing() -> None:
+def test_a_checkpointer_shows_only_saving_loading_waiting_and_closing() -> None:
     assert _members(shardsafe.Checkpointer) == CHECKPOINTER
     with shardsafe.Checkpointer() as ckpt:
         assert {n for n in vars(ckpt) if not n.startswith("_")} == set()  # no public attributes either
