@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -66,6 +66,21 @@ class Fed(Protocol):
     def live(self) -> bool: ...
 
 
+class Feed(Protocol):
+    """The first stage of a save: fills every stream's units with the state's bytes and
+    hands each on (``emit``) once final; a feed whose copies finish on a device later
+    hands those on in ``settle``."""
+
+    def stage(self, streams: Sequence[Fed], emit: Emit, stopped: Stopped, threads: int | None = None) -> None:
+        """Fills and emits the units (``stopped()`` says why to stop early); raises a
+        staging failure."""
+        ...
+
+    def settle(self, emit: Emit) -> None:
+        """Emits the units whose device copies were still landing when ``stage`` returned."""
+        ...
+
+
 @dataclass(slots=True, eq=False)
 class Unit:
     """One unit of a stream, its bytes final in ``buf``.
@@ -80,7 +95,7 @@ class Unit:
         holds: Sinks still writing it (it is released when the last one is done).
     """
 
-    stream: Any
+    stream: Fed
     k: int
     start: int
     stop: int

@@ -32,7 +32,7 @@ from ..commit import two_phase
 from ..commit.entries import BlockSums, CodedFile
 from ..io_pool import io_pool
 from .assembly import Assembler
-from .feeds import ImageFeed, PoolFeed, Unit
+from .feeds import Feed, PoolFeed, Unit
 from .prepare import PreparedSave, local_entries
 from .replica import PreparedReplica, begin_replica, commit_replica, fail_replica
 from .sinks import Sink
@@ -67,10 +67,10 @@ class Pipeline:
             or abort (``shardsafe.dcp``, ``shardsafe cp --compression``).
     """
 
-    def __init__(self, prep: PreparedSave, replicas: Sequence[PreparedReplica], feed: ImageFeed | PoolFeed | None, *,
+    def __init__(self, prep: PreparedSave, replicas: Sequence[PreparedReplica], feed: Feed | None, *,
                  unit_size: int, block_unit: int, window: int, gated: bool = False, part: bool = False) -> None:
         self.prep, self.replicas, self.feed = prep, list(replicas), feed
-        self.feed_factory: Callable[[list[int]], ImageFeed] | None = None
+        self.feed_factory: Callable[[list[int]], Feed] | None = None
         self.streams, self.save, self.owners = build_streams(prep, self.replicas, unit_size, block_unit, window)
         for s in self.streams:
             if s.coded:

@@ -20,7 +20,7 @@ from .prepare import PreparedSave
 from .replica import MirrorSink, PreparedReplica
 from .sinks import Sink, open_sink
 from .sources import Sources
-from .transforms import Checksum, Compress
+from .transforms import Checksum, Compress, Transform
 from .units import BLOCK_SIZE, FileUnits
 
 Opener = Callable[[str, int, bool], Sink]
@@ -65,14 +65,15 @@ class Stream:
 
     Attributes:
         units: The image cut into units.
-        transform: ``Checksum`` (data file) or ``Compress`` (block file).
+        transform: What each unit goes through (``Checksum`` for a data file,
+            ``Compress`` for a block file).
         targets: The owners' files.
         name_of: The file name of part ``k`` (a data file is its one part 0).
         assembler: Lays out a block file's coded blocks (set by the pipeline).
     """
 
     units: FileUnits
-    transform: Checksum | Compress
+    transform: Transform
     targets: list[Outlet]
     name_of: Callable[[int], str]
     assembler: Assembler | None = None
@@ -87,7 +88,8 @@ class Stream:
 
     @property
     def coded(self) -> bool:
-        return isinstance(self.transform, Compress)
+        """Whether its file holds the transform's output (coded blocks), not the units."""
+        return self.transform.coded
 
     def live(self) -> bool:
         """Whether any owner still wants this stream's bytes."""

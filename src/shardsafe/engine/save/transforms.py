@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -43,10 +44,24 @@ def transform_pool() -> ThreadPoolExecutor:
     return _pool.get()
 
 
+class Transform(Protocol):
+    """The middle stage of a stream: what happens to each unit between the feed and the
+    sinks (called once per unit, in any order, from any thread)."""
+
+    inline: bool
+    """Cheap enough to run on the thread that produced the unit (else: the transform pool)."""
+    coded: bool
+    """Its output replaces the unit's bytes (coded blocks, laid out by the stream's
+    assembler); else the unit itself is written, as fed."""
+
+    def __call__(self, unit: Unit) -> Any: ...
+
+
 class Checksum:
     """The block and sub-block checksums of one data file, filled unit by unit (any order, any thread)."""
 
     inline = True  # cheap: runs on the thread that produced the unit
+    coded = False
 
     def __init__(self, units: FileUnits, sub_size: int = SUB_BLOCK_SIZE) -> None:
         self.units = units
@@ -145,6 +160,7 @@ class Compress:
     no block spans two units), at most ``window`` blocks at once."""
 
     inline = False  # costly: runs on the transform pool
+    coded = True
 
     def __init__(self, units: FileUnits, compression: str, window: int) -> None:
         self.units, self.compression = units, compression
@@ -176,4 +192,4 @@ def _code(raw: memoryview, dtype: str, compression: str) -> CodedBlock:
     return code_block(raw, dtype, compression)  # type: ignore[arg-type]
 
 
-__all__ = ["Checksum", "Compress", "transform_pool"]
+__all__ = ["Checksum", "Compress", "Transform", "transform_pool"]
