@@ -32,7 +32,7 @@ from ..commit import two_phase
 from ..commit.entries import BlockSums, CodedFile
 from ..io_pool import io_pool
 from .assembly import Assembler
-from .feeds import Feed, PoolFeed, Unit
+from .feeds import Feed, Unit
 from .prepare import PreparedSave, local_entries
 from .replica import PreparedReplica, begin_replica, commit_replica, fail_replica
 from .sinks import Sink
