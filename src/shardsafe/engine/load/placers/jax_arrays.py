@@ -28,6 +28,7 @@ from ...buffers import new_tensor
 from ..match import TensorTarget
 from ..request import LoadRequest
 from . import Placement, named_as_target, region_bytes, skipped, target_regions
+from .new import any_cold
 
 if TYPE_CHECKING:
     from ..index_exchange import IndexRead
@@ -63,16 +64,17 @@ class JaxRestore:
         return self.build()
 
 
-def plan(index: Index, target: Any) -> JaxRestore:
+def plan(index: Index, target: Any, huge: bool = False) -> JaxRestore:
     """Matches ``target`` against ``index`` and plans the reads; changes nothing yet."""
-    p = _Planner(index)
+    p = _Planner(index, huge)
     build_root = p.value(target, index.tree, ())
     p.out.build = build_root
     return p.out
 
 
 class _Planner:
-    def __init__(self, index: Index) -> None:
+    def __init__(self, index: Index, huge: bool = False) -> None:
+        self.huge = huge  # host boxes on huge pages: their bytes come with direct I/O
         self.index = index
         self.out = JaxRestore()
         self.memo: dict[int, Any] = {}
@@ -165,7 +167,7 @@ class _Planner:
 
         def leaf(_: KeyPath, n: Node) -> Any:
             kind, dtype, shape = self.header(n["id"])
-            host, _dest = new_tensor(kind, dtype, shape)
+            host, _dest = new_tensor(kind, dtype, shape, huge=self.huge)
             self.out.reads.append(BoxRead(n["id"], host, None))
             return host
 
@@ -188,7 +190,7 @@ class _Planner:
         if sharding is None or getattr(target, "committed", True) is False:
             # no sharding, or an uncommitted array (``jnp.asarray``): an uncommitted array on
             # the default device, which a jitted step may move where its other inputs are
-            host, _dest = new_tensor("jax", dtype, shape)
+            host, _dest = new_tensor("jax", dtype, shape, huge=self.huge)
             self.out.reads.append(BoxRead(tid, host, None))
             return lambda: jax.device_put(host, may_alias=True)
         boxes: dict[tuple[tuple[int, ...], tuple[int, ...]], Any] = {}
@@ -196,7 +198,7 @@ class _Planner:
         for device, index in sharding.addressable_devices_indices_map(shape).items():
             b = jax_values.box(index, shape)
             if b not in boxes:
-                host, _dest = new_tensor("jax", dtype, b[1])
+                host, _dest = new_tensor("jax", dtype, b[1], huge=self.huge)
                 whole = b[1] == shape
                 self.out.reads.append(BoxRead(tid, host, None if whole else b[0]))
                 boxes[b] = host
@@ -220,7 +222,7 @@ class JaxArrays:
     def place(self, read: IndexRead) -> Placement:
         r = self.request
         index = named_as_target(read.index, r.state)  # names nested one way, flat the other
-        restore = plan(index, r.state)
+        restore = plan(index, r.state, huge=any_cold(read))
         skipped(r.path, restore.problems, r.strict)
         self._restore = restore
         targets = [TensorTarget(None, b.host, offsets=b.offsets, tid=b.tid) for b in restore.reads]

@@ -17,7 +17,7 @@ import numpy as np
 
 from .... import tensors
 from ...buffers import new_tensor
-from ....format import tree
+from ....format import INDEX_NAME, tree
 from ....format.blockfile import RAW
 from ....format.index.chunk_table import ChunkTable
 from ....format.index.objects import Index
@@ -114,15 +114,16 @@ class NewTensors:
         self._value: Any = None
 
     def place(self, read: IndexRead) -> Placement:
-        self._value, new = build(read.index, _cold_files(read))
+        self._value, new = build(read.index, cold_files(read))
         return Placement(read.index, new.others, new, tensor_bytes(read.index))
 
     def finish(self) -> Any:
         return self._value
 
 
-def _cold_files(read: IndexRead) -> frozenset[int]:
-    """Ids of the data files a load will read (in part) with direct I/O."""
+def cold_files(read: IndexRead) -> frozenset[int]:
+    """Ids of the data files a load will read (in part) with direct I/O (of those its
+    index lists: a version 4 head lists the files of the tensors stored whole)."""
     storage = read.storage
     if not isinstance(storage, LocalStorage) or not storage.direct_io:
         return frozenset()
@@ -130,4 +131,15 @@ def _cold_files(read: IndexRead) -> frozenset[int]:
                      if storage.reads_direct(data_file(storage, read.spath, f.name)))
 
 
-__all__ = ["Allocated", "NewTensors", "build", "whole_raw"]
+def any_cold(read: IndexRead) -> bool:
+    """Whether a load will read some of the checkpoint's own files with direct I/O."""
+    storage = read.storage
+    if not isinstance(storage, LocalStorage) or not storage.direct_io:
+        return False
+    if read.head is None:
+        return bool(cold_files(read))
+    return any(storage.reads_direct(storage.join(read.spath, n)) for n in storage.list(read.spath)
+               if n != INDEX_NAME)
+
+
+__all__ = ["Allocated", "NewTensors", "any_cold", "build", "cold_files", "whole_raw"]
