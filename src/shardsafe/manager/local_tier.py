@@ -116,11 +116,9 @@ class LocalTier:
         per index file (its inode, size and change time: a committed step's index is
         never rewritten in place), so listing the steps again reads no index twice."""
         path = steps.storage.join(steps.path, name)
-        try:
-            st = os.stat(os.path.join(path, INDEX_NAME))
-        except OSError:
+        key = _index_key(path)
+        if key is None:
             return None, None
-        key = (path, st.st_ino, st.st_size, st.st_ctime_ns)
         known = self._identities.get(key)
         if known is None:
             if len(self._identities) > 256:  # steps long gone
@@ -196,6 +194,10 @@ class LocalTier:
             else:
                 log.warning("the local directory %s is full: it cannot hold a new step beside the one "
                             "it keeps (local_max_to_keep=1); give it more space", self.directory)
+        if error is None:  # what its index records, known without reading it back
+            key = _index_key(self.own.step_path(step))
+            if key is not None:
+                self._identities[key] = (step, self.run)
         try:
             self._retain(self.own)
         except (OSError, CheckpointError) as e:
@@ -298,6 +300,15 @@ class LocalTier:
         if self.link is not None:
             self.link.close()
             self.link = None
+
+
+def _index_key(path: str) -> tuple[str, int, int, int] | None:
+    """What tells one committed index at ``path`` from another (None: there is none)."""
+    try:
+        st = os.stat(os.path.join(path, INDEX_NAME))
+    except OSError:
+        return None
+    return path, st.st_ino, st.st_size, st.st_ctime_ns
 
 
 def _read_identity(storage: Any, path: str) -> tuple[int | None, str | None]:
