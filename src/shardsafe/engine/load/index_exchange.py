@@ -151,6 +151,18 @@ def _groups(parts: Sequence[int], spans: Sequence[tuple[int, int]]) -> list[list
     return [ordered[a:b] for a, b in zip(edges, edges[1:])]
 
 
+def _v4_head(storage: Storage, spath: str) -> bytes | None:
+    """The header and global part of a version 4 index (two ranged reads); None for an
+    index of an older version (or one too short to say)."""
+    try:
+        first = _read(storage, spath, 0, HEADER.size)
+    except CorruptCheckpointError:  # shorter than a v4 header: an older version (or damage)
+        return None
+    if version_of(first) != VERSION:
+        return None
+    return first + _read(storage, spath, HEADER.size, Header(first).head_size - HEADER.size)
+
+
 def read_index_alone(storage: Storage, spath: str, whole: bool = False) -> IndexRead:
     """One rank reads the index without the others: a version 4 index's head (``whole``:
     all of it), or all of an older one (the sizes of the data files of a whole index
@@ -161,18 +173,14 @@ def read_index_alone(storage: Storage, spath: str, whole: bool = False) -> Index
         CorruptCheckpointError: the index is damaged (or a data file, for a whole index).
     """
     STATS.reset()
-    try:
-        first = _read(storage, spath, 0, HEADER.size)
-    except CorruptCheckpointError:  # shorter than a v4 header: an older version (or damage)
-        first = b""
-    if version_of(first) != VERSION:
+    raw = _v4_head(storage, spath)
+    if raw is None:
         data, index = commit.read_index_bytes(storage, spath)
         STATS.read, STATS.requests = STATS.read + len(data), STATS.requests + 1
         return IndexRead(storage, spath, index, None, data)
-    raw = first + _read(storage, spath, HEADER.size, Header(first).head_size - HEADER.size)
     if not whole:
         return from_head(storage, spath, raw)
-    data = raw + _read(storage, spath, len(raw), Header(first).file_size - len(raw))
+    data = raw + _read(storage, spath, len(raw), Header(raw).file_size - len(raw))
     index = decode_index(data)
     commit.check_data_files(storage, spath, index)
     return IndexRead(storage, spath, index, None, data)
@@ -187,13 +195,9 @@ def read_metadata(storage: Storage, spath: str) -> dict[str, Any]:
         CheckpointNotFoundError: no committed checkpoint at ``spath``.
         CorruptCheckpointError: the index (its head) is damaged.
     """
-    try:
-        first = _read(storage, spath, 0, HEADER.size)
-    except CorruptCheckpointError:  # shorter than a v4 header: an older version (or damage)
-        first = b""
-    if version_of(first) != VERSION:
+    raw = _v4_head(storage, spath)
+    if raw is None:
         return commit.read_index(storage, spath).metadata
-    raw = first + _read(storage, spath, HEADER.size, Header(first).head_size - HEADER.size)
     return head_fields(raw)["metadata"]
 
 
