@@ -219,12 +219,28 @@ def empty(kind: str, dtype: str, shape: tuple[int, ...]) -> tuple[Any, np.ndarra
         torch = _torch()
         t = torch.empty(shape, dtype=getattr(torch, d.name))
         return t, t.reshape(-1).view(torch.uint8).numpy()
+    a = np.empty(shape, dtype=_numpy_dtype(kind, d))
+    return a, a.reshape(-1).view(np.uint8)
+
+
+def from_bytes(kind: str, dtype: str, shape: tuple[int, ...], flat: np.ndarray) -> Any:
+    """The bytes ``flat`` (uint8, exactly the tensor's) as a host tensor of ``kind``,
+    ``dtype`` and ``shape``, without a copy."""
+    d = lookup(dtype)
+    if kind == "torch" and HAVE_TORCH:
+        torch = _torch()
+        if not flat.size:
+            return torch.empty(shape, dtype=getattr(torch, d.name))
+        return torch.frombuffer(flat, dtype=torch.uint8).view(getattr(torch, d.name)).reshape(shape)
+    return flat.view(_numpy_dtype(kind, d)).reshape(shape)
+
+
+def _numpy_dtype(kind: str, d: DType) -> np.dtype:
     nd = host_dtype(kind, d)
     if nd is None:
-        raise TypeError(f"dtype {dtype} needs {'ml_dtypes' if kind == 'jax' else 'torch'} to be loaded "
+        raise TypeError(f"dtype {d.name} needs {'ml_dtypes' if kind == 'jax' else 'torch'} to be loaded "
                         f"(numpy cannot represent it)")
-    a = np.empty(shape, dtype=nd)
-    return a, a.reshape(-1).view(np.uint8)
+    return nd
 
 
 _FLOAT8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")

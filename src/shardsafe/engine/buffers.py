@@ -75,11 +75,7 @@ def new_tensor(kind: str, dtype: str, shape: tuple[int, ...], *, huge: bool = Fa
         _map, flat = anonymous(nbytes, huge=huge)  # ``flat`` keeps the mapping alive
     except (OSError, OverflowError) as e:  # e.g. ENOMEM: what an allocator would raise
         raise MemoryError(f"cannot map {nbytes} bytes for a {dtype} tensor of shape {shape}: {e}") from e
-    if kind == "torch":
-        torch = tensors.torch
-        t = torch.frombuffer(flat, dtype=torch.uint8).view(getattr(torch, d.name)).reshape(shape)
-        return t, flat
-    return flat.view(host).reshape(shape), flat
+    return tensors.from_bytes(kind, dtype, shape, flat), flat
 
 
 class HostBuffer:

@@ -175,7 +175,7 @@ class _Copies:
     def issue(self, slot: int, wave: list[_Piece], jobs: list[ReadJob]) -> None:
         devices = set()
         for p, job in zip(wave, jobs):
-            src = _typed(p.item.entry, job.dest, p.extent)
+            src = tensors.from_bytes(p.item.entry.kind, p.item.entry.dtype, p.extent, job.dest)
             dst = p.item.target[_slices(p.offsets, p.extent)] if p.extent else p.item.target
             if cuda.is_device_tensor(dst):
                 _copy_to_device(dst, src)
@@ -203,20 +203,6 @@ def _copy_to_device(dst: Any, src: Any) -> None:
     torch = tensors.torch
     with torch.inference_mode() if dst.is_inference() else torch.no_grad():
         dst.copy_(src, non_blocking=True)  # from page-locked memory: asynchronous
-
-
-def _typed(entry: TensorEntry, flat: np.ndarray, shape: tuple[int, ...]) -> Any:
-    """The bytes ``flat`` as a host tensor of ``entry``'s kind and dtype, of ``shape`` (no copy)."""
-    d = lookup(entry.dtype)
-    if entry.kind == "torch" and tensors.HAVE_TORCH:
-        torch = tensors.torch
-        return torch.frombuffer(flat, dtype=torch.uint8).view(getattr(torch, d.name)).reshape(shape) \
-            if flat.size else torch.empty(shape, dtype=getattr(torch, d.name))
-    host = tensors.host_dtype(entry.kind, d)
-    if host is None:
-        raise TypeError(f"dtype {entry.dtype} needs {'ml_dtypes' if entry.kind == 'jax' else 'torch'} "
-                        f"to be loaded (numpy cannot represent it)")
-    return flat.view(host).reshape(shape)
 
 
 def _slices(offsets: tuple[int, ...], extent: tuple[int, ...]) -> tuple[slice, ...]:
