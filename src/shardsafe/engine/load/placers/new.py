@@ -125,7 +125,7 @@ def cold_files(read: IndexRead) -> frozenset[int]:
     """Ids of the data files a load will read (in part) with direct I/O (of those its
     index lists: a version 4 head lists the files of the tensors stored whole)."""
     storage = read.storage
-    if not isinstance(storage, LocalStorage) or not storage.direct_io:
+    if not isinstance(storage, LocalStorage):  # only a local file is read with direct I/O
         return frozenset()
     return frozenset(i for i, f in enumerate(read.index.files)
                      if storage.reads_direct(data_file(storage, read.spath, f.name)))
@@ -134,9 +134,7 @@ def cold_files(read: IndexRead) -> frozenset[int]:
 def any_cold(read: IndexRead) -> bool:
     """Whether a load will read some of the checkpoint's own files with direct I/O."""
     storage = read.storage
-    if not isinstance(storage, LocalStorage) or not storage.direct_io:
-        return False
-    if read.head is None:
+    if read.head is None or not isinstance(storage, LocalStorage):
         return bool(cold_files(read))
     return any(storage.reads_direct(storage.join(read.spath, n)) for n in storage.list(read.spath)
                if n != INDEX_NAME)
