@@ -24,7 +24,6 @@ import numpy as np
 
 from .... import tensors
 from ....errors import CorruptCheckpointError
-from ....format.block_verify import decode_block
 from ....format.blockfile import stored_span
 from ....format.checksum import blocks
 from ....format.dtypes import lookup
@@ -36,7 +35,7 @@ from ....storage.local import LocalStorage
 from ...commit.locations import data_file
 from ...io_pool import io_pool, wait_all
 from ..request import LoadRequest
-from ..transforms import verify
+from ..transforms import decode, verify
 from . import Placement, tensor_bytes
 
 if TYPE_CHECKING:
@@ -101,8 +100,8 @@ def _decoded(mapped: mmap.mmap, c: ChunkEntry, block_size: int, key: str) -> np.
     jobs = []
     for j in range(len(c.checksums)):
         offset, size = stored_span(c, j)
-        jobs.append(io_pool().submit(decode_block, c, j, view[offset : offset + size],
-                                     dest[j * block_size : (j + 1) * block_size], key=key))
+        jobs.append(io_pool().submit(decode, c, j, view[offset : offset + size],
+                                     dest[j * block_size : (j + 1) * block_size], key))
     wait_all(jobs)
     return out
 
