@@ -3,7 +3,6 @@ exchange at 1,024-16,384 synthetic ranks (rank 0's work timed; every box written
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -80,19 +79,18 @@ class Job:
         self.shape = shape_of(tree, rows)
         self.boxes = boxes
 
-    def exchange(self) -> tuple[float, dict, dict[str, bytes]]:
-        """Both rounds of a first save; returns rank 0's seconds, the decision and parts."""
+    def exchange(self) -> tuple[dict, dict[str, bytes]]:
+        """Both rounds of a first save; returns the decision and the parts (rank 0's time is
+        measured by ``python -m shardsafe.bench.scale``, not here)."""
         empty = Values(b"", b"", NO_VALUES)
         hellos_in = [hello(False, layout_digest(self.shape, self.boxes(r), empty), self.shape.digest, NO_VALUES)
                      for r in range(self.world)]
         reports = [report(r, self.boxes(r), self.shape.body if r == 0 else b"") for r in range(self.world)]
-        t0 = time.perf_counter()
         hellos = read_hellos(iter(hellos_in), self.world)
         assert decide_first(None, hellos, txn)["shapes"] == [[0, 1]]
         decision, parts, lead = decide_full(None, hellos, iter(reports), txn)
-        elapsed = time.perf_counter() - t0
         assert lead is not None, decision
-        return elapsed, decision, parts
+        return decision, parts
 
     def shares(self, decision: dict, parts: dict[str, bytes]) -> list[set[int]]:
         """The global ids each rank writes (its share, read as the rank reads it)."""
@@ -126,10 +124,9 @@ def _replicated(world: int, tensors: int) -> Job:
 
 
 @pytest.mark.parametrize("make", [_fsdp, _hsdp, _replicated], ids=["fsdp", "hsdp-8x128", "replicated"])
-def test_rank0_plans_1024_ranks_by_1000_tensors_under_a_second(make: Callable[[int, int], Job]) -> None:
+def test_rank0_plans_1024_ranks_by_1000_tensors(make: Callable[[int, int], Job]) -> None:
     job = make(1024, TENSORS)
-    elapsed, decision, parts = job.exchange()
-    assert elapsed < 1.0, f"rank 0 took {elapsed:.3f} s"
+    decision, parts = job.exchange()
     shares = job.shares(decision, parts)
     if make is _fsdp:  # every rank writes its own shards, the plan assigns nothing
         assert all(s == set(range(TENSORS)) for s in shares)
@@ -151,8 +148,7 @@ def test_rank0_plans_1024_ranks_by_1000_tensors_under_a_second(make: Callable[[i
 def test_rank0_work_grows_with_ranks_not_with_their_product() -> None:
     # 16,384 ranks of 10 tensors: the per-rank part of rank 0's work is tiny
     job = _fsdp(16384, 10)
-    elapsed, decision, parts = job.exchange()
-    assert elapsed < 2.0, f"rank 0 took {elapsed:.3f} s"
+    decision, parts = job.exchange()
     assert sum(map(len, parts.values())) < 200  # one shape part: no per-rank answer
     assert job.shares(decision, parts)[16383] == set(range(10))
     empty = Boxes(np.full(10, EMPTY, np.int32), np.zeros(10, np.int64), [], np.zeros(20, np.int64))

@@ -39,6 +39,10 @@ from ..plan.layout import plan_file
 
 MAX_IMAGES = 2  # a save still writing and the next one being staged
 _POLL_S = 0.01
+# A save whose future has just completed may still hold its staged dict for a moment (the
+# executor thread drops its arguments after it sets the result): wait this long for an
+# image to be released before allocating a second one.
+_RELEASE_GRACE_S = 0.05
 
 
 class _Image:
@@ -140,7 +144,8 @@ class Stager(AsyncStager):
     def _free_image(self, size: int) -> _Image:
         """An image no staged tensor uses any more; a new one if the budget allows; else
         waits for one to be released."""
-        deadline = time.monotonic() + self._timeout
+        now = time.monotonic()
+        deadline, grace = now + self._timeout, now + _RELEASE_GRACE_S
         collected = False
         while True:
             for im in self._images:
@@ -148,6 +153,9 @@ class Stager(AsyncStager):
                     others = self.nbytes - im.arena.nbytes
                     if self.max_staging_bytes is None or others + size <= self.max_staging_bytes:
                         return im
+            if self._images and time.monotonic() < grace:
+                time.sleep(_POLL_S / 10)
+                continue
             if len(self._images) < MAX_IMAGES and (self.max_staging_bytes is None
                                                    or self.nbytes + size <= self.max_staging_bytes):
                 self._images.append(_Image(self._pin))
