@@ -76,10 +76,13 @@ def test_a_cold_load_reads_into_huge_pages_a_warm_one_into_small_ones(tmp_path):
     os.close(fd)
     assert storage.reads_direct(data)
     cold = shardsafe.load(path)["w"]
-    with open(data, "rb") as f:  # into the page cache
-        f.read()
-    assert not storage.reads_direct(data)
-    warm = shardsafe.load(path)["w"]
+    for _ in range(5):  # a file in the page cache all through its load (memory pressure may evict it)
+        with open(data, "rb") as f:  # into the page cache
+            f.read()
+        assert not storage.reads_direct(data)
+        warm = shardsafe.load(path)["w"]
+        if not storage.reads_direct(data):
+            break
     assert torch.equal(cold, warm) and bool((cold == 1).all())
     with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="ascii") as f:
         thp = f.read()

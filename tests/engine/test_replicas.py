@@ -23,7 +23,7 @@ from shardsafe.cli import main as cli_main
 from shardsafe.engine import commit
 from shardsafe.engine.save import feeds
 from shardsafe.engine.save.incremental import Baseline
-from shardsafe.engine.save.replica import Replica
+from shardsafe.engine.save.request import Replica
 from shardsafe.engine.save.request import SaveRequest
 from shardsafe.engine.save.units import HEADER
 from shardsafe.storage import LocalStorage
@@ -132,7 +132,7 @@ def test_a_failed_save_does_not_fail_its_copy(tmp_path, tiny_tmpfs, budget) -> N
 MEMORY_CHILD = textwrap.dedent("""
     import json, os, sys, torch, shardsafe
     from shardsafe.api.checkpointer import saver_of
-    from shardsafe.engine.save.replica import Replica
+    from shardsafe.engine.save.request import Replica
     from shardsafe.engine.save.request import SaveRequest
 
     def rss():

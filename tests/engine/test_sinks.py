@@ -29,7 +29,9 @@ from shardsafe.engine.commit import is_committed
 from shardsafe.engine.save import replica as replica_mod
 from shardsafe.engine.save.feeds import PoolFeed
 from shardsafe.engine.save.prepare import prepare
-from shardsafe.engine.save.run import Pipeline, commit_written, run
+from shardsafe.engine.save.ends import Commit
+from shardsafe.engine.save.request import Replica, SaveRequest
+from shardsafe.engine.save.run import Pipeline, run
 from shardsafe.engine.save.sinks import FileSink, Sink, UploadSink, open_sink
 from shardsafe.storage import LocalStorage, storage_for
 from shardsafe.storage.local import LocalFileWriter
@@ -252,17 +254,17 @@ def _save_through(kind: Kind, state: dict, name: str, *, compression: str | None
         storage = kind.storage
     replicas = []
     if kind.name == "mirror":
-        rep = replica_mod.Replica({"state": state}, kind.path(name + "-replica"))
+        rep = Replica({"state": state}, kind.path(name + "-replica"))
         replicas = [rep]
-    prep = prepare(state, path, SingleProcessComm(), overwrite=False, metadata=None,
-                   storage_options=kind.storage_options, timeout=None, baseline=None, compression=compression)
+    prep = prepare(SaveRequest(state=state, path=path, storage_options=kind.storage_options), SingleProcessComm(),
+                   compression)
     prep.storage = storage
     preps = [replica_mod.prepare_replica(prep, r) for r in replicas]
     feed = PoolFeed(BouncePool(16 * MiB, 3))
-    pipe = Pipeline(prep, preps, feed, unit_size=16 * MiB, block_unit=16 * MiB, window=2)
+    pipe = Pipeline(prep, preps, feed, Commit(prep), unit_size=16 * MiB, block_unit=16 * MiB, window=2)
     if fail is not None:
         pipe.stage = _failing(pipe.stage, fail)  # type: ignore[method-assign]
-    for _ in run(pipe, lambda written: commit_written(prep, written)):
+    for _ in run(pipe):
         pass
     if replicas:
         replicas[0].progress.handle.result()
@@ -316,13 +318,12 @@ def test_a_failing_sink_reaches_the_caller(kind: Kind, monkeypatch) -> None:
         monkeypatch.setattr(LocalFileWriter, "write_at", full)
     if kind.name == "mirror":  # the replica fails alone; the save commits
         state, path = _state(), kind.path("failing")
-        prep = prepare(state, path, SingleProcessComm(), overwrite=False, metadata=None, storage_options=None,
-                       timeout=None, baseline=None, compression=None)
-        rep = replica_mod.Replica({"state": state}, kind.path("failing-replica"))
+        prep = prepare(SaveRequest(state=state, path=path), SingleProcessComm(), None)
+        rep = Replica({"state": state}, kind.path("failing-replica"))
         pipe = Pipeline(prep, [replica_mod.prepare_replica(prep, rep)], PoolFeed(BouncePool(16 * MiB, 3)),
-                        unit_size=16 * MiB, block_unit=16 * MiB, window=2)
+                        Commit(prep), unit_size=16 * MiB, block_unit=16 * MiB, window=2)
         with pytest.raises(OSError, match="No space left"):  # the save's own file fails as well
-            for _ in run(pipe, lambda written: commit_written(prep, written)):
+            for _ in run(pipe):
                 pass
         with pytest.raises(OSError, match="No space left") as e:
             rep.progress.handle.result()

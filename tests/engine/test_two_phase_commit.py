@@ -1,7 +1,7 @@
 """The store-based two-phase commit refuses parts that do not cover every tensor.
 
 The save runs through the real pipeline (``prepare``, then ``run``: begin, feed,
-checksums, sinks, ``commit_written``) with a store channel, so the commit goes through
+checksums, sinks, ``ends.Commit``) with a store channel, so the commit goes through
 ``engine.commit.two_phase`` exactly as a collective save's coordinator does; only the
 plan of this rank's data file is cut short, as a planner bug would leave it.
 """
@@ -19,7 +19,9 @@ from shardsafe.engine.buffers import BouncePool
 from shardsafe.engine.commit import is_committed
 from shardsafe.engine.save.feeds import PoolFeed
 from shardsafe.engine.save.prepare import PreparedSave, prepare
-from shardsafe.engine.save.run import Pipeline, commit_written, run
+from shardsafe.engine.save.ends import Commit
+from shardsafe.engine.save.request import SaveRequest
+from shardsafe.engine.save.run import Pipeline, run
 from shardsafe.engine.save.units import UNIT_SIZE
 from shardsafe.errors import CheckpointError
 from shardsafe.plan.layout import data_file_name, plan_file
@@ -31,15 +33,14 @@ def _state() -> dict:
 
 def _collective_save(path: str, *, drop_last_item: bool) -> PreparedSave:
     """Saves ``_state()`` through the store-based commit; optionally loses tensor "b"."""
-    prep = prepare(_state(), path, SingleProcessComm(), overwrite=False, metadata=None, storage_options=None,
-                   timeout=None, baseline=None, compression=None)
+    prep = prepare(SaveRequest(state=_state(), path=path), SingleProcessComm(), None)
     prep.channel, prep.timeout = LocalChannel(), 10.0  # the coordinator's side of the store
     if drop_last_item:
         items = prep.plans[0].items
         prep.plans = [plan_file(data_file_name(0), items[:-1])]
-    pipe = Pipeline(prep, [], PoolFeed(BouncePool(UNIT_SIZE, 2)), unit_size=UNIT_SIZE, block_unit=UNIT_SIZE,
-                    window=1)
-    for _ in run(pipe, lambda written: commit_written(prep, written)):
+    pipe = Pipeline(prep, [], PoolFeed(BouncePool(UNIT_SIZE, 2)), Commit(prep), unit_size=UNIT_SIZE,
+                    block_unit=UNIT_SIZE, window=1)
+    for _ in run(pipe):
         pass
     return prep
 

@@ -20,7 +20,9 @@ from shardsafe.engine import cuda
 from shardsafe.engine.buffers import BouncePool, HostBuffer
 from shardsafe.engine.save.feeds import ImageFeed, PoolFeed
 from shardsafe.engine.save.prepare import prepare
-from shardsafe.engine.save.run import Pipeline, commit_written, run
+from shardsafe.engine.save.ends import Commit
+from shardsafe.engine.save.request import SaveRequest
+from shardsafe.engine.save.run import Pipeline, run
 from shardsafe.engine.save.sources import Sources, copy_unit
 from shardsafe.engine.save.units import FileUnits
 from shardsafe.plan.flatten import flatten
@@ -191,13 +193,13 @@ def test_the_commit_waits_for_a_late_first_write(tmp_path, compression):
     once the late first unit is in it too: its bytes and checksums are in the checkpoint."""
     state = {"a": torch.randn(300_000), "b": (torch.randn(1 << 20) * 0.02).to(torch.bfloat16)}
     path = str(tmp_path / "ckpt")
-    prep = prepare(state, path, SingleProcessComm(), overwrite=False, metadata=None, storage_options=None,
-                   timeout=None, baseline=None, compression=compression)
-    pipe = Pipeline(prep, [], PoolFeed(BouncePool(16 << 20, 3)), unit_size=1 << 20, block_unit=16 << 20, window=2)
+    prep = prepare(SaveRequest(state=state, path=path), SingleProcessComm(), compression)
+    pipe = Pipeline(prep, [], PoolFeed(BouncePool(16 << 20, 3)), Commit(prep), unit_size=1 << 20,
+                    block_unit=16 << 20, window=2)
     for s in pipe.streams:
         for t in s.targets:
             opener = t.opener
             t.opener = lambda name, size, exact, opener=opener: _SlowFirst(opener(name, size, exact))
-    for _ in run(pipe, lambda written: commit_written(prep, written)):
+    for _ in run(pipe):
         pass
     assert_same(shardsafe.load(path), state)

@@ -12,13 +12,13 @@ from jax_states import bits, put
 import shardsafe
 from shardsafe.comm import SingleProcessComm
 from shardsafe.engine.save import prepare as planning
+from shardsafe.engine.save.request import SaveRequest
 from shardsafe.plan.jax_shards import immutable
 
 
 def prepare(state: dict, path: str) -> planning.PreparedSave:
     """The plan of a one-process save of ``state`` (what the save pipeline runs)."""
-    return planning.prepare(state, path, SingleProcessComm(), overwrite=False, metadata=None,
-                            storage_options=None, timeout=None, baseline=None, compression=None)
+    return planning.prepare(SaveRequest(state=state, path=path), SingleProcessComm(), None)
 
 
 def _items(prep):

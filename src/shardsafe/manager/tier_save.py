@@ -14,7 +14,7 @@ from typing import Any
 
 from ..api.checkpointer import Checkpointer, saver_of
 from ..engine.save.handle import SaveHandle, settled_handle
-from ..engine.save.replica import Replica
+from ..engine.save.request import Replica
 from ..engine.save.request import SaveRequest
 from ..errors import CheckpointError
 from .local_tier import LocalTier

@@ -115,26 +115,31 @@ class Unit:
 
 Emit = Callable[[Unit], None]
 Stopped = Callable[[], BaseException | None]
+Images = Sequence[HostBuffer | HostSlice]
 
 
 class ImageFeed:
     """Copies every stream into its own image (``images[i]`` holds stream ``i`` whole).
 
     Args:
-        images: One per stream.
+        images: One per stream, or what makes them from the streams' sizes when staging
+            begins (a Checkpointer's staging arena: ``StagingArena.get``).
         pin: Page-lock the images' memory when a stream has CUDA items.
         fence: Where the caller's streams were at the call (None: no CUDA tensors).
     """
 
-    def __init__(self, images: Sequence[HostBuffer | HostSlice], *, pin: bool = False,
+    def __init__(self, images: Images | Callable[[list[int]], Images], *, pin: bool = False,
                  fence: cuda.Fence | None = None) -> None:
-        self.images = list(images)
+        self._images = images
+        self.images: list[HostBuffer | HostSlice] = []
         self.pin, self.fence = pin, fence
         self._landing: tuple[cuda.DeviceCopier, list[Unit]] | None = None
 
     def stage(self, streams: Sequence[Fed], emit: Emit, stopped: Stopped, threads: int | None = None) -> None:
         """Stages every unit of every live stream, emitting each once its bytes are final
         (units with device copies: by ``settle``)."""
+        got = self._images
+        self.images = list(got([s.units.size for s in streams]) if callable(got) else got)
         copier = None
         done: list[Unit] = []
         for s, img in zip(streams, self.images):

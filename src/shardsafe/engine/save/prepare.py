@@ -36,6 +36,7 @@ from .. import commit
 from ..commit.entries import CodedFile, Entries, columnar_index, from_block_files, from_plans, join
 from . import plan_exchange
 from .incremental import Baseline, Delta
+from .request import SaveRequest
 from .units import BLOCK_SIZE
 
 CODED_MIN = 64 << 10  # with compression, items from this size go to the block file
@@ -94,25 +95,26 @@ class PreparedSave:
         return self.storage.join(self.txn.workdir, name)
 
 
-def prepare(state: Any, path: str, comm: Comm, *, overwrite: bool, metadata: Mapping[str, Any] | None,
-            storage_options: dict | None, timeout: float | None, baseline: Baseline | None,
-            compression: str | None) -> PreparedSave:
-    """Flattens ``state`` and plans its save to ``path``; writes nothing.
+def prepare(req: SaveRequest, comm: Comm, compression: str | None) -> PreparedSave:
+    """Flattens ``req.state`` and plans its save to ``req.path``; writes nothing.
 
-    ``compression`` is already checked (``format.codec.check_compression``). With
-    ``comm`` of more than one rank this is a collective call: every rank must make it.
+    ``compression`` is the one this save uses, already checked
+    (``format.codec.check_compression``; the request's own may be None: the
+    Checkpointer's). With ``comm`` of more than one rank this is a collective call:
+    every rank must make it.
 
     Raises:
         TypeError: a value cannot be saved (the message names its key path).
         CheckpointError: the path holds something that must not be overwritten, or
             (collective saves) another rank failed to prepare.
     """
-    storage, spath = storage_for(path, storage_options,
+    path, timeout, baseline = req.path, req.timeout, req.baseline
+    storage, spath = storage_for(path, req.storage_options,
                                  deadline=Deadline.for_call(timeout, comm.rank, f"save to {path}"))
-    md = dict(metadata or {})
+    md = dict(req.metadata or {})
     if comm.world_size > 1:
         wait = knobs.timeout() if timeout is None else float(timeout)
-        p = plan_exchange.plan_collective(state, storage, spath, comm, overwrite=overwrite,
+        p = plan_exchange.plan_collective(req.state, storage, spath, comm, overwrite=req.overwrite,
                                           metadata=md, timeout=wait)
         mine = write_items(p.mine)  # jax.Arrays: the shards this process writes
         split = baseline.split(mine, spath) if baseline is not None else None
@@ -120,12 +122,12 @@ def prepare(state: Any, path: str, comm: Comm, *, overwrite: bool, metadata: Map
         return PreparedSave(storage, p.txn, p.tree, p.items, [plan_file(data_file_name(comm.rank), plain)],
                             md, comm, comm.channel(p.token), wait, baseline=baseline, split=split,
                             compression=compression, coded=_block_plans(comm.rank, coded))
-    tree, items = flatten(state)
+    tree, items = flatten(req.state)
     localize(items, comm.group_rank)  # DTensors on a one-rank mesh: their local tensor
     check_alone(items)
     writes = write_items(items)  # jax.Arrays: the shards this process writes
     check_metadata(md)
-    txn = commit.plan_transaction(storage, spath, overwrite=overwrite, token=uuid.uuid4().hex[:16])
+    txn = commit.plan_transaction(storage, spath, overwrite=req.overwrite, token=uuid.uuid4().hex[:16])
     split = baseline.split(writes, spath) if baseline is not None else None
     plain, coded = split_coded(split.write if split is not None else writes, compression)
     return PreparedSave(storage, txn, tree, items, [plan_file(data_file_name(comm.rank), plain)], md, comm,

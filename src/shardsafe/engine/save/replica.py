@@ -1,6 +1,6 @@
 """A replica: this rank's own checkpoint of a save, written from the same staged bytes.
 
-A save may carry replicas (``SaveRequest.replicas``): each is this rank's own complete
+A save may carry replicas (``SaveRequest.replicas``, each a ``request.Replica``): each is this rank's own complete
 checkpoint of ``state``, a per-rank view of the saved state (the manager's local tier
 saves ``{"state": LocalView(state)}``), committed at ``path`` on its own, as a
 checkpoint of world size 1. Its files are more sinks of the save's streams, so nothing
@@ -40,31 +40,10 @@ from ...format.index.container import check_metadata
 from ..commit.entries import BlockSums, CodedFile
 from .handle import SaveProgress
 from .prepare import PreparedSave, local_entries, split_coded
+from .request import Replica
 from .sinks import FileSink, open_sink
 
 OWN_PART = 500  # part number of a replica's own files (a save's files are numbered from 0)
-
-
-@dataclass(frozen=True, slots=True)
-class Replica:
-    """Also commit this rank's own checkpoint of ``state`` at ``path`` (a local path).
-
-    Attributes:
-        state: This rank's view of the saved state (the same tensors, e.g. DTensors as
-            their local shards); saved by this rank alone.
-        path: Where the replica is committed (replacing a checkpoint there).
-        metadata: JSON-serialisable metadata of the replica's index.
-        progress: Settles once the replica is committed or has failed (its ``handle``
-            is what the requester waits on), independently of the save.
-    """
-
-    state: Mapping[str, Any]
-    path: str
-    metadata: Mapping[str, Any] | None = None
-    progress: SaveProgress = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "progress", SaveProgress(self.path))
 
 
 @dataclass(slots=True, eq=False)

@@ -1,27 +1,51 @@
 """A save, as one request: built once at the API edge, read by every stage below.
 
-``shardsafe.save``, ``shardsafe.async_save``, ``Checkpointer.save``/``async_save``, the
-manager's tiers, ``shardsafe.dcp`` and ``shardsafe cp`` describe what they want saved as
-a ``SaveRequest``; the engine (``save.saver.Saver.submit``) plans it once
-(``save.prepare``) and drives it through one ``run()`` (``save.run``). No layer below
-the edge takes the options as keywords again.
+``shardsafe.save``, ``shardsafe.async_save``, ``Checkpointer.save``/``async_save`` and
+the manager's tiers describe what they want saved as a ``SaveRequest`` (with its
+``Replica``s); the engine (``save.saver.Saver.submit``) plans it once (``save.prepare``,
+which takes the request itself) and drives it through one ``run()`` (``save.run``). No
+layer below the edge takes the options as keywords again. (``shardsafe.dcp`` and
+``shardsafe cp``, which commit saves of their own making, have their parts written by
+``Saver.write_part``.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ...format.codec import Compression
+from .handle import SaveProgress
 
 if TYPE_CHECKING:
     from .incremental import Baseline
-    from .replica import Replica
 
 StagingMode = Literal["blocking", "background"]
 """How ``async_save`` copies the state: on the caller's thread, or in the background."""
 STAGING_MODES: tuple[StagingMode, ...] = get_args(StagingMode)
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """Also commit this rank's own checkpoint of ``state`` at ``path`` (a local path).
+
+    Attributes:
+        state: This rank's view of the saved state (the same tensors, e.g. DTensors as
+            their local shards); saved by this rank alone.
+        path: Where the replica is committed (replacing a checkpoint there).
+        metadata: JSON-serialisable metadata of the replica's index.
+        progress: Settles once the replica is committed or has failed (its ``handle``
+            is what the requester waits on), independently of the save.
+    """
+
+    state: Mapping[str, Any]
+    path: str
+    metadata: Mapping[str, Any] | None = None
+    progress: SaveProgress = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "progress", SaveProgress(self.path))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,4 +88,4 @@ class SaveRequest:
             raise ValueError(f"staging must be one of {STAGING_MODES}, got {self.staging!r}")
 
 
-__all__ = ["STAGING_MODES", "SaveRequest", "StagingMode"]
+__all__ = ["STAGING_MODES", "Replica", "SaveRequest", "StagingMode"]

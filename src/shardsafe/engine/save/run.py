@@ -1,8 +1,8 @@
 """``run()``: the one driver of a save, from the feed through the transforms to the sinks.
 
-    feed ──units──▶ transforms ──bytes──▶ sinks ──durable──▶ end (commit)
-    (copy out of       (checksum,            (data file, block file,
-     training memory)   compress)             upload, replica mirror)
+    feed ──units──▶ transforms ──bytes──▶ sinks ──durable──▶ end
+    (copy out of       (checksum,            (data file, block file,   (commit, or hand
+     training memory)   compress)             upload, replica mirror)   the entries back)
 
 Every save goes through it: sync saves, async saves (blocking or background staging,
 with or without a budget), the manager's tiers (a step due on both tiers is one save
@@ -14,26 +14,27 @@ units in flight is the feed's buffers (a ``PoolFeed``'s pool is the memory budge
 
 ``Pipeline`` holds one save in flight; ``run`` is a generator that drives it: it yields
 ``STAGED`` once the state is copied (an async save's caller returns there; a sync save
-goes straight on) and ends once the checkpoint is committed, or aborts everything it
-began and re-raises. No stage calls back into the driver: stages return, or raise.
+goes straight on) and ends once its end stage has what this rank wrote (``save.ends``:
+the commit, or a part's entries handed back), or aborts everything it began and
+re-raises. No stage calls back into the driver: stages return, or raise. Every stage is
+a protocol (``Feed``, ``Transform``, ``Sink``, ``End``); ``save.saver.Saver`` is the one
+place that picks them and assembles a pipeline.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from ...storage.files import with_path
-from .. import commit
 from ..buffers import round_up
-from ..commit import two_phase
 from ..commit.entries import BlockSums, CodedFile
 from ..io_pool import io_pool
 from .assembly import Assembler
 from .feeds import Feed, Unit
-from .prepare import PreparedSave, local_entries
+from .prepare import PreparedSave
 from .replica import PreparedReplica, begin_replica, commit_replica, fail_replica
 from .sinks import Sink
 from .streams import Owner, Stream, Outlet, build_streams
@@ -51,31 +52,45 @@ class Written:
     coded: list[CodedFile]
 
 
+class End(Protocol):
+    """The last stage of a run (``save.ends``): begun before the first write, finished with
+    what this rank wrote once it is durable, aborted when the run fails."""
+
+    def begin(self) -> None:
+        """Before anything is written (e.g. creates the working directory)."""
+        ...
+
+    def finish(self, written: Written) -> None:
+        """This rank's files are durable (e.g. commits the save)."""
+        ...
+
+    def abort(self, error: BaseException, begun: bool) -> None:
+        """The run failed (``begun``: ``begin`` had returned); removes what it began."""
+        ...
+
+
 class Pipeline:
     """One save in flight (see the module docstring).
 
     Args:
         prep: The planned save.
         replicas: Its replicas (each commits or fails on its own).
-        feed: Where the units come from (None: ``feed_factory`` makes it when staging
-            begins, from each stream's image size).
+        feed: Where the units come from.
+        end: What the run ends with (``save.ends``: ``Commit``, or ``HandBack`` for a part).
         unit_size, block_unit: Units of data files and of block files (a block file's
             a multiple of the checksum block; with a ``PoolFeed`` both fit its buffers).
         window: Blocks coded at once.
         gated: Hold every unit back until ``open_gate`` (staging first, then writes).
-        part: A part of a save committed elsewhere: no transaction of its own to begin
-            or abort (``shardsafe.dcp``, ``shardsafe cp --compression``).
     """
 
-    def __init__(self, prep: PreparedSave, replicas: Sequence[PreparedReplica], feed: Feed | None, *,
-                 unit_size: int, block_unit: int, window: int, gated: bool = False, part: bool = False) -> None:
-        self.prep, self.replicas, self.feed = prep, list(replicas), feed
-        self.feed_factory: Callable[[list[int]], Feed] | None = None
+    def __init__(self, prep: PreparedSave, replicas: Sequence[PreparedReplica], feed: Feed, end: End, *,
+                 unit_size: int, block_unit: int, window: int, gated: bool = False) -> None:
+        self.prep, self.replicas, self.feed, self.end = prep, list(replicas), feed, end
         self.streams, self.save, self.owners = build_streams(prep, self.replicas, unit_size, block_unit, window)
         for s in self.streams:
             if s.coded:
                 s.assembler = Assembler(s.units, s.name_of, _BlockOutput(self, s), self._release)
-        self.gated, self.part = gated, part
+        self.gated = gated
         self._cond = threading.Condition()
         self._transforms = 0
         self._fatal: BaseException | None = None
@@ -85,13 +100,9 @@ class Pipeline:
 
     # ------------------------------------------------------------------ begin
     def begin(self) -> None:
-        """Creates the working directories (a collective save's: rank 0's, awaited) and
-        opens the data files' sinks; a replica that cannot fails alone."""
-        if not self.part:
-            if self.prep.channel is not None:
-                two_phase.begin(self.prep)
-            else:
-                commit.begin(self.prep.txn)
+        """Begins the end (e.g. the working directory) and the replicas, and opens the data
+        files' sinks; a replica that cannot begin fails alone."""
+        self.end.begin()
         self._begun = True
         for r, o in zip(self.replicas, self.owners):
             try:
@@ -122,9 +133,6 @@ class Pipeline:
     def stage(self, threads: int | None) -> None:
         """Feeds every unit (on this thread and copy helpers); raises a staging failure."""
         try:
-            if self.feed is None:
-                assert self.feed_factory is not None
-                self.feed = self.feed_factory([s.units.size for s in self.streams])
             self.feed.stage(self.streams, self._emit, self.stopped, threads)
         except BaseException as e:
             self._fatal = self._fatal or e
@@ -136,7 +144,6 @@ class Pipeline:
     def settle(self) -> None:
         """Hands on the units whose device copies were still landing when staging returned
         (the caller's streams wait for those copies on the GPU, not its thread)."""
-        assert self.feed is not None
         try:
             self.feed.settle(self._emit)
         except BaseException as e:
@@ -247,7 +254,6 @@ class Pipeline:
             return got
 
     def _release(self, unit: Unit) -> None:
-        assert self.feed is not None
         self.feed.release(unit)
 
     def _wait(self, ready: Callable[[], bool]) -> None:
@@ -312,13 +318,11 @@ class Pipeline:
 
     # ------------------------------------------------------------------ abort
     def abort(self, error: BaseException) -> None:
-        """Stops everything, waits for the work in flight, removes what was written
-        (never a committed checkpoint) and settles the replicas still open. In a
-        collective save it also tells the other ranks, so nothing commits and nobody
-        waits for this rank."""
+        """Stops everything, waits for the work in flight, aborts the end (which removes
+        what was begun, never a committed checkpoint, and tells the other ranks of a
+        collective save) and settles the replicas still open."""
         self._fatal = self._fatal or error
-        if self.feed is not None:
-            self.feed.settle(self._release)  # copies still landing in the feed's buffers
+        self.feed.settle(self._release)  # copies still landing in the feed's buffers
         with self._cond:
             queued, self._queued, self.gated = self._queued, [], False
             ordered = list(self._ordered.values())
@@ -335,11 +339,7 @@ class Pipeline:
                 for sink in t.sinks.values():
                     sink.abort()
                 t.sinks.clear()
-        if not self.part:
-            if self.prep.channel is not None:
-                two_phase.abort(self.prep, error)
-            if self._begun and self.prep.comm.rank == 0:
-                commit.abort_quietly(self.prep.txn)
+        self.end.abort(error, self._begun)
         for r in self.replicas:
             if not r.progress.settled.is_set():
                 fail_replica(r, error)
@@ -412,11 +412,11 @@ class _Skipped:
         return None
 
 
-def run(pipe: Pipeline, end: Callable[[Written], None], *, threads: int | None = None) -> Iterator[str]:
+def run(pipe: Pipeline, *, threads: int | None = None) -> Iterator[str]:
     """Drives ``pipe``: begin, feed (``threads`` copy threads), transforms and sinks, then
-    ``end`` with what this rank wrote (the commit); yields ``STAGED`` once the state is
-    copied. On any failure, aborts (``Pipeline.abort``) and re-raises. A gated pipeline
-    stages first and begins after (the caller's stall does not wait for the begin)."""
+    its end with what this rank wrote; yields ``STAGED`` once the state is copied. On any
+    failure, aborts (``Pipeline.abort``) and re-raises. A gated pipeline stages first and
+    begins after (the caller's stall does not wait for the begin)."""
     try:
         if not pipe.gated:
             pipe.begin()
@@ -426,7 +426,7 @@ def run(pipe: Pipeline, end: Callable[[Written], None], *, threads: int | None =
         if pipe.gated:
             pipe.begin()
             pipe.open_gate()
-        end(pipe.finish())
+        pipe.end.finish(pipe.finish())
     except BaseException as e:
         pipe.abort(e)
         raise
@@ -434,23 +434,4 @@ def run(pipe: Pipeline, end: Callable[[Written], None], *, threads: int | None =
         pipe.close()
 
 
-def commit_written(prep: PreparedSave, written: Written) -> None:
-    """The end of a save's run: the coordinator publishes the index once every rank's
-    files are durable (a collective save through ``commit.two_phase``, safe on a
-    background thread); an incremental save's baseline then moves to it.
-
-    Raises:
-        CheckpointError: the commit failed (collective saves: on every rank).
-        CheckpointTimeoutError: another rank did not answer within the timeout.
-    """
-    local = local_entries(prep, written.sums, written.coded)
-    if prep.channel is None:
-        commit.finish(prep.txn, prep.index_bytes([local]))
-    else:
-        two_phase.commit_collective(prep, local)
-    if prep.baseline is not None and prep.split is not None:  # committed: the next save compares with it
-        prep.baseline.advance(prep.txn.final, prep.plans, written.sums, prep.split, prep.comm.rank,
-                              written.coded)
-
-
-__all__ = ["Pipeline", "STAGED", "Written", "commit_written", "run"]
+__all__ = ["End", "Pipeline", "STAGED", "Written", "run"]

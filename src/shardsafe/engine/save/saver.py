@@ -1,7 +1,10 @@
 """``Saver``: the engine behind a ``Checkpointer``: one save at a time, its buffers kept.
 
 ``submit`` takes a ``SaveRequest``, plans it on the caller's thread (with Python's
-collector paused: ``_gc_pause``), builds its ``Pipeline`` and drives it with ``run``:
+collector paused: ``_gc_pause``), builds its ``Pipeline`` and drives it with ``run``.
+``Saver`` is the one place that assembles a pipeline: it picks the feed, and the end
+(``save.ends.Commit``; ``HandBack`` for ``write_part``, a part of a save committed
+elsewhere, which may bring its own feed):
 
 - a sync save runs it on the caller's thread, through the bounce buffers
   (``PoolFeed``; with a budget, the budget's slots);
@@ -38,13 +41,14 @@ from ..buffers import BouncePool, StagingArena, round_up
 from ..commit import Transaction
 from ..commit.entries import Entries
 from ..io_pool import io_threads
+from .ends import Commit, HandBack
 from .feeds import ImageFeed, PoolFeed
 from .handle import SaveHandle, SaveProgress
 from .options import SaveOptions, sync_bounce
-from .prepare import PreparedSave, local_entries, prepare, prepare_part
-from .replica import PreparedReplica, Replica, prepare_replica
-from .request import SaveRequest
-from .run import STAGED, Pipeline, Written, commit_written, run
+from .prepare import PreparedSave, prepare, prepare_part
+from .replica import PreparedReplica, prepare_replica
+from .request import Replica, SaveRequest
+from .run import STAGED, End, Pipeline, run
 from .units import BLOCK_SIZE
 
 log = logging.getLogger("shardsafe")
@@ -101,18 +105,16 @@ class Saver:
             self._check_open()
             self._wait_previous()
             with _gc_pause():  # per-tensor bookkeeping on the caller's thread (see shardsafe._gc_pause)
-                prep = prepare(req.state, req.path, self._comm(req), overwrite=req.overwrite,
-                               metadata=req.metadata, storage_options=req.storage_options, timeout=req.timeout,
-                               baseline=req.baseline, compression=opts.compression)
+                prep = prepare(req, self._comm(req), opts.compression)
                 replicas = self._replicas(prep, req.replicas)
             progress = SaveProgress(req.path, prep.nbytes)
             out = Submitted(progress.handle, tuple(r.progress.handle for r in req.replicas))
             # a JAX state's shards cannot change: staging them need not hold the caller
             background = req.staging == "background" or (
                 req.staging is not None and immutable([it for p in prep.plans + prep.coded for it in p.items]))
-            pipe = self._pipeline(prep, replicas, opts, req, background=background)
-            steps = run(pipe, lambda w: commit_written(prep, w),
-                        threads=BACKGROUND_COPY_THREADS if background else None)
+            pipe = self._pipeline(prep, replicas, opts, Commit(prep), sync=req.staging is None,
+                                  background=background)
+            steps = run(pipe, threads=BACKGROUND_COPY_THREADS if background else None)
             if req.staging is None:
                 for _ in steps:
                     pass
@@ -134,21 +136,25 @@ class Saver:
             return out
 
     def write_part(self, items: Sequence[TensorItem], txn: Transaction, comm: ExternalRank,
-                   compression: str | None) -> Entries:
+                   compression: str | None, feed: PoolFeed | None = None) -> Entries:
         """Writes this rank's files of a save another system plans and commits
         (``shardsafe.dcp.Writer``, ``shardsafe cp --compression``), synchronously, into
         ``txn``'s working directory (which exists); returns the entries of what it wrote
         (durable). Commits nothing and removes nothing: on failure the files are closed
-        and the error raised (the coordinator never commits then)."""
+        and the error raised (the coordinator never commits then).
+
+        ``feed`` brings the items' bytes from elsewhere than the items' values (a source
+        checkpoint); its pool's buffers are the run's units. None: the bounce buffers.
+        """
         with self._lock:
             self._check_open()
             self._wait_previous()
             prep = prepare_part(items, txn, comm, compression)
-            pipe = self._pipeline(prep, [], self.options, None, part=True)
-            box: list[Written] = []
-            for _ in run(pipe, box.append):
+            end = HandBack(prep)
+            for _ in run(self._pipeline(prep, [], self.options, end, sync=True, feed=feed)):
                 pass
-            return local_entries(prep, box[0].sums, box[0].coded)
+            assert end.entries is not None
+            return end.entries
 
     def _comm(self, req: SaveRequest) -> Comm:
         if req.collective is False:
@@ -167,35 +173,36 @@ class Saver:
                 r.progress.settle(e)  # the replica fails alone; the save goes on
         return out
 
-    def _pipeline(self, prep: PreparedSave, replicas: list[PreparedReplica], opts: SaveOptions,
-                  req: SaveRequest | None, *, part: bool = False, background: bool = False) -> Pipeline:
-        """The pipeline of one save, with its feed: the budget's slots; else for a sync
-        save (or a part) bounce buffers, for an async one whole images in the arena.
+    def _pipeline(self, prep: PreparedSave, replicas: list[PreparedReplica], opts: SaveOptions, end: End, *,
+                  sync: bool, background: bool = False, feed: PoolFeed | None = None) -> Pipeline:
+        """The pipeline of one run, with its feed: the caller's (``feed``); else the
+        budget's slots; else for a sync save (or a part) bounce buffers, for an async one
+        whole images in the arena.
 
         Runs on the caller's thread: the feed's ``cuda.Fence`` marks where the caller's
         streams are now, which is what every device copy of the save waits for.
         """
-        unit = opts.unit_size
         window = opts.coding_window
-        sync = req is None or req.staging is None
+        if feed is not None:
+            size = feed.pool.size
+            return Pipeline(prep, replicas, feed, end, unit_size=size, block_unit=size, window=window)
+        unit = opts.unit_size
         fence = cuda.Fence.capture(it.value for it in prep.items)
         if opts.slots is not None:
             pool = self.arena.slots(unit, opts.slots)
             self._bounce.close()  # idle bounce buffers: the budget bounds every host buffer
-            return Pipeline(prep, replicas, PoolFeed(pool, fence=fence), unit_size=unit, block_unit=unit,
-                            window=window, part=part)
+            return Pipeline(prep, replicas, PoolFeed(pool, fence=fence), end, unit_size=unit, block_unit=unit,
+                            window=window)
         if sync:
             size, count = sync_bounce(prep.nbytes, unit, prep.compression)
             if (self._bounce.size, self._bounce.count) != (size, count):  # another size class of state
                 self._bounce.close()
                 self._bounce = BouncePool(size, count, pin=self.arena.pin)
-            return Pipeline(prep, replicas, PoolFeed(self._bounce, fence=fence), unit_size=size, block_unit=size,
-                            window=window, part=part)
-        block_unit = round_up(unit, BLOCK_SIZE)
-        pipe = Pipeline(prep, replicas, None, unit_size=unit, block_unit=block_unit, window=window,
-                        gated=not background and not opts.overlap_writes, part=part)
-        pipe.feed_factory = lambda sizes: ImageFeed(self.arena.get(sizes), pin=self.arena.pin, fence=fence)
-        return pipe
+            return Pipeline(prep, replicas, PoolFeed(self._bounce, fence=fence), end, unit_size=size,
+                            block_unit=size, window=window)
+        images = ImageFeed(self.arena.get, pin=self.arena.pin, fence=fence)
+        return Pipeline(prep, replicas, images, end, unit_size=unit, block_unit=round_up(unit, BLOCK_SIZE),
+                        window=window, gated=not background and not opts.overlap_writes)
 
     def _start(self, steps: Iterator[str], everyone: list[SaveProgress], *, staged: bool) -> None:
         """Starts the writer thread that drives the rest of ``steps`` (registered until the

@@ -1,8 +1,9 @@
 """Copy a checkpoint with another coding (``shardsafe cp --compression``), in bounded memory.
 
-A re-encoding copy is a save whose state is read from another checkpoint: one run of
-the save pipeline (``engine.save.run``) whose feed, ``SourceFeed``, takes the items'
-bytes from the source instead of from training memory. The tensors are read batch by
+A re-encoding copy is a save whose state is read from another checkpoint: a part written
+by a ``Saver`` (``Saver.write_part``, one run of the save pipeline) whose feed,
+``SourceFeed``, takes the items' bytes from the source instead of from training memory,
+and committed here. The tensors are read batch by
 batch with the engine's reader (``ChunkReader``: every block verified, compressed blocks
 decoded) into one reused buffer of ``BATCH`` bytes, and from there copied unit by unit
 into the pipeline's buffers, coded and written like any save's: the copy is one data file
@@ -42,18 +43,19 @@ from .. import commit
 from ..buffers import BouncePool, HostBuffer
 from ..load.reader import ChunkReader, ReadJob
 from ..save.feeds import Emit, PoolFeed, Stopped
-from ..save.prepare import build_index, local_entries, prepare_part
-from ..save.run import Pipeline, Written, run
-from ..save.units import BLOCK_SIZE, HEADER, UNIT_SIZE
+from ..save.options import SaveOptions
+from ..save.prepare import build_index
+from ..save.saver import Saver
+from ..save.units import HEADER, UNIT_SIZE
 from .verbatim import CopyResult, abandon, same_location
 
 BATCH = 16 << 20  # raw bytes read from the source at a time
 # Batches are read when a unit needs them, never ahead, so a second buffer would only let a
 # unit that spans two batches start on the next one before the others are past this one.
 BATCHES = 1
-# The pipeline's unit buffers (UNIT_SIZE each): one being coded per block the pipeline's
-# window codes at once (2); the copy into a unit takes a fraction of its coding time, so a
-# third buffer, filled ahead, costs 16 MiB and gains no speed.
+# The pipeline's unit buffers (UNIT_SIZE each), which bound the blocks coded at once: two;
+# the copy into a unit takes a fraction of its coding time, so a third buffer, filled
+# ahead, costs 16 MiB and gains no speed.
 UNITS = 2
 COPY_KEY = "shardsafe.copy"  # index metadata of a re-coded copy: {"source": sha256, "compression": ...}
 
@@ -233,23 +235,20 @@ def recode_checkpoint(src: Storage, src_path: str, dst: Storage, dst_path: str, 
              for t, e in enumerate(index.tensors)]
     buffers = [HostBuffer(limit, prefault=False) for _ in range(BATCHES)]
     pool = BouncePool(UNIT_SIZE, UNITS)
+    saver = Saver(SaveOptions(unit_size=UNIT_SIZE))
     txn = commit.plan_transaction(dst, dst_path, overwrite=overwrite, token=uuid.uuid4().hex[:16])
     commit.begin(txn)
     try:
         items = _items(index, limit)
-        prep = prepare_part(items, txn, ExternalRank(0, index.world_size), compression)
         feed = SourceFeed(pool, ChunkReader(src, src_path, index), buffers, on_bytes)
-        pipe = Pipeline(prep, [], feed, unit_size=UNIT_SIZE, block_unit=BLOCK_SIZE, window=2, part=True)
-        box: list[Written] = []
-        for _ in run(pipe, box.append):
-            pass
-        parts = [local_entries(prep, box[0].sums, box[0].coded)]
+        part = saver.write_part(items, txn, ExternalRank(0, index.world_size), compression, feed)
         commit.finish(txn, build_index(table, index.tree, index.world_size,
-                                       {**index.metadata, COPY_KEY: made_from}, parts))
+                                       {**index.metadata, COPY_KEY: made_from}, [part]))
     except BaseException:
         abandon(txn)
         raise
     finally:
+        saver.close()
         pool.close()
         for b in buffers:
             b.close()
