@@ -32,7 +32,6 @@ from ...storage.files import with_path
 from ..buffers import round_up
 from ..commit.entries import BlockSums, CodedFile
 from ..io_pool import io_pool
-from .assembly import Assembler
 from .feeds import Feed, Unit
 from .prepare import PreparedSave
 from .replica import PreparedReplica, begin_replica, commit_replica, fail_replica
@@ -86,10 +85,9 @@ class Pipeline:
     def __init__(self, prep: PreparedSave, replicas: Sequence[PreparedReplica], feed: Feed, end: End, *,
                  unit_size: int, block_unit: int, window: int, gated: bool = False) -> None:
         self.prep, self.replicas, self.feed, self.end = prep, list(replicas), feed, end
-        self.streams, self.save, self.owners = build_streams(prep, self.replicas, unit_size, block_unit, window)
-        for s in self.streams:
-            if s.coded:
-                s.assembler = Assembler(s.units, s.name_of, _BlockOutput(self, s), self._release)
+        self.streams, self.save, self.owners = build_streams(prep, self.replicas, unit_size, block_unit, window,
+                                                             lambda targets: _BlockOutput(self, targets),
+                                                             self._release)
         self.gated = gated
         self._cond = threading.Condition()
         self._transforms = 0
@@ -112,12 +110,12 @@ class Pipeline:
         for s in self.streams:
             if not s.coded:
                 for t in s.targets:
-                    self._open(s, t, 0, s.units.size, True)
+                    self._open(t, s.name_of(0), 0, s.units.size, True)
 
-    def _open(self, s: Stream, t: Outlet, part: int, size: int, exact: bool) -> None:
+    def _open(self, t: Outlet, name: str, part: int, size: int, exact: bool) -> None:
         if t.owner.alive:
             try:
-                t.sinks[part] = t.opener(s.name_of(part), size, exact)
+                t.sinks[part] = t.opener(name, size, exact)
             except (OSError, ValueError) as e:
                 t.owner.fail(e)
 
@@ -182,15 +180,14 @@ class Pipeline:
         try:
             if self.stopped() is not None or not s.live():
                 self._release(unit)
-            elif s.assembler is not None:
+            elif s.coded:
+                s.transform(unit)  # hands its output on and gives the unit back itself
+            else:
                 try:
-                    coded = s.transform(unit)
+                    s.transform(unit)
                 except BaseException:
                     self._release(unit)
                     raise
-                s.assembler.put(unit, coded)  # the assembler gives the unit back
-            else:
-                s.transform(unit)
                 self._write_unit(unit)
         except BaseException as e:  # noqa: BLE001 - stops the save; finish() or abort() raises it
             self._fatal = self._fatal or e
@@ -273,23 +270,18 @@ class Pipeline:
         err = self.stopped()
         if err is not None:
             raise err
-        parts: dict[int, list[CodedFile]] = {}
-        for s in self.streams:
-            if s.assembler is not None and s.live():
-                parts[id(s)] = s.assembler.finish()
-        sums = {id(s): s.transform.result() for s in self.streams if not s.coded and s.live()}
+        held = {id(s): s.transform.result() for s in self.streams if s.live()}  # what each file holds
         for r, o in zip(self.replicas, self.owners):
-            self._finish_replica(r, o, sums, parts)
-        self._close(self.save, parts)
+            self._finish_replica(r, o, held)
+        self._close(self.save, held)
         if self.save.error is not None:
             raise self.save.error
-        mine = self._files_of(self.save)
-        return Written([sums[id(s)] for s in mine if not s.coded], [f for s in mine if s.coded for f in parts[id(s)]])
+        return _written(self._files_of(self.save), held)
 
     def _files_of(self, owner: Owner) -> list[Stream]:
         return [s for s in self.streams if any(t.owner is owner for t in s.targets)]
 
-    def _close(self, owner: Owner, parts: dict[int, list[CodedFile]]) -> None:
+    def _close(self, owner: Owner, held: dict[int, Any]) -> None:
         """Makes ``owner``'s files durable (or, once it failed, drops them)."""
         self._wait(lambda: owner.inflight == 0)
         for s in self._files_of(owner):
@@ -301,20 +293,18 @@ class Pipeline:
                         sink.abort()
                         continue
                     try:
-                        sink.close(parts[id(s)][k].size if s.coded else s.units.size)
+                        sink.close(held[id(s)][k].size if s.coded else s.units.size)
                     except BaseException as e:  # noqa: BLE001 - the owner's failure
                         owner.fail(e)
                         sink.abort()
 
-    def _finish_replica(self, r: PreparedReplica, o: Owner, sums: dict[int, BlockSums],
-                        parts: dict[int, list[CodedFile]]) -> None:
-        self._close(o, parts)
+    def _finish_replica(self, r: PreparedReplica, o: Owner, held: dict[int, Any]) -> None:
+        self._close(o, held)
         if o.error is not None:
             fail_replica(r, o.error)
             return
-        mine = self._files_of(o)
-        commit_replica(r, [sums[id(s)] for s in mine if not s.coded],
-                       [f for s in mine if s.coded for f in parts[id(s)]])
+        written = _written(self._files_of(o), held)
+        commit_replica(r, written.sums, written.coded)
 
     # ------------------------------------------------------------------ abort
     def abort(self, error: BaseException) -> None:
@@ -333,8 +323,7 @@ class Pipeline:
         self._wait(lambda: self._transforms == 0 and self.save.inflight == 0
                    and all(o.inflight == 0 for o in self.owners))
         for s in self.streams:
-            if s.assembler is not None:
-                s.assembler.cancel()
+            s.transform.cancel()
             for t in s.targets:
                 for sink in t.sinks.values():
                     sink.abort()
@@ -345,25 +334,30 @@ class Pipeline:
                 fail_replica(r, error)
 
     def close(self) -> None:
-        """Frees the block files' chunk buffers (the run has ended)."""
+        """Frees the transforms' buffers (the run has ended)."""
         for s in self.streams:
-            if s.assembler is not None:
-                s.assembler.close()
+            s.transform.close()
+
+
+def _written(streams: list[Stream], held: dict[int, Any]) -> Written:
+    """What one owner's files hold (``streams``, ``held``: each file's transform result)."""
+    return Written([held[id(s)] for s in streams if not s.coded],
+                   [f for s in streams if s.coded for f in held[id(s)]])
 
 
 class _BlockOutput:
     """A block stream's parts, as its assembler sees them: opened and written through the pipeline."""
 
-    def __init__(self, pipe: Pipeline, stream: Stream) -> None:
-        self.pipe, self.stream = pipe, stream
+    def __init__(self, pipe: Pipeline, targets: list[Outlet]) -> None:
+        self.pipe, self.targets = pipe, targets
 
     def open_part(self, part: int, name: str, bound: int) -> None:
-        for t in self.stream.targets:
-            self.pipe._open(self.stream, t, part, bound, False)
+        for t in self.targets:
+            self.pipe._open(t, name, part, bound, False)
 
     def write(self, part: int, offset: int, data: memoryview, padded: memoryview | None,
               done: Callable[[], None]) -> None:
-        sinks = [(t.owner, t.sinks[part]) for t in self.stream.targets if t.owner.alive and part in t.sinks]
+        sinks = [(t.owner, t.sinks[part]) for t in self.targets if t.owner.alive and part in t.sinks]
         self.pipe.fan_out(sinks, offset, data, padded, done)
 
 

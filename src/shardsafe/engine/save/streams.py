@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...plan.layout import FilePlan, block_file_name
-from .assembly import Assembler, block_layout
+from .assembly import Output, block_layout
+from .feeds import Unit
 from .prepare import PreparedSave
 from .replica import MirrorSink, PreparedReplica
 from .sinks import Sink, open_sink
@@ -69,14 +70,12 @@ class Stream:
             ``Compress`` for a block file).
         targets: The owners' files.
         name_of: The file name of part ``k`` (a data file is its one part 0).
-        assembler: Lays out a block file's coded blocks (set by the pipeline).
     """
 
     units: FileUnits
     transform: Transform
     targets: list[Outlet]
     name_of: Callable[[int], str]
-    assembler: Assembler | None = None
     _sources: Sources | None = None
 
     @property
@@ -106,12 +105,15 @@ def _mirror(r: PreparedReplica, plan: FilePlan, save_plan: FilePlan) -> Opener:
 
 
 def build_streams(prep: PreparedSave, replicas: list[PreparedReplica], unit_size: int, block_unit: int,
-                  window: int) -> tuple[list[Stream], Owner, list[Owner]]:
+                  window: int, output: Callable[[list[Outlet]], Output],
+                  release: Callable[[Unit], None]) -> tuple[list[Stream], Owner, list[Owner]]:
     """The streams of ``prep`` and its replicas: the save's data files, its block file,
     then each replica's own files; and the owners (the save's, then one per replica).
 
     Data files are cut into units of ``unit_size``, block files into units of
     ``block_unit`` (a multiple of the checksum block); ``window``: blocks coded at once.
+    A block file's ``Compress`` writes through ``output(targets)`` and gives its units
+    back with ``release``.
     """
     save = Owner()
     owners = [Owner(r) for r in replicas]
@@ -125,7 +127,8 @@ def build_streams(prep: PreparedSave, replicas: list[PreparedReplica], unit_size
     def block(plan: FilePlan, targets: list[Outlet], name_of: Callable[[int], str]) -> Stream:
         units = FileUnits(block_layout(plan.name, plan.items, block_unit), block_unit, BLOCK_SIZE)
         assert prep.compression is not None
-        return Stream(units, Compress(units, prep.compression, window), targets, name_of)
+        return Stream(units, Compress(units, prep.compression, window, output(targets), name_of, release),
+                      targets, name_of)
 
     for j, plan in enumerate(prep.plans):
         targets = [Outlet(save, opener_of(prep))]

@@ -10,8 +10,13 @@
   the bytes are still warm.
 - ``Compress`` (block files): each checksum block of the unit is coded on its own
   (``format.blockfile.code_block``) on the transform pool, at most ``window`` blocks at
-  once (a memory budget bounds the blocks being coded too); the coded blocks go to the
-  stream's ``Assembler`` (``engine.save.assembly``), which lays them out in file order.
+  once (a memory budget bounds the blocks being coded too); the coded blocks go to its
+  own ``Assembler`` (``engine.save.assembly``), which lays them out in file order and
+  writes them through the stream's output.
+
+A transform that is not ``coded`` leaves its unit to the pipeline, which writes it as
+fed; a ``coded`` one hands its output on and gives the unit back itself. Either way,
+``result()`` is what the stream's file holds once every unit was seen.
 
 Skipping unchanged chunks (incremental saves) is decided at planning time
 (``engine.save.incremental``): the chunks it skips never become units.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -30,9 +36,10 @@ from ...format.blockfile import RAW, CodedBlock, code_block
 from ...format.checksum import crc32c
 from ...format.crc_combine import crc32c_combine
 from ...format.sub_blocks import SUB_BLOCK_SIZE, join_sub_crcs, num_sub_blocks
+from ..commit.entries import BlockSums, CodedFile
 from ..io_pool import SharedThreadPool
+from .assembly import Assembler, Output
 from .feeds import Unit
-from ..commit.entries import BlockSums
 from .units import FileUnits
 
 _pool = SharedThreadPool(knobs.copy_threads, "shardsafe-transform")
@@ -51,10 +58,25 @@ class Transform(Protocol):
     inline: bool
     """Cheap enough to run on the thread that produced the unit (else: the transform pool)."""
     coded: bool
-    """Its output replaces the unit's bytes (coded blocks, laid out by the stream's
-    assembler); else the unit itself is written, as fed."""
+    """Its output replaces the unit's bytes, and it hands that output on and gives the
+    unit back itself; else the pipeline writes the unit itself, as fed."""
 
-    def __call__(self, unit: Unit) -> Any: ...
+    def __call__(self, unit: Unit) -> None:
+        """Transforms ``unit`` (a failure leaves it to the caller to give back)."""
+        ...
+
+    def result(self) -> Any:
+        """What the stream's file holds, once every unit was seen (``BlockSums`` of a
+        data file; the ``CodedFile`` parts of a block file)."""
+        ...
+
+    def cancel(self) -> None:
+        """The save stopped: gives back every unit it still holds."""
+        ...
+
+    def close(self) -> None:
+        """Frees its buffers (the run has ended)."""
+        ...
 
 
 class Checksum:
@@ -143,6 +165,12 @@ class Checksum:
         self._pieces, self._sub_pieces, self._pending = {}, {}, set()
         return BlockSums(self._sums, u.block_first, self._subs, self._sub_item, self.sub)
 
+    def cancel(self) -> None:
+        """Nothing held: the pipeline writes and gives back the units."""
+
+    def close(self) -> None:
+        """Nothing to free."""
+
 
 def _join_pieces(pieces: list[tuple[int, int, int]], file: str, what: str) -> int:
     """The CRC32C of consecutive pieces ``(file offset, CRC32C, length)``, in any order."""
@@ -157,13 +185,17 @@ def _join_pieces(pieces: list[tuple[int, int, int]], file: str, what: str) -> in
 
 class Compress:
     """Codes the checksum blocks of a block file's units (laid out by ``assembly.block_layout``:
-    no block spans two units), at most ``window`` blocks at once."""
+    no block spans two units), at most ``window`` blocks at once, and lays them out in
+    file order with its ``Assembler``, which writes them through ``out`` (parts named by
+    ``name_of``) and gives each unit back (``release``) once its blocks are appended."""
 
     inline = False  # costly: runs on the transform pool
     coded = True
 
-    def __init__(self, units: FileUnits, compression: str, window: int) -> None:
-        self.units, self.compression = units, compression
+    def __init__(self, units: FileUnits, compression: str, window: int, out: Output,
+                 name_of: Callable[[int], str], release: Callable[[Unit], None]) -> None:
+        self.units, self.compression, self.release = units, compression, release
+        self.assembler = Assembler(units, name_of, out, release)
         self._slots = threading.BoundedSemaphore(max(1, window))
         item, first = units.block_item.tolist(), units.block_first.tolist()
         start, stop = units.block_start.tolist(), units.block_stop.tolist()
@@ -172,7 +204,17 @@ class Compress:
             self.blocks.append([(b, item[b], start[b], stop[b] - start[b]) for b in units.blocks_ending_in(k).tolist()])
         self.first = first
 
-    def __call__(self, unit: Unit) -> list[tuple[int, CodedBlock]]:
+    def __call__(self, unit: Unit) -> None:
+        """Codes every block of ``unit`` and hands them to the assembler (which gives the
+        unit back once they are appended; a failure to code gives it back here)."""
+        try:
+            coded = self.code(unit)
+        except BaseException:
+            self.release(unit)
+            raise
+        self.assembler.put(unit, coded)
+
+    def code(self, unit: Unit) -> list[tuple[int, CodedBlock]]:
         """``(block id, coded block)`` of every block of ``unit``; a raw block's data is a
         view of the unit (valid until the unit is released), a coded one owns its bytes."""
         out = []
@@ -181,6 +223,18 @@ class Compress:
             with self._slots:
                 out.append((b, _code(unit.view(start, start + n), items[i].dtype, self.compression)))
         return out
+
+    def result(self) -> list[CodedFile]:
+        """Writes what is left once every block was appended; each part's contents."""
+        return self.assembler.finish()
+
+    def cancel(self) -> None:
+        """Gives back every unit still waiting to be appended."""
+        self.assembler.cancel()
+
+    def close(self) -> None:
+        """Frees the assembler's chunk buffers."""
+        self.assembler.close()
 
 
 def _code(raw: memoryview, dtype: str, compression: str) -> CodedBlock:
