@@ -48,7 +48,7 @@ def incremental_steps(root: Any, state: dict | None = None) -> dict:
     1-3 under ``root`` (``step_<N>``), incrementally: steps 2 and 3 change only
     ``state["head"]`` (filled with the step) and reference the rest in step 1's data file.
     Returns ``state`` as step 3 holds it."""
-    from shardsafe.api.checkpointer import Checkpointer, saver_of
+    from shardsafe.api.checkpointer import Checkpointer
     from shardsafe.engine.save.request import SaveRequest
     from shardsafe.engine.save.incremental import Baseline
 
@@ -57,7 +57,7 @@ def incremental_steps(root: Any, state: dict | None = None) -> dict:
     b, c = Baseline(), Checkpointer()
     for s in (1, 2, 3):
         state["head"].fill_(s)
-        saver_of(c).submit(SaveRequest(state=state, path=str(root / f"step_{s:08d}"), baseline=b))
+        c._saver.submit(SaveRequest(state=state, path=str(root / f"step_{s:08d}"), baseline=b))
     c.close()
     return state
 

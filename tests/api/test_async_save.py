@@ -14,7 +14,6 @@ import torch
 from helpers import assert_same, clone_state, mutate_state
 
 import shardsafe
-from shardsafe.api.checkpointer import saver_of
 from shardsafe.engine.save import saver as saver_mod
 
 
@@ -89,17 +88,17 @@ def test_second_save_waits_for_the_first(tmp_path, caplog, monkeypatch):
 def test_staging_slab_is_reused_while_the_layout_size_stays_close(tmp_path):
     with shardsafe.Checkpointer() as ckpt:
         ckpt.async_save(_state(6), str(tmp_path / "a")).result()
-        first = saver_of(ckpt).arena.buffers
+        first = ckpt._saver.arena.buffers
         ckpt.async_save(_state(7), str(tmp_path / "b"), staging="background").result()
-        assert saver_of(ckpt).arena.buffers == first and all(a is b for a, b in zip(first, saver_of(ckpt).arena.buffers))
-        assert saver_of(ckpt).arena.allocations == 1
-        held = saver_of(ckpt).arena.nbytes
+        assert ckpt._saver.arena.buffers == first and all(a is b for a, b in zip(first, ckpt._saver.arena.buffers))
+        assert ckpt._saver.arena.allocations == 1
+        held = ckpt._saver.arena.nbytes
         ckpt.async_save(_state(8, n=3), str(tmp_path / "c")).result()  # new layout, fits the slab
-        assert saver_of(ckpt).arena.allocations == 1 and saver_of(ckpt).arena.nbytes == held
-        assert [b.nbytes for b in saver_of(ckpt).arena.buffers] != [b.nbytes for b in first]
+        assert ckpt._saver.arena.allocations == 1 and ckpt._saver.arena.nbytes == held
+        assert [b.nbytes for b in ckpt._saver.arena.buffers] != [b.nbytes for b in first]
         ckpt.async_save(_state(9, n=1), str(tmp_path / "d")).result()  # far smaller: a new slab
-        assert saver_of(ckpt).arena.allocations == 2
-        assert saver_of(ckpt).arena.nbytes < held / 2
+        assert ckpt._saver.arena.allocations == 2
+        assert ckpt._saver.arena.nbytes < held / 2
     assert_same(shardsafe.load(str(tmp_path / "b")), _state(7))
     assert_same(shardsafe.load(str(tmp_path / "c")), _state(8, n=3))
     assert_same(shardsafe.load(str(tmp_path / "d")), _state(9, n=1))

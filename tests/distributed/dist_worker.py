@@ -29,7 +29,6 @@ from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 import shardsafe
 from helpers import flip_byte
 from shardsafe.harness.processes import phases
-from shardsafe.api.checkpointer import saver_of
 from shardsafe.comm import get_comm
 from shardsafe.engine.save import plan_exchange
 from shardsafe.storage.local import LocalStorage
@@ -294,7 +293,7 @@ def s_async(out: str) -> dict[str, Any]:
     LocalStorage.publish = publish  # type: ignore[method-assign]
     budgeted.close()
     return {"saved": [3 * i + 2 for i in range(len(handles))], "overlapped": overlapped,
-            "budget_peak": saver_of(budgeted).arena.peak_nbytes, "staged": handles[-1].nbytes}
+            "budget_peak": budgeted._saver.arena.peak_nbytes, "staged": handles[-1].nbytes}
 
 
 def s_manager(out: str) -> dict[str, Any]:

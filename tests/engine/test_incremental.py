@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import shardsafe
-from shardsafe.api.checkpointer import Checkpointer, saver_of
+from shardsafe.api.checkpointer import Checkpointer
 from shardsafe.engine.save.request import SaveRequest
 from shardsafe.engine.commit import read_index
 from shardsafe.engine.save import incremental
@@ -50,14 +50,14 @@ def test_the_faster_algorithm_is_chosen_once() -> None:
 def test_unchanged_chunks_are_referenced_changed_ones_written(tmp_path) -> None:
     state = {"base": torch.randn(256, 64), "head": torch.randn(8), "step": 0}
     b, c = Baseline(), Checkpointer()
-    saver_of(c).submit(SaveRequest(state=state, path=str(tmp_path / "step_00000001"), baseline=b))
+    c._saver.submit(SaveRequest(state=state, path=str(tmp_path / "step_00000001"), baseline=b))
     assert b.source == "step_00000001"
     state["head"].add_(1.0)
-    saver_of(c).submit(SaveRequest(state=state, path=str(tmp_path / "step_00000002"), baseline=b))
+    c._saver.submit(SaveRequest(state=state, path=str(tmp_path / "step_00000002"), baseline=b))
     assert _files(str(tmp_path / "step_00000002")) == [
         "data-r00000-000.safetensors", "step_00000001/data-r00000-000.safetensors"]
     assert os.path.getsize(tmp_path / "step_00000002" / "data-r00000-000.safetensors") < 8192
-    saver_of(c).submit(SaveRequest(state=state, path=str(tmp_path / "step_00000003"), baseline=b))
+    c._saver.submit(SaveRequest(state=state, path=str(tmp_path / "step_00000003"), baseline=b))
     # nothing changed: every chunk is referenced where its bytes really are (no chains)
     assert sorted(_files(str(tmp_path / "step_00000003"))[1:]) == [
         "step_00000001/data-r00000-000.safetensors", "step_00000002/data-r00000-000.safetensors"]
@@ -70,10 +70,10 @@ def test_unchanged_chunks_are_referenced_changed_ones_written(tmp_path) -> None:
 def test_only_the_same_chunk_is_referenced(tmp_path, change: str) -> None:
     x = torch.arange(64, dtype=torch.float32)
     b, c = Baseline(), Checkpointer()
-    saver_of(c).submit(SaveRequest(state={"x": x}, path=str(tmp_path / "step_00000001"), baseline=b))
+    c._saver.submit(SaveRequest(state={"x": x}, path=str(tmp_path / "step_00000001"), baseline=b))
     state = {"shape": {"x": x.reshape(8, 8)}, "dtype": {"x": x.view(torch.int32)},
              "same bytes other key": {"y": x}}[change]
-    saver_of(c).submit(SaveRequest(state=state, path=str(tmp_path / "step_00000002"), baseline=b))
+    c._saver.submit(SaveRequest(state=state, path=str(tmp_path / "step_00000002"), baseline=b))
     assert _files(str(tmp_path / "step_00000002")) == ["data-r00000-000.safetensors"]
     c.close()
 
@@ -85,7 +85,7 @@ def test_round_trip_every_dtype_in_place_and_new(tmp_path) -> None:
     b, c = Baseline(), Checkpointer()
     for step in range(1, 4):
         state["t0"].add_(1.0)  # one tensor changes, the others are referenced
-        saver_of(c).submit(SaveRequest(state=state, path=str(tmp_path / f"step_{step:08d}"), baseline=b,
+        c._saver.submit(SaveRequest(state=state, path=str(tmp_path / f"step_{step:08d}"), baseline=b,
                                        staging="blocking")).handle.result()
     c.close()
     path = str(tmp_path / "step_00000003")
@@ -107,17 +107,17 @@ def test_round_trip_every_dtype_in_place_and_new(tmp_path) -> None:
 
 def test_reset_writes_everything(tmp_path) -> None:
     b, c = Baseline(), Checkpointer()
-    saver_of(c).submit(SaveRequest(state={"x": torch.ones(10)}, path=str(tmp_path / "step_00000001"), baseline=b))
+    c._saver.submit(SaveRequest(state={"x": torch.ones(10)}, path=str(tmp_path / "step_00000001"), baseline=b))
     b.reset()
     assert b.source is None and not b.files()
-    saver_of(c).submit(SaveRequest(state={"x": torch.ones(10)}, path=str(tmp_path / "step_00000002"), baseline=b))
+    c._saver.submit(SaveRequest(state={"x": torch.ones(10)}, path=str(tmp_path / "step_00000002"), baseline=b))
     assert _files(str(tmp_path / "step_00000002")) == ["data-r00000-000.safetensors"]
     c.close()
 
 
 def test_keep_only_if_forgets_a_baseline_whose_step_is_gone(tmp_path) -> None:
     b, c = Baseline(), Checkpointer()
-    saver_of(c).submit(SaveRequest(state={"x": torch.ones(10)}, path=str(tmp_path / "step_00000001"), baseline=b))
+    c._saver.submit(SaveRequest(state={"x": torch.ones(10)}, path=str(tmp_path / "step_00000001"), baseline=b))
     c.close()
     assert not b.keep_only_if(["step_00000001", "step_00000000"]) and b.source == "step_00000001"
     assert b.keep_only_if(["step_00000000"]) and b.source is None and not b.files()
@@ -125,21 +125,21 @@ def test_keep_only_if_forgets_a_baseline_whose_step_is_gone(tmp_path) -> None:
 
 def test_a_save_into_another_directory_references_nothing(tmp_path) -> None:
     b, c = Baseline(), Checkpointer()
-    saver_of(c).submit(SaveRequest(state={"x": torch.ones(10)}, path=str(tmp_path / "a" / "step_00000001"), baseline=b))
-    saver_of(c).submit(SaveRequest(state={"x": torch.ones(10)}, path=str(tmp_path / "b" / "step_00000002"), baseline=b))
+    c._saver.submit(SaveRequest(state={"x": torch.ones(10)}, path=str(tmp_path / "a" / "step_00000001"), baseline=b))
+    c._saver.submit(SaveRequest(state={"x": torch.ones(10)}, path=str(tmp_path / "b" / "step_00000002"), baseline=b))
     assert _files(str(tmp_path / "b" / "step_00000002")) == ["data-r00000-000.safetensors"]
-    saver_of(c).submit(SaveRequest(state={"x": torch.ones(10)}, path=str(tmp_path / "b" / "step_00000003"), baseline=b))
+    c._saver.submit(SaveRequest(state={"x": torch.ones(10)}, path=str(tmp_path / "b" / "step_00000003"), baseline=b))
     assert len(_files(str(tmp_path / "b" / "step_00000003"))) == 2
     c.close()
 
 
 def test_a_failed_save_does_not_advance_the_baseline(tmp_path) -> None:
     b, c = Baseline(), Checkpointer()
-    saver_of(c).submit(SaveRequest(state={"x": torch.ones(10)}, path=str(tmp_path / "step_00000001"), baseline=b))
+    c._saver.submit(SaveRequest(state={"x": torch.ones(10)}, path=str(tmp_path / "step_00000001"), baseline=b))
     (tmp_path / "step_00000002").mkdir()
     (tmp_path / "step_00000002" / "foreign").write_text("not ours")
     with pytest.raises(shardsafe.CheckpointError):
-        saver_of(c).submit(SaveRequest(state={"x": torch.ones(10)}, path=str(tmp_path / "step_00000002"), baseline=b))
+        c._saver.submit(SaveRequest(state={"x": torch.ones(10)}, path=str(tmp_path / "step_00000002"), baseline=b))
     assert b.source == "step_00000001"
     c.close()
 
@@ -152,9 +152,9 @@ def test_compressed_chunks_are_referenced_with_their_coding(tmp_path) -> None:
     state = {"base": (torch.randn(512, 256, generator=g) * 0.02).to(torch.bfloat16),
              "head": torch.arange(20_000, dtype=torch.float32), "small": torch.ones(4)}
     b, c = Baseline(), Checkpointer()
-    saver_of(c).submit(SaveRequest(state=state, path=str(tmp_path / "step_00000001"), baseline=b, compression="auto"))
+    c._saver.submit(SaveRequest(state=state, path=str(tmp_path / "step_00000001"), baseline=b, compression="auto"))
     state["head"].add_(1.0)
-    saver_of(c).submit(SaveRequest(state=state, path=str(tmp_path / "step_00000002"), baseline=b, compression="auto"))
+    c._saver.submit(SaveRequest(state=state, path=str(tmp_path / "step_00000002"), baseline=b, compression="auto"))
     index = read_index(LocalStorage(), str(tmp_path / "step_00000002"))
     assert sorted(f.name for f in index.files) == [
         "data-r00000-000.blocks", "data-r00000-000.safetensors", "step_00000001/data-r00000-000.blocks",

@@ -18,7 +18,6 @@ import torch
 from helpers import assert_same
 
 import shardsafe
-from shardsafe.api.checkpointer import saver_of
 from shardsafe.cli import main as cli_main
 from shardsafe.engine import commit
 from shardsafe.engine.save import feeds
@@ -61,7 +60,7 @@ def copied(monkeypatch) -> list[int]:
 def submit(ckpt: shardsafe.Checkpointer, state: dict, path: str, replicas: list[Replica], *,
            staging: str | None = "blocking", baseline: Baseline | None = None) -> shardsafe.SaveHandle:
     """A save of ``state`` carrying ``replicas`` (what the manager's tiers submit)."""
-    return saver_of(ckpt).submit(SaveRequest(state=state, path=path, replicas=tuple(replicas),
+    return ckpt._saver.submit(SaveRequest(state=state, path=path, replicas=tuple(replicas),
                                              staging=staging, baseline=baseline)).handle
 
 
@@ -131,7 +130,6 @@ def test_a_failed_save_does_not_fail_its_copy(tmp_path, tiny_tmpfs, budget) -> N
 
 MEMORY_CHILD = textwrap.dedent("""
     import json, os, sys, torch, shardsafe
-    from shardsafe.api.checkpointer import saver_of
     from shardsafe.engine.save.request import Replica
     from shardsafe.engine.save.request import SaveRequest
 
@@ -149,7 +147,7 @@ MEMORY_CHILD = textwrap.dedent("""
     warm = {"w": torch.randn(8 << 20)}  # imports, pools, codec contexts: not counted
     with shardsafe.Checkpointer(max_staging_bytes=budget, compression=compression) as ckpt:
         w2 = Replica({"s": warm}, os.path.join(d, "w2"))
-        saver_of(ckpt).submit(SaveRequest(state=warm, path=os.path.join(d, "warm"), replicas=(w2,),
+        ckpt._saver.submit(SaveRequest(state=warm, path=os.path.join(d, "warm"), replicas=(w2,),
                                           staging="blocking")).handle.result()
     del warm
     ckpt = shardsafe.Checkpointer(max_staging_bytes=budget, compression=compression)  # holds nothing yet
@@ -157,7 +155,7 @@ MEMORY_CHILD = textwrap.dedent("""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     copy = Replica({"state": state}, os.path.join(d, "copy"))
-    saver_of(ckpt).submit(SaveRequest(state=state, path=os.path.join(d, "save"), replicas=(copy,),
+    ckpt._saver.submit(SaveRequest(state=state, path=os.path.join(d, "save"), replicas=(copy,),
                                       staging="blocking")).handle.result()
     copy.progress.handle.result()
     peak = rss()[1]

@@ -15,7 +15,6 @@ import torch
 from helpers import assert_same, clone_state, mutate_state
 
 import shardsafe
-from shardsafe.api.checkpointer import saver_of
 from shardsafe.engine.buffers import StagingArena
 
 MiB = 1 << 20
@@ -44,7 +43,7 @@ def test_state_larger_than_the_budget_round_trips_within_the_budget(tmp_path, st
         mutate_state(state)  # allowed once staged, although most of it is not written yet
         h.result(timeout=60)
         # the arena's own accounting: never more than the budget at once, and it was used
-        assert UNIT <= saver_of(ckpt).arena.peak_nbytes <= BUDGET
+        assert UNIT <= ckpt._saver.arena.peak_nbytes <= BUDGET
         assert ckpt.retained_bytes <= BUDGET
     assert_same(shardsafe.load(str(tmp_path / "c")), expect)
 
@@ -53,12 +52,12 @@ def test_budget_per_call_and_reuse_across_saves(tmp_path):
     state = _state(2)
     with shardsafe.Checkpointer(unit_size=UNIT) as ckpt:
         ckpt.async_save(state, str(tmp_path / "full")).result()
-        full = saver_of(ckpt).arena.peak_nbytes
+        full = ckpt._saver.arena.peak_nbytes
         assert full > 5 * BUDGET  # without a budget: one copy of the state
         ckpt.async_save(state, str(tmp_path / "a"), max_staging_bytes=2 * UNIT).result()
         ckpt.async_save(state, str(tmp_path / "b"), max_staging_bytes=2 * UNIT).result()
         # the whole-state copy was freed for the budgeted saves, which share their slots
-        assert saver_of(ckpt).arena.nbytes <= 2 * UNIT and saver_of(ckpt).arena.allocations == 2
+        assert ckpt._saver.arena.nbytes <= 2 * UNIT and ckpt._saver.arena.allocations == 2
     for name in ("a", "b", "full"):
         assert_same(shardsafe.load(str(tmp_path / name)), state)
 
@@ -105,7 +104,6 @@ def test_manager_saves_within_its_budget(tmp_path):
 # from result()), leave nothing behind, and leave the buffers usable by the next save.
 FAILING = textwrap.dedent("""
     import errno, json, os, resource, signal, sys, torch, shardsafe
-    from shardsafe.api.checkpointer import saver_of
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     d, staging = sys.argv[1], sys.argv[2]
     state = {"w": [torch.ones(1 << 20) for _ in range(6)]}
@@ -122,7 +120,7 @@ FAILING = textwrap.dedent("""
     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     ckpt.async_save(state, os.path.join(d, "b"), staging=staging).result(timeout=60)
     res["listing"] = sorted(os.listdir(d))
-    res["held"] = saver_of(ckpt).arena.nbytes
+    res["held"] = ckpt._saver.arena.nbytes
     ckpt.close()
     print(json.dumps(res))
 """)
@@ -143,7 +141,6 @@ def test_write_error_while_staging_reaches_the_caller(tmp_path, subprocess_env, 
 # budget adds at most the budget + 25% (plus the interpreter's own noise), not a copy.
 CHILD = textwrap.dedent("""
     import json, os, sys, torch, shardsafe
-    from shardsafe.api.checkpointer import saver_of
 
     def rss():
         with open("/proc/self/status") as f:
@@ -162,7 +159,7 @@ CHILD = textwrap.dedent("""
         h = ckpt.async_save(state, os.path.join(d, f"c{i}"), staging=mode)
         h.wait_staged()
         h.result()
-    print(json.dumps({"base": base, "peak": rss()[1], "arena": saver_of(ckpt).arena.peak_nbytes}))
+    print(json.dumps({"base": base, "peak": rss()[1], "arena": ckpt._saver.arena.peak_nbytes}))
 """)
 
 

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..engine.save.handle import SaveHandle
-from ..engine.save.request import SaveRequest, StagingMode
+from ..engine.save.request import StagingMode
 from ..format.codec import Compression
 from ..plan.flatten import Stateful
-from .checkpointer import Checkpointer, saver_of
+from .checkpointer import Checkpointer
 
 _default_lock = threading.Lock()
 _default: Checkpointer | None = None
@@ -70,10 +70,10 @@ def async_save(state: Mapping[str, Any] | Stateful, path: str, *, staging: Stagi
     file's write chunks too (it must be at least 56 MiB then). See
     ``Checkpointer.async_save`` for the arguments.
     """
-    return saver_of(default_checkpointer()).submit(SaveRequest(
-        state=state, path=path, overwrite=overwrite, metadata=metadata, storage_options=storage_options,
+    return default_checkpointer().async_save(
+        state, path, staging=staging, overwrite=overwrite, metadata=metadata, storage_options=storage_options,
         process_group=process_group, timeout=timeout, collective=collective, compression=compression,
-        staging=staging, max_staging_bytes=max_staging_bytes)).handle
+        max_staging_bytes=max_staging_bytes)
 
 
 __all__ = ["async_save", "default_checkpointer"]

@@ -169,10 +169,4 @@ class Checkpointer:
         self.close()
 
 
-def saver_of(checkpointer: Checkpointer) -> Saver:
-    """The engine behind ``checkpointer`` (for the library's own integrations: the
-    manager's tiers, ``shardsafe.dcp``), which submit ``SaveRequest``s to it."""
-    return checkpointer._saver
-
-
-__all__ = ["Checkpointer", "saver_of"]
+__all__ = ["Checkpointer"]

@@ -7,9 +7,7 @@ from typing import Any
 
 from ..format.codec import Compression
 from ..plan.flatten import Stateful
-from ..engine.save.request import SaveRequest
 from .async_save import default_checkpointer
-from .checkpointer import saver_of
 
 
 def save(state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool = False,
@@ -65,9 +63,9 @@ def save(state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool = Fa
             save passed its deadline.
         StorageRequestError: An object-store request failed on every attempt.
     """
-    saver_of(default_checkpointer()).submit(SaveRequest(
-        state=state, path=path, overwrite=overwrite, metadata=metadata, storage_options=storage_options,
-        process_group=process_group, timeout=timeout, collective=collective, compression=compression))
+    default_checkpointer().save(state, path, overwrite=overwrite, metadata=metadata, storage_options=storage_options,
+                                process_group=process_group, timeout=timeout, collective=collective,
+                                compression=compression)
 
 
 __all__ = ["save"]

@@ -30,13 +30,13 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from ..api.async_save import default_checkpointer
-from ..api.checkpointer import saver_of
 from .. import dtensor
 from ..comm import ExternalRank, distributed_active
 from ..engine import commit
 from ..engine.commit import entries
+from ..engine.save.options import SaveOptions
 from ..engine.save.prepare import build_index
+from ..engine.save.saver import Saver
 from ..format.codec import Compression, check_compression
 from ..plan.flatten import TensorItem
 from ..storage import storage_for
@@ -157,7 +157,7 @@ class Writer(StorageWriter):
         if items:
             storage, _ = storage_for(self.path, self.storage_options)
             txn = commit.Transaction(storage, part.final, part.workdir, part.replace)
-            written = entries.encode(saver_of(default_checkpointer()).write_part(
+            written = entries.encode(_engine().write_part(
                 items, txn, ExternalRank(part.rank, part.world_size), self.compression))
             first = next(k for k, r in enumerate(results) if r.storage_data is None)
             results[first] = replace(results[first], storage_data=_Written(entries=written))
@@ -194,6 +194,19 @@ def _item(part: _RankShare, wi: Any, data: Any) -> TensorItem:
     return TensorItem(part.ids[fqn], part.paths[fqn], value, "torch", torch_dtype_name(value.dtype),
                       tuple(int(s) for s in td.size), tuple(int(o) for o in td.chunk.offsets),
                       replicated=False)
+
+
+_saver: Saver | None = None
+
+
+def _engine() -> Saver:
+    """The engine that writes every Writer's parts in this process, its bounce buffers kept
+    from one save to the next (two threads starting at once may each make one: both work)."""
+    global _saver
+    saver = _saver
+    if saver is None or saver.closed:
+        saver = _saver = Saver(SaveOptions())
+    return saver
 
 
 __all__ = ["Writer"]

@@ -2,7 +2,7 @@
 
 ``TierSaver.save`` starts the saves of one step and hands each tier's save to the
 tier's ``TierWriter``. It returns once the state is captured (``async_save``: copied
-into the Checkpointer's reusable staging buffers) or, without ``async_save``, once
+into the engine's reusable staging buffers) or, without ``async_save``, once
 every due tier has committed and applied retention.
 """
 
@@ -12,10 +12,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..api.checkpointer import Checkpointer, saver_of
 from ..engine.save.handle import SaveHandle, settled_handle
-from ..engine.save.request import Replica
-from ..engine.save.request import SaveRequest
+from ..engine.save.options import SaveOptions
+from ..engine.save.request import Replica, SaveRequest
+from ..engine.save.saver import Saver
 from ..errors import CheckpointError
 from .local_tier import LocalTier
 from .options import ManagerOptions
@@ -32,7 +32,7 @@ class TierSaver:
     and both are written from the same staged bytes, within the same budget. A step due
     on the local tier alone is an ordinary save of this rank's view of the state. It does
     not wait for a persistent save still writing (slow storage must not hold up the
-    local tier): without a budget it then stages into a second Checkpointer's buffers
+    local tier): without a budget it then stages into a second engine's buffers
     (made on first need, kept: two copies of the state while both are busy); with a
     budget it waits, since the budget bounds all staging memory together.
 
@@ -42,8 +42,8 @@ class TierSaver:
 
     def __init__(self, opts: ManagerOptions) -> None:
         self.opts = opts
-        self._ckpt = Checkpointer(max_staging_bytes=opts.max_staging_bytes, compression=opts.compression)
-        self._spare: Checkpointer | None = None  # local-only steps while the persistent save writes
+        self._saver = Saver(SaveOptions(max_staging_bytes=opts.max_staging_bytes, compression=opts.compression))
+        self._spare: Saver | None = None  # local-only steps while the persistent save writes
 
     def save(self, step: int, state: Mapping[str, Any], *, metrics: Mapping[str, Any] | None,
              persistent: PersistentTier | None, local: LocalTier | None,
@@ -74,17 +74,17 @@ class TierSaver:
                 writers[1].start(step, local_job, seq)
 
     def _local_only(self, replica: Replica, persistent: TierWriter) -> SaveHandle:
-        ckpt = self._ckpt
+        saver = self._saver
         if persistent.step is not None and self.opts.max_staging_bytes is None:
             if self._spare is None:
-                self._spare = Checkpointer(compression=self.opts.compression)
-            ckpt = self._spare  # the persistent save is still writing: do not wait for it
+                self._spare = Saver(SaveOptions(compression=self.opts.compression))
+            saver = self._spare  # the persistent save is still writing: do not wait for it
         else:
-            persistent.wait()  # its outcome is collected before its Checkpointer is reused
+            persistent.wait()  # its outcome is collected before its engine is reused
         req = SaveRequest(state=replica.state, path=replica.path, overwrite=True, collective=False,
                           metadata=replica.metadata, staging="blocking" if self.opts.async_save else None)
         try:
-            return saver_of(ckpt).submit(req).handle
+            return saver.submit(req).handle
         except (OSError, CheckpointError) as e:
             return settled_handle(replica.path, e)
 
@@ -99,21 +99,21 @@ class TierSaver:
         job: SaveHandle | BaseException
         if opts.async_save:
             try:
-                job = saver_of(self._ckpt).submit(req).handle
+                job = self._saver.submit(req).handle
             except CheckpointError:
                 raise
             except OSError as e:
                 raise CheckpointError(f"saving step {step} to {url!r} failed: {e}") from e
         else:
             try:
-                job = saver_of(self._ckpt).submit(req).handle  # settled: committed already
+                job = self._saver.submit(req).handle  # settled: committed already
             except (OSError, CheckpointError) as e:
                 job = e
         writer.start(step, job, seq)
 
     def close(self) -> None:
         """Frees the staging buffers (the saves were collected by the writers)."""
-        self._ckpt.close()
+        self._saver.close()
         if self._spare is not None:
             self._spare.close()
 
