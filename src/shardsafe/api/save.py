@@ -48,7 +48,7 @@ def save(state: Mapping[str, Any] | Stateful, path: str, *, overwrite: bool = Fa
             mesh spans several ranks is refused (``TypeError``): save it collectively.
         compression: None (default) stores raw bytes; ``"zstd"`` compresses every tensor
             of at least 64 KiB with zstd; ``"auto"`` is float-aware (bf16/fp16/fp32 bytes
-            split into planes, see ``format.codec``). Each 16 MiB block is coded on its
+            split into planes, docs/FORMAT.md section 12). Each 16 MiB block is coded on its
             own, in parallel; blocks that would not shrink stay raw. Compressed tensors go
             to a block file (``data-r<rank>-000.blocks``, docs/FORMAT.md section 12)
             instead of the safetensors file. Needs the ``zstandard`` package (extra
