@@ -6,7 +6,7 @@
 (the others receive it), then each rank reads the directory entries and parts its shard
 needs and asks for its data file's size. Each rank then reads its shard of
 ``--rank-mib`` MiB as the S3 backend does: ranged GETs of ``storage.fsspec.PART_SIZE``
-bytes, ``MAX_CONCURRENCY`` in flight, each next one sent when the oldest has arrived.
+bytes, ``MAX_CONCURRENCY`` in flight, the next one sent as soon as any has arrived.
 
 The modelled store (``StoreModel``) serves an attempt of ``n`` bytes in ``(ttfb + n /
 bandwidth) * X``, ``X`` lognormal with median 1 and shape ``sigma``; with probability
@@ -152,7 +152,7 @@ class _Rank:
 
     def phase(self, start: float, sizes: Sequence[int], window: int) -> float:
         """Runs ``sizes`` from ``start`` with ``window`` requests in flight, the next sent
-        when the oldest has arrived (as ``FsspecStorage.read_into`` does); returns when the
+        as soon as any has arrived (as ``FsspecStorage.read_into`` does); returns when the
         last answer is in. The hedge delays and stall limits of the requests in flight are
         looked at again whenever an answer changed the tracker, as the runner's wait does."""
         n = len(sizes)
@@ -160,10 +160,12 @@ class _Rank:
         self.stalled: dict[tuple[int, int], tuple[float, int]] = {}
         self.gaps: dict[tuple[int, int], float] = {}
         self.silent: dict[int, tuple[float, float]] = {}  # first copy's attempt: sent, first byte
-        oldest = sent = 0
+        sent = 0
+        inflight: set[int] = set()
         last = start
         while sent < min(window, n):
             self._push(start, _START, sent)
+            inflight.add(sent)
             sent += 1
         while self.events:
             t, kind, i, copy, value = heapq.heappop(self.events)
@@ -211,14 +213,14 @@ class _Rank:
                 for (j, c), (since, _) in list(self.stalled.items()):  # the limits just changed
                     if not done[j]:
                         self._push(max(t, since + min(self._limit(sizes[j]), self.model.stall_s)), _STALL, j, c, since)
-                for j in range(oldest, sent):  # and the hedge delays
-                    if not done[j] and not hedged[j]:
+                inflight.discard(i)
+                for j in inflight:  # and the hedge delays
+                    if not hedged[j]:
                         self._check(t, j, began[j], sizes[j])
-                while oldest < sent and done[oldest]:
-                    oldest += 1
-                    if sent < n:
-                        self._push(t, _START, sent)
-                        sent += 1
+                if sent < n:  # its slot goes to the next request
+                    self._push(t, _START, sent)
+                    inflight.add(sent)
+                    sent += 1
         return last
 
     def _silence(self, now: float, i: int) -> float | None:

@@ -22,6 +22,8 @@ bytes; long ranges are split into parts fetched concurrently, each retried on it
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import functools
 import itertools
 import logging
@@ -298,19 +300,21 @@ class FsspecStorage:
         out = memoryview(out).cast("B")
         n = len(out)
         starts = list(range(offset, offset + n, self.part_size))
-        pending: list[tuple[int, int, Pending[bytes]]] = []
+        # each part lands in its own range of ``out``: a slot goes to the next part as soon as
+        # any part has arrived, so one slow answer does not hold the others back
+        pending: dict[concurrent.futures.Future[bytes], tuple[int, int, Pending[bytes]]] = {}
         try:
             for s in starts:
                 while len(pending) >= self.max_concurrency:
-                    _fill(out, offset, path, *pending.pop(0))
+                    _fill_arrived(out, offset, path, pending)
                 e = min(s + self.part_size, offset + n)
-                pending.append((s, e, self._runner.submit(
-                    Request("GET", path, f"bytes {s}-{e - 1}", size=e - s, idempotent=True),
-                    lambda s=s, e=e: self._get_range(path, s, e))))
+                p = self._runner.submit(Request("GET", path, f"bytes {s}-{e - 1}", size=e - s, idempotent=True),
+                                        lambda s=s, e=e: self._get_range(path, s, e))
+                pending[p.future] = (s, e, p)
             while pending:
-                _fill(out, offset, path, *pending.pop(0))
+                _fill_arrived(out, offset, path, pending)
         finally:
-            for _, _, p in pending:
+            for _, _, p in pending.values():
                 p.abandon()
 
     async def _get_range(self, path: str, start: int, end: int) -> bytes:
@@ -453,11 +457,17 @@ class FsspecStorage:
         return None
 
 
-def _fill(out: memoryview, offset: int, path: str, start: int, end: int, pending: Pending[bytes]) -> None:
-    data = pending.result()
-    if len(data) != end - start:
-        raise EOFError(f"{path}: object ends before byte {end}")
-    out[start - offset:end - offset] = data
+def _fill_arrived(out: memoryview, offset: int, path: str,
+                  pending: dict[concurrent.futures.Future[bytes], tuple[int, int, Pending[bytes]]]) -> None:
+    """Waits until a part in ``pending`` has arrived; copies every arrived part into ``out``
+    (each at its range) and takes it out of ``pending``; raises the error of a failed one."""
+    arrived, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+    for f in arrived:
+        start, end, p = pending.pop(f)
+        data = p.result()
+        if len(data) != end - start:
+            raise EOFError(f"{path}: object ends before byte {end}")
+        out[start - offset:end - offset] = data
 
 
 def _regroup(pieces: Iterable[memoryview], part: int, size: int | None, path: str) -> Iterator[bytes]:
