@@ -62,8 +62,8 @@ def test_planning_exchange_bytes_first_and_repeat() -> None:
 def test_simulated_messages_are_the_exchange_messages() -> None:
     from shardsafe.bench.exchange import SimulatedJob
     from shardsafe.bench.scale import job_tensors
-    from shardsafe.plan.answer import decide_full, read_hellos
-    from shardsafe.plan.report import decode_report
+    from shardsafe.plan.collective.answer import decide_full, read_hellos
+    from shardsafe.plan.collective.report import decode_report
 
     job = SimulatedJob(4, *job_tensors(4, 6))
     index = build_index(4, 6)

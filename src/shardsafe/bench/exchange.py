@@ -1,11 +1,11 @@
 """Bytes and rank 0's work of the planning exchange of a collective save, simulated.
 
 Every simulated rank of the FSDP job of ``bench.scale`` describes itself with the
-functions a real rank runs in ``engine.save.plan_exchange`` (``plan.report``: ``shape_of``,
+functions a real rank runs in ``engine.save.plan_exchange`` (``plan.collective.report``: ``shape_of``,
 ``layout_digest``, ``hello``, ``report``), fed with columns instead of tensors; rank 0
-answers with the real ``plan.answer.read_hellos``/``decide_first``/``decide_full``,
+answers with the real ``plan.collective.answer.read_hellos``/``decide_first``/``decide_full``,
 which read the messages one rank at a time as ``comm.rounds.leader_exchange`` streams
-them, and every rank reads its share with ``plan.answer.read_share``. Bytes are counted
+them, and every rank reads its share with ``plan.collective.answer.read_share``. Bytes are counted
 as ``plan_exchange.STATS`` counts them on each rank: what the rank sets in the store
 plus what it fetches (rank 0: its arrival mark, its messages, every rank's messages,
 the decisions and the parts it publishes; another rank: its messages, the decisions,
@@ -33,8 +33,8 @@ from ..engine import commit
 from ..format.dtypes import lookup
 from ..format.index.model import TensorInfo
 from ..format.tree import Node, encode_key_path
-from ..plan.answer import Leader, decide_first, decide_full, read_hellos, read_share, wanted
-from ..plan.report import EMPTY, NO_VALUES, OWN, Boxes, Values, hello, layout_digest, report, shape_of
+from ..plan.collective.answer import Leader, decide_first, decide_full, read_hellos, read_share, wanted
+from ..plan.collective.report import EMPTY, NO_VALUES, OWN, Boxes, Values, hello, layout_digest, report, shape_of
 from ..storage.local import LocalStorage
 
 NO_PER_RANK = Values(b"", b"", NO_VALUES)
@@ -58,7 +58,7 @@ class SimulatedJob:
         self._noffsets = int(ndim.sum())
 
     def boxes(self, rank: int) -> Boxes:
-        """Rank ``rank``'s columns, as ``plan.report.boxes_of`` builds them after ``localize``."""
+        """Rank ``rank``'s columns, as ``plan.collective.report.boxes_of`` builds them after ``localize``."""
         lo = np.minimum(rank * self.step, self.rows)
         nb = np.clip(self.rows - lo, 0, self.step) * self.inner
         offsets = np.zeros(self._noffsets, dtype=np.int64)

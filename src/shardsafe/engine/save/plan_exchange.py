@@ -1,9 +1,9 @@
 """The planning exchange of a collective save (caller's thread, bounded store rounds).
 
 Every rank flattens its state (its own ``PerRank`` entries only), localises DTensors
-and describes what it holds (``plan.report``); rank 0 joins the descriptions, plans who
+and describes what it holds (``plan.collective.report``); rank 0 joins the descriptions, plans who
 writes what, checks the target path, picks the transaction token and answers every
-rank (``plan.answer``). A rank that fails here (an unsavable value, metadata that is
+rank (``plan.collective.answer``). A rank that fails here (an unsavable value, metadata that is
 not JSON) reports its error instead, and every rank raises. Like any training
 collective, every rank of the group must call ``plan_collective``; the exchange runs
 through the c10d store (``comm.rounds``), so a rank that never calls it turns into
@@ -35,14 +35,14 @@ from ...comm.rounds import Answer, join, leader_exchange, leave
 from ...errors import CheckpointError
 from ...format.tree import Node, decode_key_path
 from ...per_rank import own_entry
-from ...plan.answer import (Decision, Leader, decide_first, decide_full, decide_trees, in_ranks,
+from ...plan.collective.answer import (Decision, Leader, decide_first, decide_full, decide_trees, in_ranks,
                            read_hellos, read_share, wanted)
 from ...plan.flatten import TensorItem, flatten
 from ...plan.jax_shards import localize_spanning
 from ...plan.localize import localize
-from ...plan.report import Description, describe, hello, report
-from ...plan.union import Table
-from ...plan.writers import PlanError
+from ...plan.collective.report import Description, describe, hello, report
+from ...plan.collective.union import Table
+from ...plan.collective.writers import PlanError
 from ...storage import Storage
 from .. import commit
 from ...format.index.container import check_metadata

@@ -2,7 +2,7 @@
 
 States may differ per rank: pipeline stages hold different key paths, keys may be held
 by some ranks only, DTensors may live on sub-meshes, and ``PerRank`` values belong to
-one rank each. ``Join`` reads the reports of ``plan.report`` one at a time, in rank
+one rank each. ``Join`` reads the reports of ``plan.collective.report`` one at a time, in rank
 order, and keeps only what the index and the plan need:
 
 * one copy of each distinct shape; its tensors get global ids by key path (a path
@@ -13,7 +13,7 @@ order, and keeps only what the index and the plan need:
 * per rank, its PerRank values, whose tensors get ids after every shape's tensors.
 
 ``Join.finish`` then derives the holders of every plain tensor (the ranks whose shape
-has its path), plans the writers (``plan.writers``), and builds the merged tree. Rank
+has its path), plans the writers (``plan.collective.writers``), and builds the merged tree. Rank
 0 holds the distinct shapes, the led boxes and the values: about what the index holds,
 whatever the number of ranks. Errors name the key path and the ranks.
 """
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..format.dtypes import lookup
-from ..format.tree import Node, decode_key_path, render_path
+from ...format.dtypes import lookup
+from ...format.tree import Node, decode_key_path, render_path
 from .report import ReceivedReport, renumber
 from .report import digest as report_digest
 from .writers import PlanError, RankReport, SharedBoxes, WriterPlan, plan_writers
@@ -51,10 +51,10 @@ class ShapeInfo:
     """One distinct shape, as rank 0 keeps it.
 
     Attributes:
-        digest: Digest of its JSON (``plan.report.Shape.digest``).
+        digest: Digest of its JSON (``plan.collective.report.Shape.digest``).
         body: Its JSON, as received.
         tree: Its structure tree (tensor ids: positions in ``rows``).
-        rows: Its item table (``plan.report.item_rows``).
+        rows: Its item table (``plan.collective.report.item_rows``).
         gids: The global id of each of its tensors (int64).
         ranks: The ranks that have it, ascending.
     """

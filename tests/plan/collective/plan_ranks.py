@@ -1,7 +1,7 @@
 """Synthetic ranks for the planning tests, described and answered by the real functions.
 
 ``describe_rank`` flattens a numpy state with ``plan.flatten`` and describes it with
-``plan.report.describe``; holders of DTensor-like boxes are given per key path (what
+``plan.collective.report.describe``; holders of DTensor-like boxes are given per key path (what
 ``localize`` returns for a DTensor). ``run`` plays one planning exchange in this
 process: rank 0's ``read_hellos``/``decide_first``/``decide_full``/``decide_trees`` over
 every rank's real messages, and every rank's ``read_share``.
@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from shardsafe.format.tree import Node, render_path
-from shardsafe.plan.answer import (Leader, Share, decide_first, decide_full, decide_trees, in_ranks,
+from shardsafe.plan.collective.answer import (Leader, Share, decide_first, decide_full, decide_trees, in_ranks,
                                    read_hellos, read_share, wanted)
 from shardsafe.plan.flatten import TensorItem, flatten
-from shardsafe.plan.report import PER_RANK_CLASS, Description, describe, hello, report
+from shardsafe.plan.collective.report import PER_RANK_CLASS, Description, describe, hello, report
 
 TXN = {"token": "t0", "workdir": "/w", "replace": False}
 

@@ -1,4 +1,4 @@
-"""plan.union: rank 0 joins the ranks' reports (tensor table, trees, holders); errors name
+"""plan.collective.union: rank 0 joins the ranks' reports (tensor table, trees, holders); errors name
 the key path and the ranks. Ranks are described and answered by the real functions."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from plan_ranks import describe_rank, fsdp_rank, run
 
-from shardsafe.plan.report import renumber
-from shardsafe.plan.union import merge_all
+from shardsafe.plan.collective.report import renumber
+from shardsafe.plan.collective.union import merge_all
 
 
 def _stage(rank: int, stage: int, step: int = 3) -> object:

@@ -56,9 +56,9 @@ from typing import Any
 
 import numpy as np
 
-from ..format.tree import Node, encode_key_path, render_path
-from .flatten import TensorItem
-from .localize import Holders
+from ...format.tree import Node, encode_key_path, render_path
+from ..flatten import TensorItem
+from ..localize import Holders
 from .writers import PlanError
 
 PER_RANK_CLASS = "shardsafe.per_rank.PerRank"  # the ``cls`` that flatten gives a PerRank node

@@ -1,4 +1,4 @@
-"""The write planner (``plan.writers``): table-driven cases and properties."""
+"""The write planner (``plan.collective.writers``): table-driven cases and properties."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardsafe.plan.writers import PlanError, RankReport, SharedBoxes, WriterPlan, plan_writers
+from shardsafe.plan.collective.writers import PlanError, RankReport, SharedBoxes, WriterPlan, plan_writers
 
 
 def reports(world: int, own: list[int] | None = None,

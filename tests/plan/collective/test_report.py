@@ -1,4 +1,4 @@
-"""plan.report: what a rank sends about its state (split, columns, wire format, digests)."""
+"""plan.collective.report: what a rank sends about its state (split, columns, wire format, digests)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 from plan_ranks import describe_rank, fsdp_rank
 
 from shardsafe.plan.flatten import flatten
-from shardsafe.plan.report import (EMPTY, HELLO_BYTES, NO_VALUES, OWN, PER_RANK_CLASS, PLAIN, Boxes,
+from shardsafe.plan.collective.report import (EMPTY, HELLO_BYTES, NO_VALUES, OWN, PER_RANK_CLASS, PLAIN, Boxes,
                                    decode_report, describe, hello, report, split_state)
-from shardsafe.plan.writers import PlanError
+from shardsafe.plan.collective.writers import PlanError
 
 
 def _per_rank_state(rank: int, draws: int = 3) -> dict:

@@ -3,14 +3,14 @@ reads from them. Pure: messages in, JSON-able decisions and byte parts out.
 
 ``engine.save.plan_exchange`` runs the rounds through the store:
 
-1. ``first``: every rank's hello (``plan.report.hello``). ``decide_first`` answers
+1. ``first``: every rank's hello (``plan.collective.report.hello``). ``decide_first`` answers
    ``same`` (every layout is the one of the group's last full exchange and rank 0 has
    every tree: everyone reuses its plan), ``trees`` (layouts unchanged, some shapes or
    PerRank values new: the ranks listed in ``shapes`` send their shape, those in
    ``values`` their values; ``decide_trees`` rebuilds the tree) or ``full``.
 2. ``full``: every rank's report, with its shape if listed in ``shapes`` (one rank per
    distinct shape rank 0 does not hold) and its values if it has any. ``decide_full``
-   joins them (``plan.union.Join``) and answers with the transaction, the number of
+   joins them (``plan.collective.union.Join``) and answers with the transaction, the number of
    shape tensors and, run-length coded over the ranks, how many PerRank tensors each
    rank holds (their global ids follow the shapes' in rank order). The rest is in
    parts, each read only by the ranks that need it:

@@ -1,7 +1,7 @@
 """Who writes what in a collective save: a pure planner over plain data.
 
 Rank 0 describes every rank's boxes (``RankReport``) after joining the ranks' reports
-(``plan.union``) and runs ``plan_writers``. Two kinds of data exist:
+(``plan.collective.union``) and runs ``plan_writers``. Two kinds of data exist:
 
 * a box only one rank holds (an FSDP shard, a plain tensor of one pipeline rank): that
   rank writes it; no decision is needed, so it is reported only as a byte count

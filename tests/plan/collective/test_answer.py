@@ -1,4 +1,4 @@
-"""plan.answer: rank 0's decisions (full, same, trees), each rank's share, and the
+"""plan.collective.answer: rank 0's decisions (full, same, trees), each rank's share, and the
 exchange at 1,024-16,384 synthetic ranks (rank 0's work timed; every box written once)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from plan_ranks import TXN, describe_rank, fsdp_rank, run, txn
 
-from shardsafe.plan.answer import (decide_first, decide_full, in_ranks, pack_ranks, read_hellos, read_share,
+from shardsafe.plan.collective.answer import (decide_first, decide_full, in_ranks, pack_ranks, read_hellos, read_share,
                                    wanted)
-from shardsafe.plan.report import EMPTY, NO_VALUES, OWN, PLAIN, Boxes, Values, hello, layout_digest, report, shape_of
+from shardsafe.plan.collective.report import EMPTY, NO_VALUES, OWN, PLAIN, Boxes, Values, hello, layout_digest, report, shape_of
 
 
 def test_rank_ranges() -> None:
