@@ -486,10 +486,39 @@ def s_many_load(out: str) -> dict[str, Any]:
             "mine": [state["mine"].value["rank"], state["mine"].value["t"].tolist()]}
 
 
+def s_entries_in_files(out: str) -> dict[str, Any]:
+    """Every rank but 0 sends its chunk entries through the working directory (the store
+    limit lowered to 16 bytes in each process): the checkpoint commits, loads back, and
+    holds no entries file."""
+    from shardsafe.engine.commit import two_phase
+
+    full = many_full()
+    mesh = init_device_mesh("cpu", (WORLD,))
+    state = {"row": distribute_tensor(full["row"], mesh, [Shard(0)]), "step": 4}
+    path = os.path.join(out, "entries_in_files")
+    sent: list[str] = []
+    real, message = two_phase.STORE_MAX, two_phase._message
+    two_phase.STORE_MAX = 16
+
+    def recorded(prep: Any, entries: bytes) -> bytes:
+        m = message(prep, entries)
+        sent.append(chr(m[0]))  # R: through the store, F: through a file
+        return m
+
+    two_phase._message = recorded
+    try:
+        shardsafe.save(state, path, timeout=30.0)
+    finally:
+        two_phase.STORE_MAX, two_phase._message = real, message
+    got = shardsafe.load(path)
+    return {"equal": bool(torch.equal(got["row"], full["row"])) and got["step"] == 4,
+            "files": sorted(os.listdir(path)), "sent": sent}
+
+
 SCENARIOS = {"comm": s_comm, "save": s_save, "load": s_load, "kill": s_kill, "async": s_async,
              "manager": s_manager, "lost": s_lost, "incremental": s_incremental,
              "compressed": s_compressed, "compressed_load": s_compressed_load,
-             "many": s_many, "many_load": s_many_load}
+             "many": s_many, "many_load": s_many_load, "entries_in_files": s_entries_in_files}
 
 
 def main(scenarios: dict[str, Any] = SCENARIOS) -> None:

@@ -59,3 +59,41 @@ def test_a_tensor_without_chunks_is_never_committed(tmp_path) -> None:
         _collective_save(path, drop_last_item=True)
     assert not os.path.exists(path)  # neither committed nor left half-written at the final path
     assert os.listdir(tmp_path) == []  # the working directory is gone too
+
+
+def test_entries_above_the_store_limit_travel_as_a_checked_file(tmp_path, monkeypatch) -> None:
+    """Rank 1's entries, larger than the store may carry, go as a file of the working
+    directory; rank 0 refuses one that changed on the way and removes the file it read."""
+    from types import SimpleNamespace
+
+    from shardsafe.engine.commit import begin, plan_transaction, two_phase
+    from shardsafe.engine.commit.entries import encode as encode_entries
+    from shardsafe.errors import CorruptCheckpointError
+    from shardsafe.storage import LocalStorage
+
+    captured = []
+    real = two_phase.commit_collective
+    monkeypatch.setattr(two_phase, "commit_collective", lambda prep, local: (captured.append(local), real(prep, local)))
+    _collective_save(str(tmp_path / "ok"), drop_last_item=False)
+    data = encode_entries(captured[0])
+    monkeypatch.setattr(two_phase, "STORE_MAX", len(data) - 1)
+    storage = LocalStorage()
+    txn = plan_transaction(storage, str(tmp_path / "big"), overwrite=False, token="t")
+    begin(txn)
+    rank1 = SimpleNamespace(txn=txn, comm=SimpleNamespace(rank=1))
+    message = two_phase._message(rank1, data)
+    file = os.path.join(txn.workdir, "entries-r1")
+    assert message[:1] == b"F" and len(message) < 200 and os.path.getsize(file) == len(data)
+    with open(file, "r+b") as f:  # one flipped byte
+        f.seek(len(data) // 2)
+        b = f.read(1)
+        f.seek(len(data) // 2)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(CorruptCheckpointError, match="CRC32C mismatch: rank 1"):
+        two_phase._entries(rank1, 1, message)
+    two_phase._message(rank1, data)  # written again, whole
+    with pytest.raises(CorruptCheckpointError, match="entries named"):
+        two_phase._entries(rank1, 2, message)  # rank 2 must not hand in rank 1's file
+    got = two_phase._entries(rank1, 1, message)
+    assert encode_entries(got) == data and not os.path.exists(file)
+    assert two_phase._message(rank1, data[: len(data) - 1])[:1] == b"R"  # at the limit: the store

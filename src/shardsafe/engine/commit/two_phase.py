@@ -7,7 +7,10 @@ save's background thread while training collectives go on):
   (bounded) before writing their data files into it.
 * **commit**: each rank sends its chunk entries (binary columns) to rank 0, which checks that
   together they cover every tensor exactly, publishes the index only if every rank
-  succeeded within ``timeout``, and tells the others.
+  succeeded within ``timeout``, and tells the others. Entries larger than ``STORE_MAX``
+  (a rank of a very large job, or many small tensors) do not go through the store: the
+  rank writes them into the working directory (``entries-r<rank>``) and sends their name,
+  size and CRC32C; rank 0 reads, checks and removes the file before it publishes.
 * **abort**: a rank that failed tells the others, so nothing commits and nobody
   waits for it. A rank that died leaves no commit either: the others raise
   ``CheckpointTimeoutError``/``CheckpointError`` instead of hanging.
@@ -17,19 +20,23 @@ Store keys live under ``shardsafe/<group>/<token>/``; the token is unique per sa
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from typing import Protocol
 
 from ...comm import Channel, Comm
 from ...comm.channel import announce, gather, get, missing_ranks, receive, timeout_error
-from ...errors import CheckpointError
+from ...errors import CheckpointError, CorruptCheckpointError
+from ...format.checksum import crc32c
 from . import transaction as commit
 from .entries import Entries
 from .entries import decode as decode_entries
 from .entries import encode as encode_entries
 
 log = logging.getLogger("shardsafe")
+
+STORE_MAX = 1 << 20  # the most bytes of entries one rank sends through the store
 
 
 class Participant(Protocol):
@@ -76,10 +83,10 @@ def commit_collective(prep: Participant, local: Entries) -> None:
     """
     ch = prep.channel
     assert ch is not None
-    entries = encode_entries(local)
     if prep.comm.rank != 0:
+        message = _message(prep, encode_entries(local))
         prep.reported = True
-        gather(ch, "chunks", b"R" + entries, prep.timeout, dst=0)
+        gather(ch, "chunks", message, prep.timeout, dst=0)
         try:
             # waits a little longer than rank 0 does, so that its verdict (naming the rank
             # that failed) normally arrives before this rank's own timeout would fire
@@ -91,8 +98,8 @@ def commit_collective(prep: Participant, local: Entries) -> None:
         if verdict != b"ok":
             raise CheckpointError(verdict.decode("utf-8", "replace"))
         return
-    msgs = gather(ch, "chunks", b"R" + entries, prep.timeout, dst=0) or []
-    readers = [r for r, m in enumerate(msgs) if r and m is not None and m[:1] == b"R"]
+    msgs = gather(ch, "chunks", b"R", prep.timeout, dst=0) or []  # rank 0's own entries stay here
+    readers = [r for r, m in enumerate(msgs) if r and m is not None and m[:1] in (b"R", b"F")]
     try:
         ch.set("gathered", b"1")
         missing = missing_ranks(msgs)
@@ -101,13 +108,45 @@ def commit_collective(prep: Participant, local: Entries) -> None:
         failed = [(r, m[1:].decode("utf-8", "replace")) for r, m in enumerate(msgs) if m[:1] == b"E"]
         if failed:
             raise CheckpointError(f"rank {failed[0][0]} failed: {failed[0][1]}")
-        parts = [decode_entries(m[1:]) for m in msgs]
+        parts = [local] + [_entries(prep, r, m) for r, m in enumerate(msgs) if r]
         commit.finish(prep.txn, prep.index_bytes(parts))
     except BaseException as e:
         _announce_failure(prep, e, readers)
         raise
     prep.reported = True
     _finish_announcing(ch, b"ok", readers, prep.timeout)
+
+
+def _message(prep: Participant, entries: bytes) -> bytes:
+    """What a rank sends rank 0: its entries (``R``), or where it wrote them (``F``: name,
+    size and CRC32C of a file in the working directory) when they exceed ``STORE_MAX``."""
+    if len(entries) <= STORE_MAX:
+        return b"R" + entries
+    txn = prep.txn
+    name = f"entries-r{prep.comm.rank}"
+    txn.storage.write(txn.storage.join(txn.workdir, name), [memoryview(entries)])
+    return b"F" + json.dumps({"name": name, "size": len(entries), "crc32c": crc32c(entries)}).encode()
+
+
+def _entries(prep: Participant, rank: int, message: bytes) -> Entries:
+    """Rank 0: the entries rank ``rank`` sent, read back (checked, then removed) from the
+    working directory when it wrote them there."""
+    if message[:1] == b"R":
+        return decode_entries(message[1:])
+    ref = json.loads(message[1:])
+    txn = prep.txn
+    path = txn.storage.join(txn.workdir, f"entries-r{rank}")
+    if ref.get("name") != f"entries-r{rank}":
+        raise CorruptCheckpointError(f"rank {rank} sent entries named {ref.get('name')!r}, not entries-r{rank}")
+    size = txn.storage.size(path)
+    if size != ref["size"]:
+        raise CorruptCheckpointError(f"{path}: {size} bytes, rank {rank} wrote {ref['size']}")
+    data = bytearray(size)
+    txn.storage.read_into(path, 0, memoryview(data))
+    if crc32c(data) != ref["crc32c"]:
+        raise CorruptCheckpointError(f"{path}: CRC32C mismatch: rank {rank}'s entries changed on the way")
+    txn.storage.delete(path)  # not part of the checkpoint
+    return decode_entries(bytes(data))
 
 
 def _announce_failure(prep: Participant, error: BaseException,
