@@ -161,7 +161,7 @@ def test_uncollected_background_error_is_logged_at_exit(tmp_path, caplog) -> Non
     mgr = CheckpointManager(tmp_path, max_to_keep=1, best_fn=lambda m: m["acc"])
     mgr.save(1, make_state(1), metrics={"acc": 1.0})
     mgr.save(2, make_state(2), metrics={"loss": 1.0})  # best_fn raises in the worker
-    while mgr._writers[0].slot.future is not None and not mgr._writers[0].slot.future.done():
+    while mgr._writers[0].slot.job is not None and not mgr._writers[0].slot.job.settled.is_set():
         time.sleep(0.01)
     assert mgr._finalizer.atexit  # Python runs it at interpreter exit; run it now instead
     with caplog.at_level(logging.ERROR, logger="shardsafe"):

@@ -23,7 +23,7 @@ def test_synchronous_save_returns_after_retention(tmp_path) -> None:
         for s in range(6):
             assert mgr.save(s, state(s))
             # nothing left for a background thread: the listing is already final
-            assert mgr._writers[0].slot.future is None
+            assert mgr._writers[0].slot.job is None
             assert mgr.all_steps() == list(range(max(0, s - 1), s + 1))
             names = sorted(n for n in os.listdir(tmp_path) if n.startswith("step_"))
             assert names == [step_name(x) for x in mgr.all_steps()]

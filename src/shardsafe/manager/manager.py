@@ -465,10 +465,8 @@ class CheckpointManager:
             self._finalizer.detach()
 
     def _release(self) -> None:
-        """Stops workers, frees buffers and handlers, closes the peers' link, unlocks."""
+        """Frees buffers and handlers, closes the peers' link, unlocks."""
         self._schedule.close()
-        for w in self._writers:
-            w.close()
         if self._saver is not None:
             self._saver.close()  # frees the staging buffers; its saves were collected above
         if self._local is not None:

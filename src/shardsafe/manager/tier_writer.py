@@ -1,17 +1,25 @@
-"""One writer per tier: the background worker, the error carried to the next call.
+"""One writer per tier: the tier's work after a save, the error carried to the next call.
 
 Both tiers of a manager, the persistent directory and the local tier, save through a
 ``TierWriter``. The engine stages a step once for every due tier and gives each tier a
 handle of its own (``engine.save.handle.SaveHandle``); ``TierWriter.start(step, job)`` then
+runs, as a background job of the engine (``engine.save.background``: the machinery an
+async save's writer thread runs on too, so its outcome reaches the caller the same way
+and the exit hook finishes it and logs a failure nobody collected):
 
-1. waits, on the tier's worker thread, for the handle (the tier's commit);
+1. waits for the handle (the tier's commit);
 2. runs the tier's ``after_save(step, error, seq)``: retention by the tier's policy
    (``retention.steps_to_delete`` for both tiers, applied by ``steps.StepDirectory.drop``)
    and what the tier does after a save (the local tier's peer copy, which also runs
    after a failed save so that peers stay paired);
 3. keeps the first error of 1 or 2 (a ``CheckpointError`` naming the tier, step and
    path) until ``wait`` raises it, once. An error nobody collected is logged when the
-   manager is garbage-collected (``report_uncollected``).
+   manager is garbage-collected (``report_uncollected``), else at exit.
+
+It is a job of its own, not a stage at the end of the save's run: the local tier's peer
+copy must run while the persistent save still uploads (a step due on both tiers is one
+run, which ends with the persistent commit), and a tier's work runs also when its save
+never started.
 
 Without ``background`` the same steps run on the caller's thread before ``start``
 returns. One save per tier is in flight; the manager waits for it (``wait``) before
@@ -22,9 +30,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
+from ..engine.save import background
+from ..engine.save.handle import SaveProgress
 from ..errors import CheckpointError, CheckpointTimeoutError
 from .lock import DirectoryLock
 
@@ -66,11 +75,11 @@ class TierHooks(Protocol):
 
 class _Slot:
     """The save in flight (shared with the garbage-collection reporter, which must not
-    hold the manager)."""
+    hold the manager): the progress of the tier's job."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.future: Future | None = None
+        self.job: SaveProgress | None = None
         self.step: int | None = None
 
 
@@ -80,19 +89,19 @@ class TierWriter:
     Args:
         tier: The tier (its messages and its work after a save).
         name: ``"persistent"`` or ``"local"`` (thread and log names).
-        background: Finish saves on a worker thread (else on the caller's).
+        background: Finish saves as background jobs (else on the caller's thread).
     """
 
     def __init__(self, tier: TierHooks, name: str, *, background: bool) -> None:
         self.tier = tier
         self.slot = _Slot(name)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"shardsafe-{name}") if background else None
+        self.background = background
 
     @property
     def step(self) -> int | None:
         """The step whose save is in flight and not known to have failed (else None)."""
-        fut, step = self.slot.future, self.slot.step
-        if step is not None and fut is not None and (not fut.done() or fut.exception() is None):
+        job, step = self.slot.job, self.slot.step
+        if step is not None and job is not None and (not job.settled.is_set() or job.error is None):
             return step
         return None
 
@@ -103,11 +112,13 @@ class TierWriter:
         Raises:
             CheckpointError: without ``background``, the save or its follow-up failed.
         """
-        if self._pool is None:
+        if not self.background:
             self._finish(step, job, seq)
             return
-        self.slot.step = step
-        self.slot.future = self._pool.submit(self._finish, step, job, seq)
+        what = self.tier.describe(step)
+        progress = SaveProgress(what, label=f"the {self.slot.name} tier's work after {what}")
+        self.slot.step, self.slot.job = step, progress
+        background.start(self.slot.name, lambda: self._finish(step, job, seq), progress)
 
     def _finish(self, step: int, job: SaveJob | BaseException, seq: int) -> None:
         error: CheckpointError | None = None
@@ -139,13 +150,13 @@ class TierWriter:
         Raises:
             CheckpointError: That save (or its retention, or its peer copy) failed.
         """
-        fut = self.slot.future
-        if fut is None:
+        job = self.slot.job
+        if job is None:
             return
         try:
-            fut.result()
+            job.handle.result()
         finally:
-            self.slot.future = None
+            self.slot.job = None
             self.slot.step = None
 
     def take_error(self) -> CheckpointError | None:
@@ -156,19 +167,15 @@ class TierWriter:
             return e
         return None
 
-    def close(self) -> None:
-        """Stops the worker (after ``wait``: nothing is in flight)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-
 
 def report_uncollected(slots: Sequence[_Slot], lock: DirectoryLock | None) -> None:
     """At garbage collection of a manager nobody closed: logs failures nobody collected."""
     for slot in slots:
-        fut = slot.future
-        if fut is not None and fut.done() and fut.exception() is not None:
+        job = slot.job
+        err = job.take_failure() if job is not None and job.settled.is_set() else None
+        if err is not None:  # now seen: the exit hook does not log it again
             log.error("%s checkpoint save of step %s failed and nobody called wait_until_finished() "
-                      "or close(): %s", slot.name, slot.step, fut.exception())
+                      "or close(): %s", slot.name, slot.step, err)
     if lock is not None:
         lock.release_quietly()
 

@@ -35,11 +35,16 @@ class SaveProgress:
         nbytes: Bytes this process stages and writes for it.
         timings: Seconds from the start to ``"staged"`` and ``"durable"``.
         handle: The caller's view of this save.
+        label: What the progress tracks, for log lines (``"the async save to <path>"``;
+            other background work, such as a manager tier's work after a save, names
+            itself, and its success is not logged as a save).
     """
 
-    def __init__(self, path: str, nbytes: int = 0) -> None:
+    def __init__(self, path: str, nbytes: int = 0, label: str | None = None) -> None:
         self.path = path
         self.nbytes = nbytes
+        self.label = label or f"the async save to {path!r}"
+        self._is_save = label is None
         self.timings: dict[str, float] = {}
         self._t0 = time.perf_counter()
         self.staged = threading.Event()
@@ -59,7 +64,8 @@ class SaveProgress:
         """The save committed (``error`` None) or failed with ``error``; wakes every waiter."""
         if error is None:
             self.timings["durable"] = self._elapsed()
-            log.info("saved %s: %s", self.path, summary(self.nbytes, self.timings))
+            if self._is_save:
+                log.info("saved %s: %s", self.path, summary(self.nbytes, self.timings))
         self.error = error
         self.staged.set()
         self.settled.set()
@@ -80,8 +86,8 @@ class SaveProgress:
         if self.settled.is_set():
             return
         self.error = CheckpointError(
-            f"the async save to {self.path!r} belongs to the parent process; it is not "
-            "finished in this forked child (call result() in the parent)")
+            f"{self.label} belongs to the parent process; it is not finished in this forked "
+            "child (call result() in the parent)")
         self.collected = True
         self.staged, self.settled = threading.Event(), threading.Event()
         self.staged.set()

@@ -18,12 +18,12 @@ Invariants:
 - at most one save of a Saver is in flight; a new save first waits for it;
 - a background failure reaches the caller: ``SaveHandle.result()``, else the next
   save raises it, else ``close()``; at interpreter exit pending saves are finished
-  and failures nobody collected are logged as errors (``_drain_at_exit``).
+  and failures nobody collected are logged as errors (the writer thread is a job of
+  ``save.background``, the machinery of all background work).
 """
 
 from __future__ import annotations
 
-import concurrent.futures.thread  # noqa: F401 - registers its exit hook before ours (see _drain_at_exit)
 import logging
 import os
 import threading
@@ -41,6 +41,7 @@ from ..buffers import BouncePool, StagingArena, round_up
 from ..commit import Transaction
 from ..commit.entries import Entries
 from ..io_pool import io_threads
+from . import background
 from .ends import Commit, HandBack
 from .feeds import ImageFeed, PoolFeed
 from .handle import SaveHandle, SaveProgress
@@ -205,14 +206,11 @@ class Saver:
                         window=window, gated=not background and not opts.overlap_writes)
 
     def _start(self, steps: Iterator[str], everyone: list[SaveProgress], *, staged: bool) -> None:
-        """Starts the writer thread that drives the rest of ``steps`` (registered until the
-        save is known to be fine)."""
-        with _UNSETTLED_LOCK:
-            _UNSETTLED.update(everyone)
+        """Starts the writer thread that drives the rest of ``steps``: a background job
+        settling the save's progress (its replicas' are settled by the run itself)."""
         self._inflight = everyone
-        self._thread = threading.Thread(target=_drive, args=(steps, everyone, staged),
-                                        name="shardsafe-writer", daemon=False)
-        self._thread.start()
+        self._thread = background.start("writer", lambda: _drive(steps, everyone, staged), everyone[0],
+                                        everyone[1:])
 
     # ------------------------------------------------------------------ waiting, closing
     def wait(self, timeout: float | None = None) -> None:
@@ -281,31 +279,14 @@ class Saver:
 
 
 def _drive(steps: Iterator[str], everyone: list[SaveProgress], staged: bool) -> None:
-    """Body of the writer thread: the rest of the run; every outcome goes to the progresses
-    (the save's first; each replica's is settled by the run itself)."""
-    save = everyone[0]
-    try:
-        for step in steps:
-            if step == STAGED and not staged:
-                for p in everyone:
-                    p.mark_staged()
-    # Everything the save raises is delivered to the caller through its handle (result(),
-    # the next save, close(), or the exit hook); nothing here swallows it.
-    except BaseException as e:  # noqa: BLE001
-        save.settle(e)
-        log.debug("async save to %s failed: %s", save.path, e)
-        return
-    save.settle(None)
-    with _UNSETTLED_LOCK:
-        for p in everyone:
-            if p.error is None:
-                _UNSETTLED.discard(p)
+    """Body of the writer thread: the rest of the run (a failure raises, and
+    ``background`` settles the save's progress with it)."""
+    for step in steps:
+        if step == STAGED and not staged:
+            for p in everyone:
+                p.mark_staged()
 
 
-# Saves started and not yet known to be fine: the exit hook finishes them (even when their
-# Saver is gone) and logs the failures nobody collected.
-_UNSETTLED: set[SaveProgress] = set()
-_UNSETTLED_LOCK = threading.Lock()
 # Every Saver alive, so that a forked child can reset them.
 _LIVE: weakref.WeakSet[Saver] = weakref.WeakSet()
 
@@ -314,46 +295,14 @@ def _reset_in_child() -> None:
     """``os.register_at_fork`` hook: the child of a fork can save and load at once.
 
     Without it a child forked after a save or load (multiprocessing's default start
-    method on Linux) waits forever on the parent's pools, locks and in-flight save.
+    method on Linux) waits forever on the parent's pools, locks and in-flight save (the
+    jobs themselves are settled by ``save.background``'s own hook).
     """
-    global _UNSETTLED_LOCK
-    _UNSETTLED_LOCK = threading.Lock()
-    for p in list(_UNSETTLED):
-        p.orphan_in_child()
-    _UNSETTLED.clear()
     for s in list(_LIVE):
         s.reset_in_child()
 
 
 os.register_at_fork(after_in_child=_reset_in_child)
-
-
-def _drain_at_exit() -> None:
-    """Finishes saves still in flight when the main thread ends; logs uncollected failures.
-
-    Registered with ``threading._register_atexit`` so it runs before the I/O pool's own
-    exit hook (hooks run newest first) and the pool still accepts the save's jobs.
-    """
-    with _UNSETTLED_LOCK:
-        pending = list(_UNSETTLED)
-        _UNSETTLED.clear()
-    for p in pending:
-        if not p.settled.is_set():
-            log.info("waiting for the async save to %s to finish before exit", p.path)
-            p.settled.wait()
-        err = p.take_failure()
-        if err is not None:
-            log.error("async save to %s failed and nobody called result(): %s: %s", p.path,
-                      type(err).__name__, err)
-
-
-_register = getattr(threading, "_register_atexit", None)
-if _register is not None:
-    _register(_drain_at_exit)
-else:  # pragma: no cover - CPython always has it (3.9+)
-    import atexit
-
-    atexit.register(_drain_at_exit)
 
 
 __all__ = ["Saver", "Submitted"]
