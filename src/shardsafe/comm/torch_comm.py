@@ -8,9 +8,13 @@ torch.distributed. Messages are bytes carried in uint8 tensors; nothing is pickl
 from __future__ import annotations
 
 import datetime
+import os
 import struct
+import threading
 import time
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -34,31 +38,41 @@ def _store_error(e: BaseException, key: str) -> CheckpointError:
 class StoreChannel:
     """A Channel over a c10d Store (TCPStore under torchrun), safe from any thread.
 
-    It talks through its own clone of the store (``Store.clone()``: a separate
-    connection), so a blocking ``wait`` neither stalls other threads' store traffic
-    (the training thread's included) nor makes anyone poll. After a wait times out the
-    clone is replaced: the server may still answer that wait later. Stores that cannot
-    be cloned are polled with ``check`` instead. No value set is longer than
+    Each operation borrows a connection of its own to the store (``_Connections``: clones
+    of it, ``Store.clone()``, reused by every channel of this process), so a blocking
+    ``wait`` neither stalls other threads' store traffic (the training thread's included)
+    nor makes anyone poll. A connection whose wait timed out is dropped: the server may
+    still answer that wait later. Stores that cannot be cloned are polled with ``check``
+    instead. Keys are under ``prefix``. No value set is longer than
     ``store_values.MAX_VALUE`` (1 MB): a longer message is set in pieces.
     """
 
-    def __init__(self, store: dist.Store, rank: int, world_size: int) -> None:
-        self._origin = store
+    def __init__(self, store: dist.Store, rank: int, world_size: int, prefix: str = "") -> None:
         self.rank = rank
         self.world_size = world_size
-        self._blocking = True
+        self._base, self._prefix = store, prefix
+        self._pool = _connections(store)  # None: the store cannot be cloned, so it is polled
         self._pieces: dict[str, int] = {}  # long messages set or read here -> their piece count
-        try:
-            self.store = store.clone()
-        except (AttributeError, RuntimeError, NotImplementedError):
-            self.store, self._blocking = store, False
+
+    @contextmanager
+    def _store(self) -> Iterator[dist.Store]:
+        """A connection for one operation (given back when it ends without an error)."""
+        if self._pool is None:
+            yield self._keyed(self._base)
+            return
+        with self._pool.borrow() as conn:
+            yield self._keyed(conn)
+
+    def _keyed(self, store: dist.Store) -> dist.Store:
+        return dist.PrefixStore(self._prefix, store) if self._prefix else store
 
     def set(self, key: str, value: bytes) -> None:
         """Sets ``key``; a value above ``store_values.MAX_VALUE`` bytes goes in pieces."""
         pairs = store_values.split(key, bytes(value))
         try:
-            for k, v in pairs:
-                self.store.set(k, v)
+            with self._store() as store:
+                for k, v in pairs:
+                    store.set(k, v)
         except dist.DistError as e:
             raise _store_error(e, key) from None
         if len(pairs) > 1:
@@ -66,53 +80,106 @@ class StoreChannel:
 
     def _check(self, keys: Sequence[str]) -> list[bool]:
         try:
-            if self.store.check(list(keys)):  # "all present": narrow down only if not
-                return [True] * len(keys)
-            return [self.store.check([k]) for k in keys] if len(keys) > 1 else [False]
+            with self._store() as store:
+                if store.check(list(keys)):  # "all present": narrow down only if not
+                    return [True] * len(keys)
+                return [store.check([k]) for k in keys] if len(keys) > 1 else [False]
         except dist.DistError as e:
             raise _store_error(e, keys[0]) from None
 
     def wait(self, keys: Sequence[str], timeout: float) -> list[bool]:
         if not keys:
             return []
-        if not self._blocking:
+        if self._pool is None:
             return _poll(self._check, keys, timeout)
         start = time.monotonic()
         try:
-            self.store.wait(list(keys), datetime.timedelta(seconds=max(timeout, 0.001)))
+            with self._store() as store:
+                store.wait(list(keys), datetime.timedelta(seconds=max(timeout, 0.001)))
             return [True] * len(keys)
-        except dist.DistStoreError as e:
+        except dist.DistStoreError as e:  # its connection is dropped, not given back
             if time.monotonic() - start < 0.9 * timeout:  # not a timeout: the store failed
                 raise _store_error(e, keys[0]) from None
         except dist.DistError as e:
             raise _store_error(e, keys[0]) from None
-        self.store = self._origin.clone()  # the timed-out wait may still be answered
         return self._check(keys)
 
     def fetch(self, keys: Sequence[str]) -> list[bytes]:
         try:
-            out = [bytes(v) for v in self.store.multi_get(list(keys))] if keys else []
-            for i, (k, v) in enumerate(zip(keys, out)):
-                n = store_values.pieces_of(v)
-                if n is not None:
-                    parts = self.store.multi_get([store_values.piece_key(k, j) for j in range(n)])
-                    out[i] = store_values.join(k, v, [bytes(p) for p in parts])
-                    self._pieces[k] = n
-            return out
+            with self._store() as store:
+                out = [bytes(v) for v in store.multi_get(list(keys))] if keys else []
+                for i, (k, v) in enumerate(zip(keys, out)):
+                    n = store_values.pieces_of(v)
+                    if n is not None:
+                        parts = store.multi_get([store_values.piece_key(k, j) for j in range(n)])
+                        out[i] = store_values.join(k, v, [bytes(p) for p in parts])
+                        self._pieces[k] = n
+                return out
         except dist.DistError as e:
             raise _store_error(e, keys[0]) from None
 
     def delete(self, key: str) -> None:
         """Removes ``key`` (and its pieces, when it was a long message)."""
         try:
-            n = self._pieces.pop(key, None)
-            if n is None and self.store.check([key]):  # set by another rank, never read here
-                n = store_values.pieces_of(bytes(self.store.get(key)))
-            for j in range(n or 0):
-                self.store.delete_key(store_values.piece_key(key, j))
-            self.store.delete_key(key)
+            with self._store() as store:
+                n = self._pieces.pop(key, None)
+                if n is None and store.check([key]):  # set by another rank, never read here
+                    n = store_values.pieces_of(bytes(store.get(key)))
+                for j in range(n or 0):
+                    store.delete_key(store_values.piece_key(key, j))
+                store.delete_key(key)
         except dist.DistError as e:
             raise _store_error(e, key) from None
+
+
+class _Connections:
+    """This process's idle connections to one store (clones of it), shared by every channel.
+
+    An operation borrows an idle one and gives it back when it ends without an error; a
+    new connection is made only when every one is in use. Connecting anew for every
+    channel (several per collective save) cost a round trip each, and now and then a
+    5-second stall of the store's server while it accepted the connection.
+    """
+
+    def __init__(self, base: dist.Store, first: dist.Store) -> None:
+        self.base = base
+        self.idle = [first]
+        self.lock = threading.Lock()
+
+    @contextmanager
+    def borrow(self) -> Iterator[dist.Store]:
+        with self.lock:
+            conn = self.idle.pop() if self.idle else None
+        if conn is None:
+            conn = self.base.clone()
+        yield conn  # an error inside drops the connection: it may still get a late answer
+        with self.lock:
+            self.idle.append(conn)
+
+
+_POOLS: weakref.WeakKeyDictionary[Any, _Connections] = weakref.WeakKeyDictionary()
+_POOLS_LOCK = threading.Lock()
+
+
+def _connections(store: dist.Store) -> _Connections | None:
+    """The shared connections to ``store``; None when it cannot be cloned."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(store)
+        if pool is None:
+            try:
+                pool = _POOLS[store] = _Connections(store, store.clone())
+            except (AttributeError, RuntimeError, NotImplementedError, TypeError):
+                return None
+        return pool
+
+
+def _forget_connections() -> None:
+    """After ``fork``: the parent's connections are its sockets; the child makes its own."""
+    global _POOLS, _POOLS_LOCK
+    _POOLS, _POOLS_LOCK = weakref.WeakKeyDictionary(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_connections)
 
 
 def _poll(check: Callable[[Sequence[str]], list[bool]], keys: Sequence[str],
@@ -215,8 +282,7 @@ class TorchComm(JsonCollectives):
     # ------------------------------------------------------------------ store side
     def channel(self, namespace: str) -> Channel:
         store = self._store if self._store is not None else c10d._get_default_store()
-        return StoreChannel(dist.PrefixStore(self._prefix + namespace + "/", store),
-                            self.rank, self.world_size)
+        return StoreChannel(store, self.rank, self.world_size, prefix=self._prefix + namespace + "/")
 
     def group_rank(self, global_rank: int) -> int:
         if self.group is None:
