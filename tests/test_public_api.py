@@ -138,8 +138,8 @@ def test_numpy_only_install(tmp_path, python, subprocess_env) -> None:
         sys.modules["torch"] = None  # makes `import torch` raise ImportError
         import numpy as np
         import shardsafe
-        from shardsafe import tensors
-        assert not tensors.HAVE_TORCH
+        from shardsafe.values import torch as torch_values
+        assert not torch_values.HAVE_TORCH
         state = {{"a": np.arange(12, dtype=np.float32).reshape(3, 4).T, "b": {{"c": np.zeros(0, np.int8)}},
                  "n": np.int64(5), "x": [1, (2.5, None)], "rng": shardsafe.RNGState()}}
         shardsafe.save(state, {ckpt!r})

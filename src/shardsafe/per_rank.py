@@ -28,7 +28,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal, get_args
 
-from . import knobs, tensors
+from . import knobs, values
 from .comm import get_comm, next_namespace
 from .comm.channel import gather, missing_ranks, timeout_error
 from .comm.rounds import broadcast_from_leader, join, leave
@@ -71,7 +71,7 @@ def _encode(value: Mapping[str, Any]) -> bytes:
     """JSON bytes of a (small) state: its tree plus each tensor's bytes in base64."""
     tree, items = flatten(value)
     blobs = [{"kind": it.kind, "dtype": it.dtype, "shape": list(it.shape),
-              "data": base64.b64encode(tensors.host_bytes(it.value).tobytes()).decode("ascii")}
+              "data": base64.b64encode(values.host_bytes(it.value).tobytes()).decode("ascii")}
              for it in items]
     return json.dumps({"tree": tree, "tensors": blobs}, separators=(",", ":")).encode("utf-8")
 
@@ -82,7 +82,7 @@ def _decode(data: bytes) -> Any:
 
     def leaf(_path: Any, node: Node) -> Any:
         b = blobs[node["id"]]
-        value, view = tensors.empty(b["kind"], b["dtype"], tuple(b["shape"]))
+        value, view = values.stored_kind(b["kind"]).empty(b["dtype"], tuple(b["shape"]))
         view[:] = memoryview(base64.b64decode(b["data"])).cast("B")
         return value
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from . import tensors
+from .values import torch as torch_values
 
 
 log = logging.getLogger("shardsafe")
@@ -16,7 +16,7 @@ log = logging.getLogger("shardsafe")
 
 def _as_byte_tensor(x: Any) -> Any:
     """Generator states load as uint8 tensors, or numpy arrays where torch was absent at load."""
-    torch = tensors.torch
+    torch = torch_values.torch
     return x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x, dtype=np.uint8))
 
 
@@ -40,8 +40,8 @@ class RNGState:
         # The key set is the same on every machine (absent generators are None / []), so a
         # checkpoint from a CPU box loads strictly on a GPU box, or in a numpy-only install.
         out["torch"], out["cuda"] = None, []
-        if tensors.HAVE_TORCH:
-            torch = tensors.torch
+        if torch_values.HAVE_TORCH:
+            torch = torch_values.torch
             out["torch"] = torch.get_rng_state()
             if torch.cuda.is_available():
                 out["cuda"] = list(torch.cuda.get_rng_state_all())
@@ -54,9 +54,9 @@ class RNGState:
         n = state["numpy"]
         np.random.set_state((n["name"], np.asarray(n["keys"], dtype=np.uint32), n["pos"],
                              n["has_gauss"], n["cached_gaussian"]))
-        if not tensors.HAVE_TORCH:
+        if not torch_values.HAVE_TORCH:
             return
-        torch = tensors.torch
+        torch = torch_values.torch
         if state.get("torch") is not None:
             torch.set_rng_state(_as_byte_tensor(state["torch"]))
         cuda = state.get("cuda") or []

@@ -45,7 +45,7 @@ def test_import_shardsafe_does_not_import_torch(python, subprocess_env) -> None:
 
 
 def test_a_torch_tensor_is_still_a_tensor_once_torch_is_imported(python, subprocess_env) -> None:
-    code = ("import shardsafe, shardsafe.tensors as t; import torch; x = torch.ones(2);"
+    code = ("import shardsafe, shardsafe.values.torch as t; import torch; x = torch.ones(2);"
             "print(t.is_torch_tensor(x), t.is_plain(x), t.is_plain(torch.nn.Parameter(x)))")
     r = subprocess.run([python, "-c", code], env=subprocess_env, capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "True True True", r.stderr[-2000:]

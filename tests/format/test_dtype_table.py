@@ -44,10 +44,10 @@ def test_unsupported_numpy(dt: np.dtype) -> None:
 @pytest.mark.parametrize("name", sorted(n for n, d in DTYPES.items() if not d.torch))
 def test_ml_dtypes_types_match_ml_dtypes_and_stay_out_of_torchs_table(name: str) -> None:
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    from shardsafe import tensors
+    from shardsafe.values import torch as torch_values
 
     assert np.dtype(getattr(ml_dtypes, name)).itemsize == DTYPES[name].itemsize
-    assert name not in tensors.torch_dtypes()  # torch.int4 tensors stay unsaveable
+    assert name not in torch_values.torch_dtypes()  # torch.int4 tensors stay unsaveable
 
 
 def test_safetensors_codes_are_known_to_safetensors() -> None:

@@ -13,7 +13,7 @@ import shardsafe
 from shardsafe.comm import SingleProcessComm
 from shardsafe.engine.save import prepare as planning
 from shardsafe.engine.save.request import SaveRequest
-from shardsafe.plan.jax_shards import immutable
+from shardsafe.plan.localize import immutable
 
 
 def prepare(state: dict, path: str) -> planning.PreparedSave:

@@ -10,11 +10,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .. import tensors
+from .. import values
 from ..engine.buffers import allocating
 from ..engine.load.reader import ChunkReader, ReadJob
 from ..format.index.objects import Index, TensorEntry
 from ..format.tree import KeyPath, Node, decode_plain, dict_items, render_path
+from ..values import torch as torch_values
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,19 +130,19 @@ def read_tensor(reader: ChunkReader, entry: TensorEntry) -> Any:
         CheckpointError: there is not enough memory for it.
     """
     with allocating(lambda: f"{render_path(entry.key)} ({entry.nbytes} bytes)"):
-        value, dest = tensors.empty(entry.kind, entry.dtype, entry.shape)
+        value, dest = values.stored_kind(entry.kind).empty(entry.dtype, entry.shape)
     reader.run([ReadJob(entry, dest, (0,) * len(entry.shape), entry.shape)])
     return value
 
 
 def as_torch(value: Any) -> Any:
     """A torch tensor for a torch tensor or numpy array (sharing memory)."""
-    if tensors.is_torch_tensor(value):
+    if torch_values.is_torch_tensor(value):
         return value
-    return tensors.torch.from_numpy(value)
+    return torch_values.torch.from_numpy(value)
 
 
 def require_torch(what: str) -> None:
     """Raises ImportError naming the command when torch is not installed."""
-    if not tensors.HAVE_TORCH:
+    if not torch_values.HAVE_TORCH:
         raise ImportError(f"{what} needs torch (pip install 'shardsafe[torch]')")

@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 
 from . import EXIT_FAILED, EXIT_OK
-from .. import tensors
+from .. import values
 from ._args import add_command, add_quiet_option, open_checkpoint, storage_options
 from ._output import progress
 from ._summary import add_selection_options, groups, label, within
 from ._tensors import Leaf, leaves, read_tensor
 from ..engine.load.reader import ChunkReader
+from ..values import torch as torch_values
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +61,11 @@ def _as_numpy(value: Any) -> np.ndarray:
         return value
     t = value
     if t.dtype.is_complex:
-        return t.to(tensors.torch.complex128).numpy()
-    if tensors.torch_dtype_name(t.dtype) == "float4_e2m1fn_x2":
-        codes = t.contiguous().view(tensors.torch.uint8).numpy()
+        return t.to(torch_values.torch.complex128).numpy()
+    if torch_values.torch_dtype_name(t.dtype) == "float4_e2m1fn_x2":
+        codes = t.contiguous().view(torch_values.torch.uint8).numpy()
         return np.stack([_E2M1[codes & 15], _E2M1[codes >> 4]], axis=-1)
-    return t.to(tensors.torch.float64).numpy()  # covers bfloat16/float8 numpy lacks
+    return t.to(torch_values.torch.float64).numpy()  # covers bfloat16/float8 numpy lacks
 
 
 def max_abs_diff(a: Any, b: Any) -> float:
@@ -84,7 +85,7 @@ def max_abs_diff(a: Any, b: Any) -> float:
 
 
 def _bytes_equal(a: Any, b: Any) -> bool:
-    return np.array_equal(tensors.host_bytes(a), tensors.host_bytes(b))
+    return np.array_equal(values.host_bytes(a), values.host_bytes(b))
 
 
 def compare(ra: ChunkReader, rb: ChunkReader, on_bytes: Any = None, only: str | None = None) -> Diff:

@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from . import EXIT_OK, UsageError
-from .. import tensors
+from ..values import torch as torch_values
 from ._args import CKPT, add_command, add_quiet_option, open_checkpoint, storage_options
 from ._output import progress
 from ._tensors import as_torch, leaves, read_tensor, require_torch, subtree, without
@@ -75,7 +75,7 @@ UNCASTABLE = ("float4_e2m1fn_x2",)
 def _cast_to(saved: str, dtype: str | None) -> str:
     """The dtype a tensor saved as ``saved`` is exported as (``--dtype`` casts floating
     point; packed dtypes torch cannot cast stay as they are)."""
-    if dtype is not None and saved not in UNCASTABLE and getattr(tensors.torch, saved).is_floating_point:
+    if dtype is not None and saved not in UNCASTABLE and getattr(torch_values.torch, saved).is_floating_point:
         return dtype
     return saved
 
@@ -83,7 +83,7 @@ def _cast_to(saved: str, dtype: str | None) -> str:
 def _prepare(t: Any, dtype: str | None) -> Any:
     """A contiguous torch tensor, cast to ``dtype`` when it is floating point."""
     t = as_torch(t)
-    return t.to(getattr(tensors.torch, _cast_to(tensors.torch_dtype_name(t.dtype), dtype))).contiguous()
+    return t.to(getattr(torch_values.torch, _cast_to(torch_values.torch_dtype_name(t.dtype), dtype))).contiguous()
 
 
 def _relative(key: KeyPath, base: KeyPath) -> str:
@@ -132,7 +132,7 @@ def _write_safetensors(reader: ChunkReader, node: Node, base: KeyPath, out: str,
             for entry, n in order:
                 t = _prepare(read_tensor(reader, entry), dtype)
                 # an empty tensor has no bytes (and from numpy a stride of 0, which no view takes)
-                data = t.reshape(-1).view(tensors.torch.uint8).numpy() if t.numel() else b""
+                data = t.reshape(-1).view(torch_values.torch.uint8).numpy() if t.numel() else b""
                 if len(data) != n:  # the header promised n bytes: never write a file that lies
                     raise ValueError(f"{render_path(entry.key)}: {len(data)} bytes, expected {n}")
                 f.write(memoryview(data))
@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
             skipped = _write_safetensors(reader, node, base, tmp, dtype, args.quiet)
         else:
             skipped = []
-            tensors.torch.save(_build_pt(reader, node, dtype), tmp)
+            torch_values.torch.save(_build_pt(reader, node, dtype), tmp)
         os.replace(tmp, args.out)
     finally:
         if os.path.exists(tmp):

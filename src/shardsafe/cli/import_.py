@@ -29,7 +29,7 @@ from pickle import UnpicklingError  # the error torch raises for refused objects
 from typing import Any
 
 from . import EXIT_OK
-from .. import tensors
+from ..values import torch as torch_values
 from ..api.load import load
 from ..api.save import save
 from ..errors import CorruptCheckpointError
@@ -63,11 +63,11 @@ def read_torch_save(src: str) -> Any:
     """A torch.save file's content, loaded weights-only (no arbitrary objects)."""
     try:
         try:  # memory-mapped: the tensors are paged in while they are saved, not held twice
-            return tensors.torch.load(src, map_location="cpu", weights_only=True, mmap=True)
+            return torch_values.torch.load(src, map_location="cpu", weights_only=True, mmap=True)
         except RuntimeError as e:
             if "mmap" not in str(e):
                 raise
-            return tensors.torch.load(src, map_location="cpu", weights_only=True)  # legacy format
+            return torch_values.torch.load(src, map_location="cpu", weights_only=True)  # legacy format
     except UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"{src}: refused by torch.load(weights_only=True), it holds arbitrary "
@@ -104,7 +104,7 @@ def read_dcp(src: str) -> dict[str, Any]:
         """DCP's own planner unpickles non-tensor values fully; this one refuses objects."""
 
         def load_bytes(self, read_item: Any, value: Any) -> None:
-            loaded = tensors.torch.load(value, weights_only=True)
+            loaded = torch_values.torch.load(value, weights_only=True)
             fqn = read_item.dest_index.fqn
             if self.flatten_state_dict:
                 set_element(self.original_state_dict, self.mappings[fqn], loaded)

@@ -34,7 +34,7 @@ from ..engine.load.run import read_placement
 from ..errors import CheckpointError
 from ..format.index.objects import Index
 from ..storage import storage_for
-from ..tensors import torch_dtype_name
+from ..values.torch import torch_dtype_name
 from . import byte_items, translate
 
 

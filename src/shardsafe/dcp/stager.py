@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.staging import AsyncStager
 
-from .. import dtensor, knobs, tensors
+from .. import knobs, values
 from ..engine import cuda
 from ..engine.buffers import StagingArena
 from ..engine.save.feeds import stage_image
@@ -36,6 +36,8 @@ from ..engine.save.units import BLOCK_SIZE, UNIT_SIZE
 from ..errors import CheckpointTimeoutError
 from ..plan.flatten import TensorItem
 from ..plan.layout import plan_file
+from ..values.dtensor import is_dtensor
+from ..values.torch import check_supported, dtype_of
 
 MAX_IMAGES = 2  # a save still writing and the next one being staged
 _POLL_S = 0.01
@@ -114,7 +116,7 @@ class Stager(AsyncStager):
         """
         locals_: list[Any] = []
         skeleton = _collect(state_dict, locals_)
-        items = [TensorItem(i, (str(i),), x, "torch", tensors.dtype_of(x).name, tuple(x.shape),
+        items = [TensorItem(i, (str(i),), x, "torch", dtype_of(x).name, tuple(x.shape),
                             (0,) * x.dim()) for i, x in enumerate(locals_)]
         plan = plan_file("staged", items)
         size = plan.layout.size
@@ -184,10 +186,10 @@ class _Tensor:
 def _collect(x: Any, locals_: list[Any]) -> Any:
     """The skeleton of ``x`` (tensors replaced by ``_Tensor``), appending the tensors to stage."""
     if isinstance(x, torch.Tensor):
-        dt = x if dtensor.is_dtensor(x) else None
+        dt = x if is_dtensor(x) else None
         local = (x._local_tensor if dt is not None else x).detach()
         try:
-            tensors.check_supported(local)
+            check_supported(local)
         except TypeError:  # sparse, nested, an unsupported dtype: DCP's way, a plain copy
             return local.to("cpu", copy=True) if dt is None else _clone_dtensor(dt)
         locals_.append(local)
@@ -205,7 +207,7 @@ def _clone_dtensor(dt: Any) -> Any:
 
 def _view(image: Any, offset: int, like: Any) -> Any:
     """A CPU tensor over ``image[offset:]`` with ``like``'s dtype and shape."""
-    nbytes = tensors.nbytes_of(like)
+    nbytes = values.nbytes_of(like)
     if nbytes == 0:
         return torch.empty(like.shape, dtype=like.dtype)
     flat = torch.frombuffer(image[offset : offset + nbytes], dtype=torch.uint8)

@@ -32,7 +32,7 @@ from ..errors import CheckpointError
 from ..format.index.objects import Index
 from ..format.tree import KeyPath, Node, build, encode_key
 from ..plan.flatten import TensorItem
-from ..tensors import torch_dtype_name
+from ..values.torch import torch_dtype_name
 from . import byte_items
 
 

@@ -30,7 +30,6 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from .. import dtensor
 from ..comm import ExternalRank, distributed_active
 from ..engine import commit
 from ..engine.commit import entries
@@ -40,7 +39,8 @@ from ..engine.save.saver import Saver
 from ..format.codec import Compression, check_compression
 from ..plan.flatten import TensorItem
 from ..storage import storage_for
-from ..tensors import torch_dtype_name
+from ..values.dtensor import is_dtensor
+from ..values.torch import torch_dtype_name
 from . import byte_items, translate
 
 
@@ -189,7 +189,7 @@ def _item(part: _RankShare, wi: Any, data: Any) -> TensorItem:
     """The engine's item for one tensor write of this rank (its chunk of the global tensor)."""
     td = wi.tensor_data
     fqn = wi.index.fqn
-    value = data.to_local() if dtensor.is_dtensor(data) else data
+    value = data.to_local() if is_dtensor(data) else data
     value = value.detach()
     return TensorItem(part.ids[fqn], part.paths[fqn], value, "torch", torch_dtype_name(value.dtype),
                       tuple(int(s) for s in td.size), tuple(int(o) for o in td.chunk.offsets),

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import tensors
+from .. import values
 from .._numbers import ceil_div
 from ..errors import CheckpointError
 from ..format.datafile import ALIGN
@@ -58,7 +58,7 @@ def new_tensor(kind: str, dtype: str, shape: tuple[int, ...], *, huge: bool = Fa
     the OS when the tensor dies) whose page-aligned start lets a cold read go straight
     into it with direct I/O, instead of through a bounce buffer and a second copy. Like
     ``torch.load``'s, such a tensor's storage cannot be resized. Smaller values come
-    from ``tensors.empty``.
+    from their stored kind (``values.stored_kind``).
 
     ``huge``: on transparent huge pages, for bytes read with direct I/O (cold): on the
     project VM a cold direct read into fresh huge pages ran 2x faster than into 4 KiB
@@ -68,14 +68,14 @@ def new_tensor(kind: str, dtype: str, shape: tuple[int, ...], *, huge: bool = Fa
     """
     d = lookup(dtype)
     nbytes = d.itemsize * math.prod(shape)
-    host = None if kind == "torch" else tensors.host_dtype(kind, d)
-    if nbytes < HUGE or (kind == "torch" and not tensors.HAVE_TORCH) or (kind != "torch" and host is None):
-        return tensors.empty(kind, dtype, shape)
+    made = values.stored_kind(kind)
+    if nbytes < HUGE or not made.wraps(d):
+        return made.empty(dtype, shape)
     try:
         _map, flat = anonymous(nbytes, huge=huge)  # ``flat`` keeps the mapping alive
     except (OSError, OverflowError) as e:  # e.g. ENOMEM: what an allocator would raise
         raise MemoryError(f"cannot map {nbytes} bytes for a {dtype} tensor of shape {shape}: {e}") from e
-    return tensors.from_bytes(kind, dtype, shape, flat), flat
+    return made.from_bytes(dtype, shape, flat), flat
 
 
 class HostBuffer:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import tensors
+from ..values import torch as torch_values
 
 log = logging.getLogger("shardsafe")
 
@@ -48,18 +48,18 @@ _COPY_AS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}  # itemsize -> dtype
 
 def available() -> bool:
     """True when torch sees at least one CUDA device."""
-    return tensors.HAVE_TORCH and tensors.torch.cuda.is_available()
+    return torch_values.HAVE_TORCH and torch_values.torch.cuda.is_available()
 
 
 def is_device_tensor(x: Any) -> bool:
     """True for torch tensors that live on a CUDA device."""
-    return tensors.is_torch_tensor(x) and x.device.type == "cuda"
+    return torch_values.is_torch_tensor(x) and x.device.type == "cuda"
 
 
 def device_index(x: Any) -> int:
     """The CUDA device index of tensor ``x`` (its current device when it names none)."""
     i = x.device.index
-    return tensors.torch.cuda.current_device() if i is None else int(i)
+    return torch_values.torch.cuda.current_device() if i is None else int(i)
 
 
 # ---------------------------------------------------------------------- page-locking
@@ -110,7 +110,7 @@ def clear_last_error(device: int) -> None:
     if lib is not None:
         lib.cudaGetLastError()
         return
-    torch = tensors.torch
+    torch = torch_values.torch
     try:
         torch.empty(1, device=torch.device("cuda", device)).zero_()
     except RuntimeError as e:  # what the launch check raises: the pending error, now cleared
@@ -127,7 +127,7 @@ def pin(array: np.ndarray, device: int | None = None) -> bool:
     refuses."""
     if not available() or array.size == 0:
         return False
-    torch = tensors.torch
+    torch = torch_values.torch
     dev = torch.cuda.current_device() if device is None else device
     with torch.cuda.device(dev):
         err = torch.cuda.cudart().cudaHostRegister(int(array.ctypes.data), int(array.nbytes),
@@ -144,7 +144,7 @@ def unpin(array: np.ndarray, device: int | None = None) -> None:
     """Undoes ``pin`` (under the device it was pinned under)."""
     if not available() or array.size == 0:
         return
-    torch = tensors.torch
+    torch = torch_values.torch
     dev = torch.cuda.current_device() if device is None else device
     with torch.cuda.device(dev):
         err = torch.cuda.cudart().cudaHostUnregister(int(array.ctypes.data))
@@ -194,7 +194,7 @@ def byte_range(t: Any, start: int, n: int) -> Any:
     elements the range touches, so a large non-contiguous tensor streamed in units is
     never copied whole per unit. Works the same on any device.
     """
-    torch = tensors.torch
+    torch = torch_values.torch
     t = t.detach()
     plain = not t.is_conj() and not t.is_neg()
     if plain and t.is_contiguous():
@@ -234,9 +234,9 @@ class Fence:
         """Records the caller's point on every device of ``values`` (call it on the
         caller's thread); None when none of them is a CUDA tensor. Costs nothing without
         CUDA: no CUDA tensor exists before torch has initialised CUDA."""
-        if not available() or not tensors.torch.cuda.is_initialized():
+        if not available() or not torch_values.torch.cuda.is_initialized():
             return None
-        torch = tensors.torch
+        torch = torch_values.torch
         tensor = torch.Tensor
         # per item: two C-level attribute reads (states hold 10^4-10^5 tensors)
         devices = {device_index(v) for v in values if isinstance(v, tensor) and v.is_cuda}
@@ -270,7 +270,7 @@ class DeviceCopier:
         self._done: dict[int, Any] = {}
 
     def _stream(self, device: int) -> Any:
-        torch = tensors.torch
+        torch = torch_values.torch
         s = self._streams.get(device)
         if s is None:
             s = self._streams[device] = torch.cuda.Stream(device=device)
@@ -288,7 +288,7 @@ class DeviceCopier:
         """
         if out.size == 0:
             return
-        torch = tensors.torch
+        torch = torch_values.torch
         dev = device_index(src)
         stream = self._stream(dev)
         self._done.pop(dev, None)
@@ -300,7 +300,7 @@ class DeviceCopier:
             torch.from_numpy(out).copy_(piece, non_blocking=True)
 
     def _record(self) -> dict[int, Any]:
-        torch = tensors.torch
+        torch = torch_values.torch
         for d, s in self._streams.items():
             if d not in self._done:
                 ev = self._done[d] = torch.cuda.Event(blocking=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import jax_values
+from ..values import jax as jax_values
 from ..format.tree import render_path as _render_path
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from .. import tensors
-from ..dtensor import is_dtensor
 from ..plan.flatten import is_stateful
+from ..values import torch as torch_values
+from ..values.dtensor import is_dtensor
 
 
 class LocalView:
@@ -35,7 +35,7 @@ class LocalView:
     def state_dict(self) -> Any:
         """The state with Stateful objects resolved and DTensors as local tensors."""
         self._originals.clear()
-        self._plain = tensors.PLAIN_TENSOR_TYPES
+        self._plain = torch_values.PLAIN_TENSOR_TYPES
         return self._localize(self.state)
 
     def _localize(self, x: Any) -> Any:
@@ -57,7 +57,7 @@ class LocalView:
 
     def load_state_dict(self, loaded: Mapping[str, Any]) -> None:
         """Writes the loaded values back into ``state`` (see the module docstring)."""
-        self._plain = tensors.PLAIN_TENSOR_TYPES
+        self._plain = torch_values.PLAIN_TENSOR_TYPES
         self._write_back(self.state, loaded)
 
     def _write_back(self, orig: Any, new: Any) -> Any:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .. import tensors
+from .. import values
 from ..engine import commit
 from ..engine.commit import sweep
 from ..engine.commit.names import parse_step, step_name
@@ -77,7 +77,7 @@ def is_rolled_back(name: str) -> bool:
 def _metric_value(key: str, value: Any) -> Any:
     if value is None or isinstance(value, (bool, str)):
         return value
-    if tensors.is_tensor(value) and tensors.shape_of(value) in ((), (1,)):
+    if values.is_tensor(value) and values.shape_of(value) in ((), (1,)):
         value = value.item()  # a 0-d torch tensor / numpy array (e.g. the loss)
     if isinstance(value, bool):
         return value

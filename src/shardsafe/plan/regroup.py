@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .. import jax_values
+from ..values import jax as jax_values
 from ..format.tree import Node, dict_items, encode_key
 from .flatten import is_stateful
 

@@ -17,11 +17,12 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ... import tensors
+from ... import values
 from ..buffers import new_tensor
 from ...format.index.objects import Index, TensorEntry
 from ...format.tree import KeyPath, Node, build, dict_items, render_path
-from ...plan.flatten import Stateful, alias_key, is_stateful
+from ...plan.flatten import Stateful, is_stateful
+from ...values import torch as torch_values
 
 
 @dataclass(slots=True)
@@ -77,12 +78,12 @@ class Matching:
 
 
 def _is_module(x: Any) -> bool:
-    return tensors.HAVE_TORCH and isinstance(x, tensors.torch.nn.Module)
+    return torch_values.HAVE_TORCH and isinstance(x, torch_values.torch.nn.Module)
 
 
 def _holds_state(x: Any) -> bool:
     """True if a target container holds tensors or Stateful objects (worth matching item by item)."""
-    if tensors.is_tensor(x) or is_stateful(x):
+    if values.is_tensor(x) or is_stateful(x):
         return True
     if isinstance(x, MutableMapping):
         return any(_holds_state(v) for v in x.values())
@@ -106,7 +107,7 @@ class _Matcher:
         self.m = Matching()
         self.memo: dict[int, Any] = {}  # tensor id -> new tensor (tied tensors come back tied)
         self.read_into: dict[int, set[Any]] = {}  # tensor id -> alias keys of targets read into
-        self._cpu_dtypes = tensors.cpu_dtype_table()
+        self._cpu_dtypes = torch_values.cpu_dtype_table()
 
     def fresh(self, node: Node, path: KeyPath) -> Any:
         """A new value built from the checkpoint; its tensors are allocated and read later."""
@@ -132,7 +133,7 @@ class _Matcher:
         before they change (inside Stateful objects, whose ``state_dict()`` may hand out
         live internals or one list under two keys, as SequentialLR does with ``_last_lr``).
         """
-        if type(target) in tensors.PLAIN_TENSOR_TYPES:  # the common case, decided first
+        if type(target) in torch_values.PLAIN_TENSOR_TYPES:  # the common case, decided first
             return self.tensor(target, node, path, open_)
         t = _kind(node)
         if is_stateful(target):
@@ -142,7 +143,7 @@ class _Matcher:
             new_sd = self.mapping(target.state_dict(), node, path, open_=not _is_module(target), copy_=True)
             self.m.finalizers.append(lambda: target.load_state_dict(new_sd))
             return target
-        if tensors.is_tensor(target):
+        if values.is_tensor(target):
             return self.tensor(target, node, path, open_)
         if isinstance(target, MutableMapping) and t == "dict":
             return self.mapping(target, node, path, open_, copy_)
@@ -199,24 +200,26 @@ class _Matcher:
             return target
         i = node["id"]
         want_dtype, want_shape = self._header(i)
-        plain = type(target) in tensors.PLAIN_TENSOR_TYPES
+        plain = type(target) in torch_values.PLAIN_TENSOR_TYPES
         hit = self._cpu_dtypes.get(target.dtype) if plain else None
         if hit is not None:
             dtype, shape = hit[0], tuple(target.shape)
         else:
+            adapter = values.adapter_for(target)
+            assert adapter is not None, "a target tensor is a tensor of some kind"
             try:
-                dtype = tensors.dtype_of(target).name
+                dtype = adapter.dtype_name(target)
             except (ValueError, TypeError):  # qint8, numpy strings...: nothing could be read into it
                 self.mismatch(path, f"target dtype {target.dtype} cannot hold checkpoint "
                                     f"{want_dtype}{list(want_shape)}")
                 return target
-            shape = tensors.shape_of(target)
+            shape = adapter.shape(target)
         cast = dtype != want_dtype and shape == want_shape and self.cast and castable(want_dtype, dtype)
         if shape != want_shape or (dtype != want_dtype and not cast):
             self.mismatch(path, f"target {dtype}{list(shape)}, checkpoint {want_dtype}{list(want_shape)}"
                                 f"{_cast_hint(want_dtype, dtype, self.cast) if shape == want_shape else ''}")
             return target
-        key = alias_key(target)
+        key = values.alias_key(target)
         done = self.read_into.get(i)
         if done is None:
             self.read_into[i] = {key}

@@ -11,7 +11,7 @@ CLI's ``export`` and ``diff`` read tensors through the same units (``reader``).
 The kind of target is decided here, once: ``new`` (``load(path)``: new tensors),
 ``mapped`` (``mmap=True``), ``jax`` (a pytree of ``jax.Array`` / ``ShapeDtypeStruct``
 leaves) or ``in_place`` (a live state). Whether a state is a JAX target is asked only
-when this process imported JAX (``jax_values.imported``): a torch load never reaches
+when this process imported JAX (``values.jax.imported``): a torch load never reaches
 JAX code.
 """
 
@@ -21,10 +21,11 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ... import jax_values, tensors
+from ... import values
 from ...comm import distributed_active, get_comm
 from ...format.tree import MAX_DEPTH
 from ...plan.flatten import is_stateful
+from ...values import jax as jax_values
 
 if TYPE_CHECKING:
     from ...comm import Comm
@@ -138,7 +139,7 @@ def _holds(x: Any, types: tuple[type, ...], depth: int) -> bool:
         return any(_holds(v, types, depth + 1) for v in x.values())
     if isinstance(x, (list, tuple)):
         return any(_holds(v, types, depth + 1) for v in x)
-    if x is None or isinstance(x, (int, float, complex)) or tensors.is_tensor(x):
+    if x is None or isinstance(x, (int, float, complex)) or values.is_tensor(x):
         return False
     node_of = jax_values.children(x)
     return node_of is not None and any(_holds(v, types, depth + 1) for v in node_of[1])

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ... import dtensor, tensors
+from ... import values
+from ...values import torch as torch_values
 from ..._gc_pause import paused
 from ..._numbers import transfer
 from ...errors import CheckpointNotFoundError, CorruptCheckpointError
@@ -141,7 +142,7 @@ def read_placement(reader: ChunkReader, placement: Placement) -> None:
             jobs.append(ReadJob(e, tt.dest, (0,) * len(e.shape), e.shape, fresh=True))
             continue
         target, offsets, shape = _region(tt)
-        dest = None if tt.cast else tensors.writable_bytes(target)
+        dest = None if tt.cast else values.writable_bytes(target)
         if dest is not None:
             jobs.append(ReadJob(e, dest, offsets, shape))
         else:
@@ -159,14 +160,14 @@ def _region(tt: TensorTarget) -> tuple[Any, tuple[int, ...], tuple[int, ...]]:
     """``(tensor, offsets, shape)``: what a target is read into, and where it lies in the
     stored tensor (a DTensor: its local shard)."""
     if tt.offsets is None:
-        return dtensor.target_region(tt.target)
-    return tt.target, tt.offsets, tensors.shape_of(tt.target)
+        return values.target_region(tt.target)
+    return tt.target, tt.offsets, values.shape_of(tt.target)
 
 
 def _address(x: Any) -> int | None:
     """The address of a plain host tensor's memory when a load may write it directly
     (contiguous, on the CPU, no conj/neg bit, numpy: writeable); else None."""
-    if type(x) in tensors.PLAIN_TENSOR_TYPES:
+    if type(x) in torch_values.PLAIN_TENSOR_TYPES:
         if x.is_cpu and x.is_contiguous() and not x.is_conj() and not x.is_neg():
             return x.data_ptr()
         return None

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ... import tensors
+from ... import values
 from ...format.blockfile import DATA_START as BLOCK_FILE_DATA_START
 from ...format.index.rows import FileEntry
 from ...format.tree import KeyPath
@@ -112,7 +112,7 @@ def digests(items: Sequence[TensorItem]) -> dict[int, bytes]:
 def _hash_all(items: Sequence[TensorItem]) -> list[bytes]:
     """The digest of each item's bytes, in order (the shards of one tensor share an id)."""
     name = algorithm()
-    views = [memoryview(tensors.host_bytes(it.value)) for it in items]
+    views = [memoryview(values.host_bytes(it.value)) for it in items]
     jobs = [[io_pool().submit(_hash_piece, name, v[a : a + PIECE]) for a in range(0, len(v), PIECE)]
             for v in views]
     wait_all([f for fs in jobs for f in fs])

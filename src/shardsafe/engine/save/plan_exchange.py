@@ -38,8 +38,7 @@ from ...per_rank import own_entry
 from ...plan.collective.answer import (Decision, Leader, decide_first, decide_full, decide_trees, in_ranks,
                            read_hellos, read_share, wanted)
 from ...plan.flatten import TensorItem, flatten
-from ...plan.jax_shards import localize_spanning
-from ...plan.localize import localize
+from ...plan.localize import localize, localize_spanning
 from ...plan.collective.report import Description, describe, hello, report
 from ...plan.collective.union import Table
 from ...plan.collective.writers import PlanError

@@ -28,9 +28,8 @@ from ...format.index.container import check_metadata
 from ...format.index.versions import WRITE_VERSION, encode_columnar
 from ...format.tree import Node
 from ...plan.flatten import TensorItem, flatten
-from ...plan.jax_shards import check_alone, write_items
 from ...plan.layout import FilePlan, block_file_name, data_file_name, plan_file
-from ...plan.localize import localize
+from ...plan.localize import check_alone, localize, write_items
 from ...storage import Deadline, Storage, storage_for
 from .. import commit
 from ..commit.entries import CodedFile, Entries, columnar_index, from_block_files, from_plans, join

@@ -7,7 +7,7 @@ checkpoint of world size 1. Its files are more sinks of the save's streams, so n
 leaves training memory twice:
 
 * ``prepare_replica`` flattens the replica's state and matches its items with the items
-  the save writes by memory (``plan.flatten.alias_key``: the very tensors the save
+  the save writes by memory (``values.alias_key``: the very tensors the save
   stages, seen through another key path). A data file of the save whose every item
   matches is *mirrored*: the replica's file holds the same items in the same order, so
   its data section equals the save's byte for byte; only the safetensors header, which
@@ -29,12 +29,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...comm import SingleProcessComm
-from ...plan.flatten import TensorItem, alias_key, flatten
-from ...plan.jax_shards import write_items
+from ...plan.flatten import TensorItem, flatten
 from ...plan.layout import FilePlan, block_file_name, data_file_name, plan_file
-from ...plan.localize import localize
+from ...plan.localize import localize, write_items
 from ...storage import storage_for
 from ...storage.base import Storage
+from ...values import alias_key
 from .. import commit
 from ...format.index.container import check_metadata
 from ..commit.entries import BlockSums, CodedFile

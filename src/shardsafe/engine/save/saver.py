@@ -35,7 +35,7 @@ from ..._gc_pause import paused as _gc_pause
 from ...comm import Comm, ExternalRank, SingleProcessComm, get_comm
 from ...errors import CheckpointError
 from ...plan.flatten import TensorItem
-from ...plan.jax_shards import immutable
+from ...plan.localize import immutable
 from .. import cuda
 from ..buffers import BouncePool, StagingArena, round_up
 from ..commit import Transaction

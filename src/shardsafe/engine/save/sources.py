@@ -12,7 +12,8 @@ import ctypes
 
 import numpy as np
 
-from ... import tensors
+from ... import values
+from ...values import torch as torch_values
 from ...plan.layout import FilePlan
 from .. import cuda
 from .units import HEADER, FileUnits
@@ -31,8 +32,8 @@ class Sources:
         self.addr: list[int] = []
         self.device: list[int] = []
         self._keep: dict[int, np.ndarray] = {}
-        plain = tensors.PLAIN_TENSOR_TYPES  # empty until torch is imported: no torch tensor then
-        strided = tensors.STRIDED if plain else None
+        plain = torch_values.PLAIN_TENSOR_TYPES  # empty until torch is imported: no torch tensor then
+        strided = torch_values.STRIDED if plain else None
         for i, it in enumerate(plan.items):
             x = it.value
             if (type(x) in plain and x.is_cpu and x.layout is strided and x.is_contiguous()
@@ -44,7 +45,7 @@ class Sources:
                 self.addr.append(0)
                 self.device.append(i)
             else:
-                host = self._keep[i] = tensors.host_bytes(x)
+                host = self._keep[i] = values.host_bytes(x)
                 self.addr.append(host.ctypes.data)
 
 

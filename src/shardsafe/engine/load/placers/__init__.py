@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .... import dtensor, tensors
+from .... import values
 from ....errors import StateMismatchError
 from ....format.dtypes import lookup
 from ....format.index.objects import Index
@@ -123,9 +123,11 @@ def target_regions(targets: list[TensorTarget], index: Index) -> list[Region]:
             shape = tuple(index.tensors[tt.tid].shape)
             out.append((tt.tid, (0,) * len(shape), shape))
             continue
-        if tt.offsets is None and dtensor.is_dtensor(tt.target):
-            tt.target, tt.offsets, _ = dtensor.target_region(tt.target)
-        shape = tensors.shape_of(tt.target)
+        if tt.offsets is None:
+            local = values.local_region(tt.target)
+            if local is not None:
+                tt.target, tt.offsets, _ = local
+        shape = values.shape_of(tt.target)
         out.append((tt.tid, tt.offsets if tt.offsets is not None else (0,) * len(shape), shape))
     return out
 

@@ -21,9 +21,11 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .... import jax_values, tensors
+from .... import values
 from ....format.index.objects import Index
 from ....format.tree import KeyPath, Node, build, dict_items, render_path
+from ....values import jax as jax_values
+from ....values.numpy import dtype_name
 from ...buffers import new_tensor
 from ..match import TensorTarget
 from ..request import LoadRequest
@@ -97,7 +99,7 @@ class _Planner:
         if jax_values.is_array(target) or jax_values.is_abstract(target):
             return self.array(target, node, path)
         t = node["t"]
-        if tensors.is_tensor(target):
+        if values.is_tensor(target):
             if t not in ("tensor", "alias"):
                 self.problem("mismatch", path, f"target is an array, checkpoint holds {t}")
                 return lambda: target
@@ -181,7 +183,7 @@ class _Planner:
             return lambda: target
         tid = node["id"]
         kind, dtype, shape = self.header(tid)
-        want = jax_values.dtype_name(target.dtype, f"target at key path {render_path(path)!r}")
+        want = dtype_name(target.dtype, f"target at key path {render_path(path)!r}")
         if tuple(target.shape) != shape or want != dtype:
             self.problem("mismatch", path, f"target {want}{list(target.shape)}, checkpoint {dtype}{list(shape)}")
             return lambda: target

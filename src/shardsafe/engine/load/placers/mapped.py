@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .... import tensors
+from ....values import torch as torch_values
 from ....errors import CorruptCheckpointError
 from ....format.blockfile import stored_span
 from ....format.checksum import blocks
@@ -81,11 +81,11 @@ def _view(maps: dict[str, mmap.mmap], index: Index, node: Node) -> Any:
     offset = c.offset
     if c.stored is not None:
         buf, offset = _decoded(maps[c.file], c, index.block_size, render_path(e.key)), 0
-    if e.kind == "numpy" or not tensors.HAVE_TORCH:
+    if e.kind == "numpy" or not torch_values.HAVE_TORCH:
         if d.numpy is None:
             raise TypeError(f"dtype {e.dtype} needs torch to be loaded (numpy cannot represent it)")
         return np.frombuffer(buf, dtype=d.numpy, count=count, offset=offset).reshape(e.shape)
-    torch = tensors.torch
+    torch = torch_values.torch
     dtype = getattr(torch, d.name)
     if count == 0:
         return torch.empty(e.shape, dtype=dtype)

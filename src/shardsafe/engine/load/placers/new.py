@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .... import tensors
+from ....values import torch as torch_values
 from ...buffers import new_tensor
 from ....format import INDEX_NAME, tree
 from ....format.blockfile import RAW
@@ -82,7 +82,7 @@ def build(index: Index, cold_files: frozenset[int] = frozenset()) -> tuple[Any, 
     starts = table.tensor_start.tolist()
     cold = np.isin(table.file[first], list(cold_files)).tolist() if cold_files and table.num_chunks \
         else [False] * len(whole)
-    torch_types = tensors.torch_dtypes() if tensors.HAVE_TORCH else {}
+    torch_types = torch_values.torch_dtypes() if torch_values.HAVE_TORCH else {}
 
     def leaf(_: tree.KeyPath, node: tree.Node) -> Any:
         t = node["id"]
@@ -90,7 +90,7 @@ def build(index: Index, cold_files: frozenset[int] = frozenset()) -> tuple[Any, 
         if whole[t]:
             td = torch_types.get(dtype) if kind == "torch" else None
             if td is not None and nbytes[t] < HUGE:  # small: an allocation of torch's own
-                x = tensors.torch.empty(shape, dtype=td)
+                x = torch_values.torch.empty(shape, dtype=td)
                 addr = x.data_ptr()
             else:
                 x, dest = new_tensor(kind, dtype, shape, huge=cold[t])

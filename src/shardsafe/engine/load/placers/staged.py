@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .... import tensors
+from .... import values
+from ....values import torch as torch_values
 from ....format.dtypes import lookup
 from ....format.index.objects import TensorEntry
 from ... import cuda
@@ -175,15 +176,15 @@ class _Copies:
     def issue(self, slot: int, wave: list[_Piece], jobs: list[ReadJob]) -> None:
         devices = set()
         for p, job in zip(wave, jobs):
-            src = tensors.from_bytes(p.item.entry.kind, p.item.entry.dtype, p.extent, job.dest)
+            src = values.stored_kind(p.item.entry.kind).from_bytes(p.item.entry.dtype, p.extent, job.dest)
             dst = p.item.target[_slices(p.offsets, p.extent)] if p.extent else p.item.target
             if cuda.is_device_tensor(dst):
                 _copy_to_device(dst, src)
                 devices.add(cuda.device_index(dst))
             else:
-                tensors.copy_into(dst, src)
+                values.copy_into(dst, src)
         if devices:
-            torch = tensors.torch
+            torch = torch_values.torch
             for d in devices:
                 ev = torch.cuda.Event()
                 ev.record(torch.cuda.current_stream(d))
@@ -200,7 +201,7 @@ class _Copies:
 
 
 def _copy_to_device(dst: Any, src: Any) -> None:
-    torch = tensors.torch
+    torch = torch_values.torch
     with torch.inference_mode() if dst.is_inference() else torch.no_grad():
         dst.copy_(src, non_blocking=True)  # from page-locked memory: asynchronous
 

@@ -1,8 +1,13 @@
-"""How shardsafe recognises JAX values: arrays, restore targets and pytree nodes.
+"""``jax.Array`` leaves, JAX pytree nodes, and the arrays a load builds for JAX's kind.
 
 Every function here first asks whether JAX is imported at all (``sys.modules``): a
 process that never imported JAX can hold no JAX value, so the torch and numpy paths pay
 one dictionary lookup and ``import shardsafe`` never imports JAX.
+
+A ``jax.Array`` is one tensor of its global shape; a save writes, per process, the
+shards it addresses whose ``replica_id`` is 0 (``written_shards``: one per distinct box,
+a replicated box once), as chunks of the tensor. The kind ``jax`` loads back as numpy
+arrays of ml_dtypes' types (bfloat16, float8, int4...) where ml_dtypes is installed.
 
 Key paths: a JAX pytree path maps one to one onto a shardsafe key path, and so onto
 a PyTorch ``state_dict`` name (the dotted key path):
@@ -17,12 +22,16 @@ a PyTorch ``state_dict`` name (the dotted key path):
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
 import numpy as np
 
-from .format.dtypes import lookup
+from ..format.dtypes import DTYPES
+from ..format.tree import KeyPath, render_path
+from .adapter import Region, TensorRow
+from .numpy import HostArrays, dtype_name
 
 
 def imported() -> Any:
@@ -40,34 +49,6 @@ def is_abstract(x: Any) -> bool:
     """True for a ``jax.ShapeDtypeStruct`` (Orbax's "restore into this layout")."""
     jax = imported()
     return jax is not None and isinstance(x, jax.ShapeDtypeStruct)
-
-
-def dtype_name(dtype: Any, what: str) -> str:
-    """The format name of a JAX/numpy dtype (``bfloat16``, ``float8_e4m3fn``, ``int4``...).
-
-    Raises:
-        TypeError: the format has no such dtype (``what`` names the value).
-    """
-    name = np.dtype(dtype).name
-    try:
-        lookup(name)
-    except ValueError:
-        raise TypeError(f"{what}: dtype {name} is not supported by the checkpoint format") from None
-    return name
-
-
-def numpy_dtype(name: str) -> np.dtype | None:
-    """The numpy dtype of format dtype ``name``, with ml_dtypes' extension types (bfloat16,
-    float8, int4, ...) where ml_dtypes is installed (JAX depends on it); None if neither has it."""
-    d = lookup(name)
-    if d.numpy is not None:
-        return np.dtype(d.numpy)
-    try:
-        import ml_dtypes
-    except ImportError:
-        return None
-    t = getattr(ml_dtypes, name, None)
-    return np.dtype(t) if t is not None else None
 
 
 def key_of(entry: Any, parent: Any) -> Any:
@@ -116,6 +97,11 @@ def spans_processes(x: Any) -> bool:
     return is_array(x) and not x.is_fully_addressable
 
 
+def writes_a_shard(x: Any) -> bool:
+    """Whether this process writes a shard of ``x`` (it addresses one whose ``replica_id`` is 0)."""
+    return any(s.replica_id == 0 for s in x.addressable_shards)
+
+
 def job_position() -> tuple[int, int]:
     """``(process index, process count)`` of this process in its JAX job."""
     jax = imported()
@@ -149,6 +135,32 @@ def written_shards(arrays: list[Any]) -> list[list[tuple[tuple[int, ...], np.nda
             for x, per in zip(arrays, shards)]
 
 
-def host_array(x: Any) -> np.ndarray:
-    """The whole of ``x`` on the host (gathered from its shards)."""
-    return np.asarray(x)
+class JaxAdapter(HostArrays):
+    """``jax.Array`` leaves, and the stored kind ``jax`` (numpy arrays of ml_dtypes' types)."""
+
+    name = "jax"
+
+    def owns(self, x: Any) -> bool:
+        return is_array(x)
+
+    def describe(self, x: Any, path: KeyPath) -> TensorRow:
+        """One item of the array's global shape (the same array twice is stored once)."""
+        dtype = dtype_name(x.dtype, f"jax.Array at key path {render_path(path)!r}")
+        shape = tuple(x.shape)
+        return TensorRow("jax", dtype, shape, math.prod(shape) * DTYPES[dtype].itemsize, ("jax", id(x)))
+
+    def dtype_name(self, x: Any) -> str:
+        return dtype_name(x.dtype, "jax.Array")
+
+    def shape(self, x: Any) -> tuple[int, ...]:
+        return tuple(x.shape)
+
+    def local_region(self, x: Any) -> Region | None:
+        return None
+
+    def host_bytes(self, x: Any) -> np.ndarray:
+        """The whole array on the host (gathered from its shards)."""
+        return np.ascontiguousarray(np.asarray(x)).reshape(-1).view(np.uint8)
+
+    def writable_bytes(self, x: Any) -> np.ndarray | None:
+        return None  # JAX arrays are immutable

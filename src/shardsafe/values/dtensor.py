@@ -1,4 +1,4 @@
-"""DTensor support: where this rank's piece of a distributed tensor sits in the whole.
+"""DTensor leaves: where this rank's piece of a distributed tensor sits in the whole.
 
 A DTensor (FSDP2 ``fully_shard``, tensor parallel, any DeviceMesh and placements) is
 saved as chunks of its global tensor. On each rank the local tensor is one box of the
@@ -8,7 +8,9 @@ planner lets exactly one of them write it. Offsets follow
 ``compute_local_shape_and_global_offset``, the function DCP itself uses, so uneven
 shards and multi-dimensional meshes place exactly as torch places them.
 
-Only this module and ``shardsafe.comm`` know about torch.distributed types.
+A DTensor is a torch tensor: its adapter is the torch one (what a save stores: the
+global shape and dtype under the kind ``torch``; never shared with another path), plus
+its box. Only this module and ``shardsafe.comm`` know about torch.distributed types.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+from .adapter import Region
+from .torch import TorchAdapter
 
 _DTENSOR_MODULE = "torch.distributed.tensor"
 _dtensor_class: Any = None  # DTensor, once its module is imported
@@ -101,14 +106,15 @@ def local_shard(x: Any, key: str = "<tensor>") -> LocalShard:
                       global_shape, holders)
 
 
-def target_region(x: Any) -> tuple[Any, tuple[int, ...], tuple[int, ...]]:
-    """Where a load target's memory sits in the global tensor: ``(tensor, offsets, shape)``.
+class DTensorAdapter(TorchAdapter):
+    """``torch.distributed.tensor.DTensor`` leaves (see the module docstring)."""
 
-    For a DTensor: its local tensor and box (so a rank reads only its own region); for
-    anything else: the tensor itself, covering the whole.
-    """
-    if is_dtensor(x):
+    name = "dtensor"
+
+    def owns(self, x: Any) -> bool:
+        return is_dtensor(x)
+
+    def local_region(self, x: Any) -> Region | None:
+        """Its local tensor and box: a load into it reads only this rank's region."""
         box = local_shard(x)
         return box.local, box.offsets, box.shape
-    shape = tuple(int(s) for s in x.shape)
-    return x, (0,) * len(shape), shape
