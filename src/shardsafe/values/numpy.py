@@ -98,7 +98,7 @@ def alias_key(x: np.ndarray) -> Hashable | None:
 class HostArrays:
     """The values a load builds as numpy arrays, for the tensors stored under ``name``."""
 
-    name = "numpy"
+    name: str
 
     def host_dtype(self, d: DType) -> np.dtype | None:
         return host_dtype(self.name, d)
