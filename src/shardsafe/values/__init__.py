@@ -42,7 +42,8 @@ def adapter_for(x: Any) -> ValueAdapter | None:
     shardsafe knows (a plain value, a container, a Stateful object, a JAX pytree node).
 
     Which adapter owns a value depends on its type alone, so the answer is kept per type:
-    a state of 20,000 tensors of two types asks each adapter twice.
+    the adapters are asked about each type of tensor once, however many tensors a state
+    holds; builtin containers and plain values are answered without asking them.
     """
     t = type(x)
     adapter = _BY_TYPE.get(t)
