@@ -282,7 +282,7 @@ def encode(e: Entries) -> bytes:
     return b"".join([_HEAD.pack(len(head)), head, *cols])
 
 
-def decode(data: bytes) -> Entries:
+def decode(data: bytes | bytearray) -> Entries:
     """Inverse of ``encode``.
 
     Raises:
