@@ -67,4 +67,4 @@ def _finished(inflight: dict[concurrent.futures.Future[T], tuple[K, Pending[T]]]
         yield key, pending.result()
 
 
-__all__ = ["as_completed"]
+__all__ = ["Call", "as_completed"]
