@@ -1,4 +1,5 @@
-"""``FsspecStorage.read_into``: ranged reads keep their slots busy, whatever order the parts arrive in."""
+"""``FsspecStorage``: ranged reads and multipart part uploads keep their slots busy, whatever
+order the parts finish in."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import fsspec
 import numpy as np
 import pytest
 
+from shardsafe.storage import storage_for
 from shardsafe.storage.fsspec import FsspecStorage
 
 PART = 5 << 20  # the smallest part the store accepts
@@ -78,3 +80,70 @@ def test_a_failed_part_fails_the_read_and_the_rest_are_abandoned() -> None:
     with pytest.raises(FileNotFoundError):
         storage.read_into(path, 0, memoryview(bytearray(len(data))))
     assert 2 in asked and len(asked) <= 6
+
+
+def _s3_storage(s3, name: str, slots: int) -> tuple[FsspecStorage, str]:  # noqa: ANN001
+    storage, root = storage_for(f"{s3.url}/{name}", s3.storage_options)
+    return FsspecStorage(storage.fs, part_size=PART, max_concurrency=slots), root
+
+
+def test_a_slow_part_upload_does_not_hold_back_the_parts_after_it(s3, monkeypatch) -> None:  # noqa: ANN001
+    """Part 1 is stored only once the last part has been sent: with 2 slots, the other
+    slot must upload every later part meanwhile (waiting for the oldest part first would
+    leave part 1 waiting alone for its timeout). The parts finish out of order and the
+    completed object holds the right bytes, in order."""
+    monkeypatch.setenv("SHARDSAFE_HEDGE", "0")  # the slow part is not duplicated: only its slot waits
+    storage, root = _s3_storage(s3, "slow-part", slots=2)
+    data = np.random.default_rng(7).integers(0, 255, 6 * PART - 100, dtype=np.uint8).tobytes()
+    last_sent = asyncio.Event()
+    order: list[int] = []
+    real = storage._afs._call_s3
+
+    async def call_s3(method: str, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        if method == "upload_part":
+            n = kwargs["PartNumber"]
+            order.append(n)
+            if n == 6:
+                last_sent.set()
+            if n == 1:
+                await asyncio.wait_for(last_sent.wait(), 10)  # TimeoutError: the later parts waited
+        return await real(method, *args, **kwargs)
+
+    monkeypatch.setattr(storage._afs, "_call_s3", call_s3)
+    storage.write(f"{root}/f", [memoryview(data)])
+    assert order[:2] == [1, 2] and sorted(order) == list(range(1, 7))
+    monkeypatch.undo()
+    assert storage.read(f"{root}/f") == data
+    assert s3.filesystem().list_multipart_uploads(s3.bucket) == []
+
+
+def test_a_failed_part_upload_aborts_the_upload_after_the_rest_stopped(s3, monkeypatch) -> None:  # noqa: ANN001
+    """Part 3 fails for good while part 1 is still being sent: part 1 is cancelled and has
+    stopped before the upload is aborted, and the error is part 3's."""
+    monkeypatch.setenv("SHARDSAFE_HEDGE", "0")
+    storage, root = _s3_storage(s3, "failed-part", slots=2)
+    data = bytes(4 * PART)
+    events: list[str] = []
+    real = storage._afs._call_s3
+
+    async def call_s3(method: str, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        n = kwargs.get("PartNumber")
+        if method == "upload_part" and n == 1:
+            try:
+                await asyncio.sleep(30)
+            finally:
+                await asyncio.sleep(0.3)  # a connection that takes a while to close
+                events.append("part 1 stopped")
+        if method == "upload_part" and n == 3:
+            raise FileNotFoundError("part 3: no such upload")
+        if method == "abort_multipart_upload":
+            events.append("abort")
+        return await real(method, *args, **kwargs)
+
+    monkeypatch.setattr(storage._afs, "_call_s3", call_s3)
+    with pytest.raises(FileNotFoundError, match="part 3"):
+        storage.write(f"{root}/f", [memoryview(data)])
+    assert events == ["part 1 stopped", "abort"]
+    monkeypatch.undo()
+    assert s3.filesystem().list_multipart_uploads(s3.bucket) == []
+    assert not storage.exists(f"{root}/f")

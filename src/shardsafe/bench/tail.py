@@ -4,9 +4,12 @@
 ``bench.scale``'s FSDP job and records, with the real index reader
 (``engine.load.index_exchange``), every rank's index requests: rank 0 reads the head
 (the others receive it), then each rank reads the directory entries and parts its shard
-needs and asks for its data file's size. Each rank then reads its shard of
-``--rank-mib`` MiB as the S3 backend does: ranged GETs of ``storage.fsspec.PART_SIZE``
-bytes, ``MAX_CONCURRENCY`` in flight, the next one sent as soon as any has arrived.
+needs and asks for its data file's size, one request after the other. Each rank then
+reads its shard of ``--rank-mib`` MiB as ``FsspecStorage.read_into`` does: ranged GETs of
+``storage.fsspec.PART_SIZE`` bytes (``--part-mib``), ``MAX_CONCURRENCY`` in flight, and a
+slot is given to the next GET at the moment any GET in flight has its answer (hedged or
+not), whichever it is (``storage.batch.as_completed``); a duplicate takes no slot of the
+window, as a request and its duplicate are one call of the runner.
 
 The modelled store (``StoreModel``) serves an attempt of ``n`` bytes in ``(ttfb + n /
 bandwidth) * X``, ``X`` lognormal with median 1 and shape ``sigma``; with probability
@@ -152,9 +155,10 @@ class _Rank:
 
     def phase(self, start: float, sizes: Sequence[int], window: int) -> float:
         """Runs ``sizes`` from ``start`` with ``window`` requests in flight, the next sent
-        as soon as any has arrived (as ``FsspecStorage.read_into`` does); returns when the
-        last answer is in. The hedge delays and stall limits of the requests in flight are
-        looked at again whenever an answer changed the tracker, as the runner's wait does."""
+        at the moment any request in flight has its answer (``storage.batch.as_completed``,
+        as ``FsspecStorage.read_into`` uses it); returns when the last answer is in. The
+        hedge delays and stall limits of the requests in flight are looked at again
+        whenever an answer changed the tracker, as the runner's wait does."""
         n = len(sizes)
         began, done, hedged = [0.0] * n, [False] * n, [False] * n
         self.stalled: dict[tuple[int, int], tuple[float, int]] = {}
@@ -269,19 +273,21 @@ def simulate(head: Sequence[int], plans: Sequence[Sequence[int]], data: Sequence
 
 
 def run(ranks: int, tensors: int = 20, rank_mib: int = 1024, model: StoreModel | None = None,
-        seed: int = 0) -> dict[str, Any]:
-    """The figures of the module doc for a job of ``ranks`` ranks."""
+        seed: int = 0, part_size: int = PART_SIZE) -> dict[str, Any]:
+    """The figures of the module doc for a job of ``ranks`` ranks whose data reads are
+    ranged GETs of ``part_size`` bytes."""
     t0 = time.perf_counter()
     model = model or StoreModel()
     head, plans = index_plans(ranks, tensors)
-    data = [min(PART_SIZE, rank_mib * MiB - o) for o in range(0, rank_mib * MiB, PART_SIZE)]
+    data = [min(part_size, rank_mib * MiB - o) for o in range(0, rank_mib * MiB, part_size)]
     tail, retry = TailPolicy(), RetryPolicy()
     hedged = simulate(head, plans, data, model, tail, retry, seed)
     unhedged = simulate(head, plans, data, model, replace(tail, hedge=False), retry, seed)
     fixed = simulate(head, plans, data, model, replace(tail, hedge=False), retry, seed, learn_stalls=False)
     r3 = lambda x: round(x, 3)  # noqa: E731
     return {
-        "ranks": ranks, "rank_mib": rank_mib, "part_mib": PART_SIZE // MiB, "window": MAX_CONCURRENCY,
+        "ranks": ranks, "rank_mib": rank_mib, "window": MAX_CONCURRENCY,
+        "part_mib": part_size // MiB if part_size % MiB == 0 else part_size / MiB,
         "requests_per_rank": len(data) + round(statistics.mean(len(p) for p in plans), 2),
         "head_requests": len(head), "model": asdict(model), "policy": asdict(tail), "seed": seed,
         "job_over_median": r3(hedged["job_over_median"]),
@@ -303,12 +309,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=16384)
     p.add_argument("--tensors", type=int, default=20, help="tensors of the FSDP job (index size)")
     p.add_argument("--rank-mib", type=int, default=1024, help="MiB each rank reads")
+    p.add_argument("--part-mib", type=float, default=PART_SIZE / MiB,
+                   help="MiB per ranged GET of the data reads (default: the S3 backend's part size)")
     p.add_argument("--sigma", type=float, default=StoreModel().sigma)
     p.add_argument("--stall-p", type=float, default=StoreModel().stall_p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     a = p.parse_args(argv)
-    out = run(a.ranks, a.tensors, a.rank_mib, StoreModel(sigma=a.sigma, stall_p=a.stall_p), a.seed)
+    out = run(a.ranks, a.tensors, a.rank_mib, StoreModel(sigma=a.sigma, stall_p=a.stall_p), a.seed,
+              round(a.part_mib * MiB))
     if not a.json:
         for key in ("job_over_median", "unhedged_job_over_median", "fixed_stall_job_over_median",
                     "stalled_rank_over_median",

@@ -13,17 +13,18 @@ S3 the client's own retry layers are turned off (botocore and s3fs would multipl
 attempts and hide ``Retry-After``), its connect and read timeouts are set to the stall
 timeout, and its connections are watched for stalled uploads (``storage.stall``).
 
-Large files go up as S3 multipart uploads whose parts are sent concurrently and retried
-one by one; a failed upload is aborted (``storage.multipart``). Each part is copied out
+Large files go up as S3 multipart uploads whose parts are sent concurrently (the next
+as soon as any has been stored) and retried one by one; a failed upload is aborted
+(``storage.multipart``). Each part is copied out
 of the staged buffers only when it is sent, so memory stays at ``part_size *
 max_concurrency`` above the staged state. Reads are ranged GETs of just the wanted
-bytes; long ranges are split into parts fetched concurrently, each retried on its own.
+bytes; long ranges are split into parts fetched concurrently, each retried on its own,
+the next part asked for as soon as any part has arrived (``storage.batch``).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-
+import contextlib
 import functools
 import itertools
 import logging
@@ -35,10 +36,10 @@ from typing import Any, TypeVar
 from .. import knobs
 from .._numbers import ceil_div
 from ..errors import CheckpointError
-from . import multipart
+from . import batch, multipart
 from .deadline import Deadline
 from . import runner as _runner
-from .runner import Pending, Request, Runner
+from .runner import Request, Runner
 from .retry import RetryPolicy
 from .s3_client import endpoint_of, s3_options, watch_of
 from .tail import TailPolicy
@@ -298,24 +299,21 @@ class FsspecStorage:
     @_os_errors
     def read_into(self, path: str, offset: int, out: memoryview) -> None:
         out = memoryview(out).cast("B")
-        n = len(out)
-        starts = list(range(offset, offset + n, self.part_size))
+        end = offset + len(out)
+
+        def calls() -> Iterator[batch.Call[tuple[int, int], bytes]]:
+            for s in range(offset, end, self.part_size):
+                e = min(s + self.part_size, end)
+                yield ((s, e), Request("GET", path, f"bytes {s}-{e - 1}", size=e - s, idempotent=True),
+                       functools.partial(self._get_range, path, s, e))
+
         # each part lands in its own range of ``out``: a slot goes to the next part as soon as
-        # any part has arrived, so one slow answer does not hold the others back
-        pending: dict[concurrent.futures.Future[bytes], tuple[int, int, Pending[bytes]]] = {}
-        try:
-            for s in starts:
-                while len(pending) >= self.max_concurrency:
-                    _fill_arrived(out, offset, path, pending)
-                e = min(s + self.part_size, offset + n)
-                p = self._runner.submit(Request("GET", path, f"bytes {s}-{e - 1}", size=e - s, idempotent=True),
-                                        lambda s=s, e=e: self._get_range(path, s, e))
-                pending[p.future] = (s, e, p)
-            while pending:
-                _fill_arrived(out, offset, path, pending)
-        finally:
-            for _, _, p in pending.values():
-                p.abandon()
+        # any part has arrived, so one slow answer holds back no other part
+        with contextlib.closing(batch.as_completed(self._runner, calls(), self.max_concurrency)) as parts:
+            for (s, e), data in parts:
+                if len(data) != e - s:
+                    raise EOFError(f"{path}: object ends before byte {e}")
+                out[s - offset:e - offset] = data
 
     async def _get_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of ``path``. On S3 the body is read a chunk at a time and
@@ -455,19 +453,6 @@ class FsspecStorage:
     def sync_dir(self, path: str) -> None:
         # uploads are durable when they return; there is no directory entry to flush
         return None
-
-
-def _fill_arrived(out: memoryview, offset: int, path: str,
-                  pending: dict[concurrent.futures.Future[bytes], tuple[int, int, Pending[bytes]]]) -> None:
-    """Waits until a part in ``pending`` has arrived; copies every arrived part into ``out``
-    (each at its range) and takes it out of ``pending``; raises the error of a failed one."""
-    arrived, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-    for f in arrived:
-        start, end, p = pending.pop(f)
-        data = p.result()
-        if len(data) != end - start:
-            raise EOFError(f"{path}: object ends before byte {end}")
-        out[start - offset:end - offset] = data
 
 
 def _regroup(pieces: Iterable[memoryview], part: int, size: int | None, path: str) -> Iterator[bytes]:

@@ -1,11 +1,12 @@
 """S3 multipart uploads: parts retried one by one, the upload completed or aborted.
 
 ``upload(fs, runner, path, size, parts, window)`` creates the upload, sends the parts
-as the caller's iterator produces them with at most ``window`` in flight (each a
-``storage.runner`` call with its own retries, stall detection and the deadline),
-completes it, and returns. On any failure (a part out of attempts, the deadline, an
-error of the iterator, an interrupt) the parts still in flight are abandoned and the
-upload is aborted, so no unfinished upload keeps holding storage; an abort that fails
+as the caller's iterator produces them with at most ``window`` in flight, the next as
+soon as any part has been stored (``storage.batch``; each part a ``storage.runner`` call
+with its own retries, hedging, stall detection and the deadline), completes it with the
+parts in order, and returns. On any failure (a part out of attempts, the deadline, an
+error of the iterator, an interrupt) the parts still in flight are cancelled and
+awaited, and the upload is aborted, so no unfinished upload keeps holding storage; an abort that fails
 as well is logged, and ``shardsafe gc`` finds the upload later
 (``FsspecStorage.incomplete_uploads``). The object appears whole when the upload
 completes, or not at all.
@@ -13,13 +14,15 @@ completes, or not at all.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
-from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .._numbers import ceil_div
-from .runner import CLEANUP_SECONDS, Pending, Request, Runner
+from . import batch
+from .runner import Request, Runner
 
 log = logging.getLogger("shardsafe")
 
@@ -40,33 +43,26 @@ def upload(fs: Any, runner: Runner, path: str, size: int | None, part_size: int,
     created = runner.run(Request("POST", path, "create multipart upload"),
                          lambda: fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key))
     upload_id = created["UploadId"]
-    inflight: deque[tuple[int, Pending[Any]]] = deque()
     etags: list[dict[str, Any]] = []
-    try:
+
+    def calls() -> Iterator[batch.Call[int, Any]]:
+        nonlocal sent
         for number, body in enumerate(parts, 1):
             sent += len(body)
-            while len(inflight) >= window:
-                etags.append(_finished(inflight.popleft()))
-            inflight.append((number, runner.submit(
-                Request("PUT", path, f"part {number}{count}", size=len(body), idempotent=True),
-                lambda n=number, b=body: fs._call_s3("upload_part", Bucket=bucket, Key=key,
-                                                     UploadId=upload_id, PartNumber=n, Body=b))))
-        while inflight:
-            etags.append(_finished(inflight.popleft()))
+            yield (number, Request("PUT", path, f"part {number}{count}", size=len(body), idempotent=True),
+                   functools.partial(fs._call_s3, "upload_part", Bucket=bucket, Key=key, UploadId=upload_id,
+                                     PartNumber=number, Body=body))
+
+    try:
+        with contextlib.closing(batch.as_completed(runner, calls(), window)) as stored:
+            for number, answer in stored:
+                etags.append({"PartNumber": number, "ETag": answer["ETag"]})
+        etags.sort(key=lambda part: part["PartNumber"])  # they arrive in any order; S3 wants them ascending
         runner.run(Request("POST", path, f"complete multipart upload of {len(etags)} parts"),
                    _completion(fs, path, bucket, key, upload_id, etags, sent))
     except BaseException:
-        for _, p in inflight:
-            p.abandon()
-        for _, p in inflight:
-            p.wait_stopped(CLEANUP_SECONDS)
         abort(fs, runner.for_cleanup(), path, upload_id)
         raise
-
-
-def _finished(item: tuple[int, Pending[Any]]) -> dict[str, Any]:
-    number, pending = item
-    return {"PartNumber": number, "ETag": pending.result()["ETag"]}
 
 
 def _completion(fs: Any, path: str, bucket: str, key: str, upload_id: str,
