@@ -53,3 +53,49 @@ def test_a_slot_goes_to_the_next_request_when_any_request_has_its_answer(large_a
     large_sent = small * (large_at // 2)  # its slot is free once the small reads before it have had their answers
     assert rank.phase(0.0, sizes, 2) == pytest.approx(large_sent + large, abs=1e-6)
     assert rank.sent == len(sizes)
+
+
+class _Scripted:
+    """A draw stream with no stalls whose lognormal factors are given (then 1)."""
+
+    def __init__(self, factors: list[float]) -> None:
+        self.factors = list(factors)
+
+    def random(self) -> float:
+        return 1.0
+
+    def lognormvariate(self, mu: float, sigma: float) -> float:
+        return self.factors.pop(0) if self.factors else 1.0
+
+    def uniform(self, a: float, b: float) -> float:
+        return a
+
+
+@pytest.mark.parametrize(("drain_factor", "ends"), [(2.5, 0.35 + 2.5 * 0.35 + 0.35), (100.0, 0.35 + 1.0 + 0.35)])
+def test_the_last_read_is_hedged_sooner_once_nothing_is_left_to_send(drain_factor: float, ends: float) -> None:
+    """Four 32 MiB reads (0.35 s at the median), 2 slots, reads of the class learned at
+    0.35 s. The last read is 6 x slow; once the read beside it has its answer, nothing is
+    left to send and it is draining: its duplicate goes out 2.5 x the median after its
+    start instead of at the 1 s cap of a class with few durations."""
+    model = tail.StoreModel()
+    policy = tail.TailPolicy(drain_factor=drain_factor)
+    rank = tail._Rank(0, 0, model, policy, tail.RetryPolicy(), learn_stalls=True)
+    for _ in range(20):
+        rank.tracker.record(32 * tail.MiB, 0.35, 0.03)
+    rank.draws = [_Scripted([1.0, 1.0, 1.0, 6.0]), _Scripted([])]  # type: ignore[list-item]
+    assert rank.phase(0.0, [32 * tail.MiB] * 4, 2) == pytest.approx(ends, abs=1e-6)
+    assert rank.hedges == 1
+
+
+def test_a_read_far_slower_than_its_siblings_is_cut_at_the_stall_floor_and_retried() -> None:
+    """Without hedging: the first of three reads is 20 x slow (7 s, bytes arriving all
+    along, so never silent); its siblings finish, and at the stall floor (2 s) it is on
+    course for 9 s, far beyond 8 x the median: cut, and the retry (no backoff drawn here)
+    takes the median 0.35 s."""
+    model = tail.StoreModel()
+    rank = tail._Rank(0, 0, model, tail.TailPolicy(hedge=False), tail.RetryPolicy(), learn_stalls=True)
+    for _ in range(20):
+        rank.tracker.record(32 * tail.MiB, 0.35, 0.03)
+    rank.draws = [_Scripted([20.0, 1.0, 1.0, 1.0]), _Scripted([])]  # type: ignore[list-item]
+    assert rank.phase(0.0, [32 * tail.MiB] * 3, 2) == pytest.approx(2.0 + 0.35, abs=1e-6)
+    assert rank.sent == 4 and rank.stalls == 1

@@ -58,3 +58,65 @@ def test_a_request_that_is_not_idempotent_is_never_hedged() -> None:
     pending = runner.submit(Request("PUT", "b/k", "part 1/1", size=64 * MiB), make)
     assert pending.future.result(timeout=10) == b"abc"
     assert len(calls) == 1 and runner.tail.budget.hedges == 0
+
+
+def _steady(first_takes: float, every: float = 0.05):  # noqa: ANN202 - its first copy moves a byte each `every`
+    calls: list[int] = []
+
+    async def make() -> bytes:
+        calls.append(1)
+        p = progress()
+        assert p is not None
+        p.note(time.monotonic(), 0)
+        if len(calls) == 1:
+            end = time.monotonic() + first_takes
+            while time.monotonic() < end:
+                await asyncio.sleep(every)
+                p.note(time.monotonic(), 1)
+        p.note(time.monotonic(), 3)
+        return b"abc"
+
+    return make, calls
+
+
+def test_a_request_is_hedged_sooner_once_its_batch_is_draining() -> None:
+    # reads of the class took 0.1 s; too few for a quantile, and the sibling factor puts
+    # the slow mark at 30 s: only draining (2.5 x the median, 0.25 s) hedges within the test
+    policy = TailPolicy(hedge_initial=30.0, sibling_factor=300.0, drain_factor=2.5, stall_floor=50.0,
+                        stall_cap=60.0)
+    runner = Runner(fsspec_asyn.get_loop(), RetryPolicy(stall_timeout=60.0), tail=policy)
+    for _ in range(10):
+        runner.tail.tracker.record(64 * MiB, 0.1, 0.01)
+    make, calls = _steady(first_takes=60.0)
+    pending = runner.submit(Request("GET", "b/k", "bytes 0-3", size=64 * MiB, idempotent=True), make)
+    time.sleep(0.75)  # three times the draining delay, and never silent: not hedged yet
+    assert runner.tail.budget.hedges == 0 and len(calls) == 1
+    pending.drain()
+    assert pending.future.result(timeout=10) == b"abc"
+    assert len(calls) == 2 and runner.tail.budget.hedges == 1
+
+
+def test_a_request_run_alone_is_draining_from_its_start() -> None:
+    policy = TailPolicy(hedge_initial=30.0, sibling_factor=300.0, drain_factor=2.5, stall_floor=50.0,
+                        stall_cap=61.0)
+    runner = Runner(fsspec_asyn.get_loop(), RetryPolicy(stall_timeout=60.0), tail=policy)
+    for _ in range(10):
+        runner.tail.tracker.record(64 * MiB, 0.1, 0.01)
+    make, calls = _steady(first_takes=60.0)
+    assert runner.run(Request("GET", "b/k", "bytes 0-3", size=64 * MiB, idempotent=True), make) == b"abc"
+    assert len(calls) == 2 and runner.tail.budget.hedges == 1
+
+
+def test_an_attempt_far_slower_than_its_siblings_is_cut_and_retried() -> None:
+    # no hedging: the crawling attempt (a byte per 50 ms of 64 MiB, siblings took 50 ms)
+    # is cut after the stall floor once a sibling finished, and the retry answers
+    policy = TailPolicy(hedge=False, stall_floor=0.5, stall_cap=60.0)
+    runner = Runner(fsspec_asyn.get_loop(), RetryPolicy(stall_timeout=60.0, base_delay=0.01), tail=policy)
+    for _ in range(10):
+        runner.tail.tracker.record(64 * MiB, 0.05, 0.01)
+    make, calls = _steady(first_takes=60.0)
+    pending = runner.submit(Request("GET", "b/k", "bytes 0-3", size=64 * MiB, idempotent=True), make)
+    sibling, _ = _steady(first_takes=0.0)
+    assert runner.run(Request("GET", "b/j", "bytes 0-3", size=64 * MiB, idempotent=True), sibling) == b"abc"
+    assert pending.future.result(timeout=10) == b"abc"
+    assert len(calls) == 2 and runner.tail.budget.hedges == 0

@@ -47,6 +47,49 @@ def test_hedge_delay_of_another_size_class_is_not_learned_from_this_one() -> Non
 def test_the_window_forgets_old_samples() -> None:
     t = _tracker([9.0] * 64 + [0.3] * 64)
     assert TailPolicy(min_samples=8).hedge_delay(t, 32 * MiB) == pytest.approx(0.3)
+    assert t.samples(32 * MiB) == 64 and t.finished(32 * MiB) == 128  # kept, and ever finished
+    assert t.finished(4 << 10) == 0
+
+
+@pytest.mark.parametrize(("durations", "min_samples", "expected", "draining"), [
+    ([], 32, 1.0, 1.0),              # nothing learned: the initial delay either way
+    ([0.3] * 20, 32, 1.0, 0.75),     # few samples: 3.5 x 0.3 capped at 1.0; draining: 2.5 x the median
+    ([0.3] * 20, 8, 0.3, 0.3),       # the p95 is sooner than 2.5 x the median: it stays
+    ([0.1] * 18 + [3.0, 3.0], 8, 3.0, 0.25),
+    ([0.01] * 20, 8, 0.05, 0.05),    # never below the floor
+])
+def test_a_draining_request_is_hedged_after_a_multiple_of_the_median(durations: list[float], min_samples: int,
+                                                                     expected: float, draining: float) -> None:
+    policy = TailPolicy(min_samples=min_samples, sibling_factor=3.5, drain_factor=2.5)
+    t = _tracker(durations)
+    assert policy.hedge_delay(t, 32 * MiB) == pytest.approx(expected)
+    assert policy.hedge_delay(t, 32 * MiB, draining=True) == pytest.approx(draining)
+    b = HedgeBudget(0.05, burst=4)
+    b.started()
+    assert policy.hedge_now(t, b, 32 * MiB, draining - 0.01, None, draining=True) is False
+    assert policy.hedge_now(t, b, 32 * MiB, draining, None, draining=True) is True
+
+
+# 32 MiB reads whose median is 0.3 s (crawl_factor 8: on course for more than 2.4 s is far slower)
+@pytest.mark.parametrize(("elapsed", "moved_mib", "finished_since", "crawling"), [
+    (2.5, 8, 3, True),       # on course for 10 s, 7.5 s to go, siblings finish: stalled
+    (1.9, 4, 3, False),      # before the stall floor (2 s), never
+    (2.5, 8, 0, False),      # nothing else of its class finished meanwhile: the store is slow for all
+    (2.5, 0, 3, False),      # no byte yet: that is the silence the stall limit judges
+    (2.2, 28, 3, False),     # on course for 2.51 s but 0.31 s to go: a new attempt would not be sooner
+    (2.0, 28, 3, False),     # on course for 2.29 s: not 8 x the median
+    (2.0, 24, 3, True),      # on course for 2.67 s, 0.67 s to go (more than 2 x the median)
+])
+def test_an_attempt_far_slower_than_its_siblings_is_stalled(elapsed: float, moved_mib: int, finished_since: int,
+                                                            crawling: bool) -> None:
+    t = _tracker([0.3] * 20)
+    assert TailPolicy().crawling(t, 32 * MiB, elapsed, moved_mib * MiB, finished_since) is crawling
+
+
+def test_an_attempt_is_not_judged_against_siblings_it_does_not_have() -> None:
+    few = _tracker([0.3] * 7)  # fewer than min_gaps durations
+    assert TailPolicy().crawling(few, 32 * MiB, 5.0, MiB, 3) is False
+    assert TailPolicy().crawling(_tracker([0.3] * 20, size=4 << 10), 32 * MiB, 5.0, MiB, 3) is False
 
 
 @pytest.mark.parametrize(("fraction", "requests", "allowed"), [
@@ -98,10 +141,10 @@ def _gaps(gaps: list[float]) -> LatencyTracker:
 
 
 @pytest.mark.parametrize(("gaps", "expected"), [
-    ([], 1.0),                      # nothing learned: the initial hedge delay
+    ([], 0.5),                      # nothing learned: the initial silence limit
     ([0.03, 0.05], 0.25),           # a few gaps: 4 x the largest, at least the floor...
     ([0.03, 0.1], 0.4),
-    ([0.03, 0.5], 1.0),             # ... at most the initial delay
+    ([0.03, 0.5], 0.5),             # ... at most the initial limit
     ([0.03] * 20, 0.25),            # learned: 4 x the p99 gap, at least the floor
     ([0.1] * 19 + [0.2], 0.8),
     ([1.0] * 20, 4.0),              # a slow store: beyond the initial delay once learned
@@ -113,7 +156,7 @@ def test_silence_limit_is_k_times_the_usual_gap(gaps: list[float], expected: flo
 
 # A tracker whose 32 MiB reads take 0.3 s (so a read is slow after 0.3 s) and whose gaps
 # are 0.03 s (so a read is silent after 0.25 s); the budget has had 20 requests (0.05 x 20
-# + 3 = 4 duplicates).
+# + 3 = 4 duplicates, of which a slow request leaves 1).
 @pytest.mark.parametrize(("elapsed", "silent", "taken", "hedged"), [
     (0.2, 0.2, 0, False),    # neither slow nor silent
     (0.2, None, 0, False),   # a request that reports no progress
@@ -129,7 +172,7 @@ def test_silence_limit_is_k_times_the_usual_gap(gaps: list[float], expected: flo
 ])
 def test_silent_requests_are_hedged_first_and_may_use_the_reserve(elapsed: float, silent: float | None,
                                                                   taken: int, hedged: bool) -> None:
-    policy = TailPolicy(min_samples=8)
+    policy = TailPolicy(min_samples=8, hedge_burst=3, hedge_reserve=1)
     t = _tracker([0.3] * 20, gaps=[0.03])
     b = HedgeBudget(policy.hedge_budget, policy.hedge_burst)
     for _ in range(20):
@@ -192,7 +235,8 @@ def test_progress_keeps_the_longest_gap() -> None:
 @pytest.mark.parametrize("bad", [dict(hedge_quantile=1.0), dict(hedge_budget=-0.1), dict(stall_floor=0),
                                  dict(stall_floor=40.0), dict(hedge_initial=0.01), dict(min_samples=0),
                                  dict(sibling_factor=0.5), dict(silence_factor=0), dict(silence_floor=0),
-                                 dict(silence_floor=2.0), dict(hedge_reserve=-1)])
+                                 dict(silence_floor=2.0), dict(silence_initial=0.1), dict(hedge_reserve=-1),
+                                 dict(drain_factor=0.5), dict(crawl_factor=0.9)])
 def test_bad_policies_are_refused(bad: dict) -> None:
     with pytest.raises(ValueError):
         TailPolicy(**bad)

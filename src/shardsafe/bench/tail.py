@@ -5,11 +5,14 @@
 (``engine.load.index_exchange``), every rank's index requests: rank 0 reads the head
 (the others receive it), then each rank reads the directory entries and parts its shard
 needs and asks for its data file's size, one request after the other. Each rank then
-reads its shard of ``--rank-mib`` MiB as ``FsspecStorage.read_into`` does: ranged GETs of
-``storage.fsspec.PART_SIZE`` bytes (``--part-mib``), ``MAX_CONCURRENCY`` in flight, and a
-slot is given to the next GET at the moment any GET in flight has its answer (hedged or
-not), whichever it is (``storage.batch.as_completed``); a duplicate takes no slot of the
-window, as a request and its duplicate are one call of the runner.
+reads its shard of ``--rank-mib`` MiB as ``FsspecStorage.read_into`` does: ranged GETs in
+the parts ``storage.batch.split`` cuts (``storage.fsspec.PART_SIZE`` bytes, ``--part-mib``,
+shrinking towards the end), ``MAX_CONCURRENCY`` in flight, and a slot is given to the
+next GET at the moment any GET in flight has its answer (hedged or not), whichever it is
+(``storage.batch.as_completed``); a duplicate takes no slot of the window, as a request
+and its duplicate are one call of the runner. Once nothing is left to send and a slot
+is idle, the GETs in flight are draining (hedged sooner), as is each index request,
+which the rank waits for alone.
 
 The modelled store (``StoreModel``) serves an attempt of ``n`` bytes in ``(ttfb + n /
 bandwidth) * X``, ``X`` lognormal with median 1 and shape ``sigma``; with probability
@@ -17,10 +20,11 @@ bandwidth) * X``, ``X`` lognormal with median 1 and shape ``sigma``; with probab
 connection drops). Every request runs through the real policy objects on a simulated
 clock, one set per rank as in one process: ``storage.tail.TailPolicy`` (``hedge_now``
 with a ``LatencyTracker`` fed with the attempts that have finished by then and the
-``HedgeBudget``, the stall limit) and ``storage.retry.RetryPolicy`` (the backoff after a
-stall). A GET reports progress (its bytes, which arrive without pause after the first;
-a HEAD's only progress is its answer), so an attempt is silent until its first byte, a
-stalled one for good, and a stall is cut at the learned limit. Three runs on the same
+``HedgeBudget``, the stall limit, ``crawling``) and ``storage.retry.RetryPolicy`` (the
+backoff after a stall). A GET reports progress (its bytes, which arrive evenly after the
+first; a HEAD's only progress is its answer), so an attempt is silent until its first
+byte, a stalled one for good; a stall is cut at the learned limit, and an attempt far
+slower than its siblings is cut as ``TailPolicy.crawling`` says. Three runs on the same
 draws: with hedging, without it, and with neither hedging nor the learned stall limit (a
 fixed ``SHARDSAFE_STALL_TIMEOUT``).
 
@@ -48,6 +52,7 @@ from typing import Any
 from ..engine.load import index_exchange as ix
 from ..format.index.versions import encode_columnar
 from ..harness.synthetic_job import build_index
+from ..storage.batch import split
 from ..storage.fsspec import MAX_CONCURRENCY, PART_SIZE
 from ..storage.retry import RetryPolicy
 from ..storage.tail import HedgeBudget, LatencyTracker, TailPolicy
@@ -67,7 +72,7 @@ class StoreModel:
     """Median MiB/s of one connection."""
     sigma: float = 0.5
     """Shape of the lognormal factor on an attempt's time (its median is 1)."""
-    stall_p: float = 0.002
+    stall_p: float = 0.0002
     """Probability that an attempt stalls."""
     stall_s: float = 120.0
     """Seconds a stalled attempt sends nothing before its connection drops."""
@@ -106,7 +111,7 @@ def index_plans(ranks: int, tensors: int) -> tuple[list[int], list[list[int]]]:
     return rank0.sizes, plans
 
 
-_START, _FINISH, _ATTEMPT, _CHECK, _STALL = range(5)  # event kinds, in the order of equal times
+_START, _FINISH, _ATTEMPT, _CHECK, _STALL, _CRAWL = range(6)  # event kinds, in the order of equal times
 _EPS = 1e-9  # a look scheduled for when a request is due sees it due, whatever the rounding
 
 
@@ -141,6 +146,7 @@ class _Rank:
         if rng.random() < m.stall_p:
             self.stalls += 1
             self.stalled[(i, copy)] = (t, attempt)
+            self.running.pop((i, copy), None)
             if copy == 0:
                 self.silent[i] = (t, math.inf)
             self._push(t + min(self._limit(size), m.stall_s), _STALL, i, copy, t)
@@ -150,23 +156,50 @@ class _Rank:
         gap = seconds if size == HEAD else m.ttfb * x
         self.gaps[(i, copy)] = gap
         if copy == 0:
-            self.silent[i] = (t, t + (seconds if size == HEAD else m.ttfb * x))
-        self._push(t + seconds, _FINISH, i, copy, seconds)
+            self.silent[i] = (t, t + gap)
+        self.running[(i, copy)] = (t, gap, seconds, attempt, self.tracker.finished(max(size, 0)))
+        self._push(t + seconds, _FINISH, i, copy, t)
+        if size != HEAD and seconds > self.tail.stall_floor:
+            self._push(t + self.tail.stall_floor, _CRAWL, i, copy, t)
 
-    def phase(self, start: float, sizes: Sequence[int], window: int) -> float:
+    def _crawling(self, now: float, i: int, copy: int, size: int) -> bool:
+        """Whether the running attempt of copy ``copy`` of request ``i`` counts as stalled
+        at ``now`` by ``TailPolicy.crawling`` (its bytes arrive evenly after the first)."""
+        sent, gap, seconds, _, finished = self.running[(i, copy)]
+        moved = int(size * min(1.0, max(0.0, now - sent - gap) / (seconds - gap)))
+        return self.tail.crawling(self.tracker, size, now - sent, moved,
+                                  self.tracker.finished(size) - finished)
+
+    def _cut(self, t: float, i: int, copy: int, attempt: int) -> None:
+        """The attempt counts as stalled at ``t``: the next one follows after the backoff."""
+        if copy == 0:
+            self.silent.pop(i, None)  # no attempt during the backoff
+        if attempt + 1 < self.retry.attempts:
+            backoff = self.retry.delay(attempt, None, self.draws[copy])
+            self._push(t + backoff, _ATTEMPT, i, copy, attempt + 1)
+
+    def phase(self, start: float, sizes: Sequence[int], window: int, alone: bool = False) -> float:
         """Runs ``sizes`` from ``start`` with ``window`` requests in flight, the next sent
         at the moment any request in flight has its answer (``storage.batch.as_completed``,
         as ``FsspecStorage.read_into`` uses it); returns when the last answer is in. The
         hedge delays and stall limits of the requests in flight are looked at again
-        whenever an answer changed the tracker, as the runner's wait does."""
+        whenever an answer changed the tracker, as the runner's wait does. A request is
+        draining (``TailPolicy.hedge_delay``) once nothing is left to send and a slot is
+        idle, or from its start if ``alone`` (each request a batch of its own, as the
+        index reads, one after the other)."""
         n = len(sizes)
         began, done, hedged = [0.0] * n, [False] * n, [False] * n
+        self.draining = [alone] * n
         self.stalled: dict[tuple[int, int], tuple[float, int]] = {}
         self.gaps: dict[tuple[int, int], float] = {}
         self.silent: dict[int, tuple[float, float]] = {}  # first copy's attempt: sent, first byte
+        # each copy's running attempt: sent, first byte after, takes, attempt, class finished
+        self.running: dict[tuple[int, int], tuple[float, float, float, int, int]] = {}
         sent = 0
         inflight: set[int] = set()
         last = start
+        if n < window:
+            self.draining = [True] * n
         while sent < min(window, n):
             self._push(start, _START, sent)
             inflight.add(sent)
@@ -194,37 +227,51 @@ class _Rank:
                     self._push(since + limit, _STALL, i, copy, since)
                     continue
                 del self.stalled[(i, copy)]
-                if copy == 0:
-                    self.silent.pop(i, None)  # no attempt during the backoff
-                if attempt + 1 < self.retry.attempts:
-                    backoff = self.retry.delay(attempt, None, self.draws[copy])
-                    self._push(t + backoff, _ATTEMPT, i, copy, attempt + 1)
+                self._cut(t, i, copy, attempt)
+            elif kind == _CRAWL:
+                run = self.running.get((i, copy))
+                if run is None or run[0] != value or not self._crawling(t, i, copy, size):
+                    continue  # another attempt by now, or not (yet) far slower than its siblings
+                del self.running[(i, copy)]
+                self.stalls += 1
+                self._cut(t, i, copy, run[3])
             elif kind == _CHECK:
                 if hedged[i]:
                     continue
                 silent = self._silence(t, i)
                 if self.tail.hedge_now(self.tracker, self.budget, max(size, 0), t - began[i] + _EPS,
-                                       None if silent is None else silent + _EPS):
+                                       None if silent is None else silent + _EPS, self.draining[i]):
                     hedged[i] = True
                     self.hedges += 1
                     self._attempt(t, i, 1, 0, size)
                 else:
                     self._check(t, i, began[i], size, refused=True)
             else:
+                run = self.running.get((i, copy))
+                if run is None or run[0] != value:
+                    continue  # an attempt cut as far slower than its siblings
                 done[i] = True
                 last = max(last, t)
-                self.tracker.record(max(size, 0), value, self.gaps[(i, copy)])
+                self.running.pop((i, 0), None)
+                self.running.pop((i, 1), None)
+                self.tracker.record(max(size, 0), t - value, self.gaps[(i, copy)])
                 for (j, c), (since, _) in list(self.stalled.items()):  # the limits just changed
                     if not done[j]:
                         self._push(max(t, since + min(self._limit(sizes[j]), self.model.stall_s)), _STALL, j, c, since)
+                for (j, c), run in self.running.items():  # and what counts as far slower
+                    if not done[j] and t >= run[0] + self.tail.stall_floor:
+                        self._push(t, _CRAWL, j, c, run[0])
                 inflight.discard(i)
-                for j in inflight:  # and the hedge delays
-                    if not hedged[j]:
-                        self._check(t, j, began[j], sizes[j])
                 if sent < n:  # its slot goes to the next request
                     self._push(t, _START, sent)
                     inflight.add(sent)
                     sent += 1
+                elif len(inflight) < window:  # nothing left to send, slots idle
+                    for j in inflight:
+                        self.draining[j] = True
+                for j in inflight:  # and the hedge delays
+                    if not hedged[j]:
+                        self._check(t, j, began[j], sizes[j])
         return last
 
     def _silence(self, now: float, i: int) -> float | None:
@@ -239,7 +286,7 @@ class _Rank:
         """Looks at request ``i`` when it is slow or silent (at once if it is already);
         after a look the budget ``refused``, only at a time still to come (the next answer
         to come in looks again, as the budget grows with the requests sent)."""
-        delay = self.tail.hedge_delay(self.tracker, max(size, 0))
+        delay = self.tail.hedge_delay(self.tracker, max(size, 0), self.draining[i])
         silence = self.tail.silence_limit(self.tracker)
         if delay is None or silence is None:
             return
@@ -256,11 +303,11 @@ def simulate(head: Sequence[int], plans: Sequence[Sequence[int]], data: Sequence
              tail: TailPolicy, retry: RetryPolicy, seed: int, learn_stalls: bool = True) -> dict[str, Any]:
     """Every rank's restore time (seconds from the job's start) and the requests sent."""
     rank0 = _Rank(seed, -1, model, tail, retry, learn_stalls)
-    head_done = rank0.phase(0.0, head, 1)  # rank 0 reads the head; the others receive it
+    head_done = rank0.phase(0.0, head, 1, alone=True)  # rank 0 reads the head; the others receive it
     times, stalled, sent, hedges, stalls = [], [], rank0.sent, rank0.hedges, rank0.stalls
     for r, plan in enumerate(plans):
         rank = _Rank(seed, r, model, tail, retry, learn_stalls)
-        t = rank.phase(head_done, plan, 1)
+        t = rank.phase(head_done, plan, 1, alone=True)
         times.append(rank.phase(t, data, MAX_CONCURRENCY))
         if rank.stalls:
             stalled.append(times[-1])
@@ -279,7 +326,7 @@ def run(ranks: int, tensors: int = 20, rank_mib: int = 1024, model: StoreModel |
     t0 = time.perf_counter()
     model = model or StoreModel()
     head, plans = index_plans(ranks, tensors)
-    data = [min(part_size, rank_mib * MiB - o) for o in range(0, rank_mib * MiB, part_size)]
+    data = [e - s for s, e in split(0, rank_mib * MiB, part_size, MAX_CONCURRENCY)]
     tail, retry = TailPolicy(), RetryPolicy()
     hedged = simulate(head, plans, data, model, tail, retry, seed)
     unhedged = simulate(head, plans, data, model, replace(tail, hedge=False), retry, seed)

@@ -6,7 +6,15 @@ through a ``Runner`` (each with its own retries, hedging, stall detection and th
 deadline) with at most ``window`` in flight, and sends the next one as soon as *any*
 request in flight has finished, not only the oldest: one slow answer then costs one
 slot, while the others keep serving the rest of the batch. Results come back in the
-order they finish, with the key their caller gave them.
+order they finish, with the key their caller gave them. Once nothing is left to send and
+a slot is idle, the requests still in flight are what the caller waits for: they are
+marked draining (``Pending.drain``), which hedges them sooner.
+
+A batch ends with its slowest last answers, so ``split`` cuts a long read into parts that
+shrink towards its end (the *factoring* rule of loop scheduling): full parts while
+plenty remain, then each part ``1 / (2 x window)`` of what is left, down to
+``SMALLEST_PART``. The last answers are then small ones, and one slow answer among them
+holds the batch up for a fraction of what a full part would.
 
 The calls are taken from the caller's iterator only when a slot is free, so a caller
 that produces each request's body lazily (a multipart upload copying a part out of the
@@ -27,6 +35,30 @@ from .runner import CLEANUP_SECONDS, Pending, Request, Runner
 
 K = TypeVar("K")
 T = TypeVar("T")
+
+MiB = 1 << 20
+SMALLEST_PART = 8 * MiB
+"""The smallest part ``split`` cuts a long read into (a ranged GET of 8 MiB still moves
+bytes for longer than it waits for its first one)."""
+
+
+def split(start: int, end: int, part: int, window: int, smallest: int = SMALLEST_PART) -> list[tuple[int, int]]:
+    """The ranges ``[s, e)`` in which a read of ``[start, end)`` is asked for, with
+    ``window`` in flight: parts of ``part`` bytes while more than ``2 x window`` of them
+    remain, then ``1 / (2 x window)`` of what remains, in whole MiB, at least
+    ``smallest`` (or ``part`` if that is smaller); a remainder under half of
+    ``smallest`` joins the part before it."""
+    smallest = min(smallest, part)
+    out = []
+    s = start
+    while s < end:
+        left = end - s
+        size = min(part, max(smallest, left // (2 * window) // MiB * MiB))
+        if left - size < smallest // 2:
+            size = left
+        out.append((s, s + size))
+        s += size
+    return out
 
 Call = tuple[K, Request, Callable[[], Awaitable[T]]]
 
@@ -50,6 +82,9 @@ def as_completed(runner: Runner, calls: Iterable[Call[K, T]], window: int) -> It
             pending = runner.submit(request, make)
             inflight[pending.future] = (key, pending)
         while inflight:
+            if len(inflight) < window:  # nothing left to send and a slot idle
+                for _, pending in inflight.values():
+                    pending.drain()
             yield from _finished(inflight)
     finally:
         for _, pending in inflight.values():
@@ -67,4 +102,4 @@ def _finished(inflight: dict[concurrent.futures.Future[T], tuple[K, Pending[T]]]
         yield key, pending.result()
 
 
-__all__ = ["Call", "as_completed"]
+__all__ = ["SMALLEST_PART", "Call", "as_completed", "split"]

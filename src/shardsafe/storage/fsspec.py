@@ -18,8 +18,9 @@ as soon as any has been stored) and retried one by one; a failed upload is abort
 (``storage.multipart``). Each part is copied out
 of the staged buffers only when it is sent, so memory stays at ``part_size *
 max_concurrency`` above the staged state. Reads are ranged GETs of just the wanted
-bytes; long ranges are split into parts fetched concurrently, each retried on its own,
-the next part asked for as soon as any part has arrived (``storage.batch``).
+bytes; long ranges are split into parts fetched concurrently (smaller towards the end of
+the range), each retried on its own, the next part asked for as soon as any part has
+arrived (``storage.batch``).
 """
 
 from __future__ import annotations
@@ -302,13 +303,13 @@ class FsspecStorage:
         end = offset + len(out)
 
         def calls() -> Iterator[batch.Call[tuple[int, int], bytes]]:
-            for s in range(offset, end, self.part_size):
-                e = min(s + self.part_size, end)
+            for s, e in batch.split(offset, end, self.part_size, self.max_concurrency):
                 yield ((s, e), Request("GET", path, f"bytes {s}-{e - 1}", size=e - s, idempotent=True),
                        functools.partial(self._get_range, path, s, e))
 
         # each part lands in its own range of ``out``: a slot goes to the next part as soon as
-        # any part has arrived, so one slow answer holds back no other part
+        # any part has arrived, so one slow answer holds back no other part; the parts shrink
+        # towards the end, so that the last answers, which the read waits for, are small
         with contextlib.closing(batch.as_completed(self._runner, calls(), self.max_concurrency)) as parts:
             for (s, e), data in parts:
                 if len(data) != e - s:

@@ -16,7 +16,8 @@ one HTTP request, or a few for an fsspec call) on fsspec's event loop and
   ``Deadline`` passes, and raises its ``CheckpointTimeoutError``;
 * abandons and retries an attempt that reports its progress (``progress()``: an S3
   ranged GET notes every chunk it receives, a HEAD its answer) when it has made none for
-  the stall limit learned from this process's recent requests (``storage.tail``), and
+  the stall limit learned from this process's recent requests (``storage.tail``), or when
+  it moves bytes far slower than the requests beside it (``TailPolicy.crawling``), and
   cuts stalled uploads at that limit too;
 * hedges an idempotent request (``Request.idempotent``: ranged GETs, HEADs, and the part
   uploads of a multipart upload, which send the same bytes under the same part number):
@@ -25,6 +26,8 @@ one HTTP request, or a few for an fsspec call) on fsspec's event loop and
   and reads learned apart), one duplicate is sent (within the hedge budget,
   ``TailPolicy.hedge_now``) and the first answer wins; the other is cancelled (a part
   whose duplicate also lands holds the same bytes, and the completion names the winner's).
+  A request the caller waits for alone (``run``, or one its batch marked ``Pending.drain``:
+  nothing else is left to send) is hedged sooner.
 
 The caller's thread waits for the result (``run``) or holds a future (``submit``); the
 coroutines run on the loop fsspec already runs for its asynchronous filesystems, so
@@ -113,18 +116,21 @@ class Runner:
 
     # ------------------------------------------------------------------ caller's thread
     def run(self, request: Request, make: Callable[[], Awaitable[T]]) -> T:
-        """``call`` from the caller's thread; returns its result or raises its error."""
-        return self.submit(request, make).result()
+        """``call`` from the caller's thread, which waits for this request alone (it is
+        draining, see ``Pending.drain``); returns its result or raises its error."""
+        return self.submit(request, make, draining=True).result()
 
-    def submit(self, request: Request, make: Callable[[], Awaitable[T]]) -> Pending[T]:
-        """Starts ``call`` on the loop and returns at once (``Pending.result`` waits)."""
+    def submit(self, request: Request, make: Callable[[], Awaitable[T]], draining: bool = False) -> Pending[T]:
+        """Starts ``call`` on the loop and returns at once (``Pending.result`` waits);
+        ``draining``: see ``Pending.drain``."""
         pending: Pending[T] = Pending()
+        pending.draining = draining
 
         async def tracked() -> T:
             pending.started.set()
             try:
                 if request.idempotent and self.tail.policy.hedge:
-                    return await self._hedged(request, make)
+                    return await self._hedged(request, make, pending)
                 return await self.call(request, make)
             finally:
                 pending.settled.set()
@@ -163,11 +169,11 @@ class Runner:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
-    async def _hedged(self, request: Request, make: Callable[[], Awaitable[T]]) -> T:
+    async def _hedged(self, request: Request, make: Callable[[], Awaitable[T]], pending: Pending[T]) -> T:
         """``call``, and one duplicate of it once the tail policy says so (``hedge_now``:
-        the first's attempt silent, or the request slow; asked again while it waits, as
-        answers teach the tracker); the first answer wins. When both fail, the first one's
-        error is raised."""
+        the first's attempt silent, or the request slow, sooner once ``pending`` is
+        draining; asked again while it waits, as answers teach the tracker); the first
+        answer wins. When both fail, the first one's error is raised."""
         tail, size = self.tail, request.size or 0
         tracker = tail.durations(request)
         tail.budget.started()
@@ -178,7 +184,8 @@ class Runner:
         hedged = False
         try:
             while racers:
-                wait_s = None if hedged else _until_due(tail.policy, tracker, size, start, current[0])
+                wait_s = None if hedged else _until_due(tail.policy, tracker, size, start, current[0],
+                                                        pending.draining)
                 done, racers = await asyncio.wait(racers, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     if task.exception() is None:
@@ -189,7 +196,8 @@ class Runner:
                 now = time.monotonic()
                 attempt = current[0]
                 if not hedged and racers and tail.policy.hedge_now(
-                        tracker, tail.budget, size, now - start, attempt.silence(now) if attempt else None):
+                        tracker, tail.budget, size, now - start, attempt.silence(now) if attempt else None,
+                        pending.draining):
                     hedged = True
                     log.debug("%s of %s: no answer after %.2f s; sent a duplicate", request, request.path,
                               now - start)
@@ -212,6 +220,8 @@ class Runner:
         tick = min(_TICK, self.policy.stall_timeout / 4)
         cut_before = self.watch.cut if self.watch is not None else 0
         tail = self.tail
+        durations, size = tail.durations(request), request.size or 0
+        finished_before = durations.finished(size)
         try:
             while True:
                 wait_s = tick if self.deadline is None else max(0.0, min(tick, self.deadline.remaining()))
@@ -228,8 +238,13 @@ class Runner:
                         tail.durations(request).record(request.size or 0, time.monotonic() - progress.started,
                                                        progress.longest_gap if progress.reporting else None)
                     return result
-                if progress.stalled(time.monotonic(), limit):
+                now = time.monotonic()
+                if progress.stalled(now, limit):
                     raise StalledRequestError(f"no progress for {limit:g} s")
+                if tail.policy.crawling(durations, size, now - progress.started, progress.bytes,
+                                        durations.finished(size) - finished_before):
+                    raise StalledRequestError(f"{progress.bytes} of {size} bytes in {now - progress.started:.1f} s, "
+                                              "far slower than the requests beside it")
                 if self.watch is not None:
                     self.watch.sweep(limit)
                 if self.deadline is not None and self.deadline.passed():
@@ -290,6 +305,13 @@ class Pending(Generic[T]):
         self.future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self.started = threading.Event()
         self.settled = threading.Event()
+        self.draining = False
+
+    def drain(self) -> None:
+        """Says that the caller now waits for this request with nothing else left to send
+        (the last requests of a batch, with slots idle): it is hedged sooner
+        (``TailPolicy.hedge_delay``). Looked at within a tick."""
+        self.draining = True
 
     def result(self) -> T:
         """Waits for the outcome; an interrupted wait (KeyboardInterrupt) abandons it."""
@@ -313,11 +335,12 @@ _TICK = 0.25  # seconds between looks at a waiting request (stalls, hedging, dea
 
 
 def _until_due(policy: TailPolicy, tracker: LatencyTracker, size: int, start: float,
-               attempt: Progress | None) -> float | None:
+               attempt: Progress | None, draining: bool) -> float | None:
     """Seconds until a request started at ``start`` becomes slow or its attempt silent,
-    at most ``_TICK`` (the limits move as answers come in; once one has passed and the
-    budget said no, the next look is a tick later). None: hedging is off."""
-    delay, silence = policy.hedge_delay(tracker, size), policy.silence_limit(tracker)
+    at most ``_TICK`` (the limits move as answers come in, and a request may become
+    draining; once one has passed and the budget said no, the next look is a tick
+    later). None: hedging is off."""
+    delay, silence = policy.hedge_delay(tracker, size, draining), policy.silence_limit(tracker)
     if delay is None or silence is None:
         return None
     now = time.monotonic()

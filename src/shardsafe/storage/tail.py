@@ -14,7 +14,11 @@ the real request runner (``storage.runner``) and the restore simulation
   (still running after the ``hedge_quantile`` of the recent durations of requests of its
   size class, at least ``hedge_floor``; see ``hedge_delay``). Until a size class has
   ``min_samples`` durations, a request is slow after ``sibling_factor`` times the median
-  of those it has (the siblings sent with it that finished), or ``hedge_initial``.
+  of those it has (the siblings sent with it that finished), or ``hedge_initial``. A
+  request the rest of its batch waits for (*draining*: the batch has nothing left to
+  send and slots are idle, or it is a request alone, such as an index read) is slow
+  sooner, after ``drain_factor`` times the median of its class: a duplicate then takes
+  a slot nothing else would use, and the caller waits for this request only.
   ``HedgeBudget`` keeps duplicates within ``hedge_budget`` of the requests made (plus
   ``hedge_burst``), so a store that is slow for everyone is not sent twice the load; a
   request that is only slow leaves ``hedge_reserve`` of them for silent ones, since a
@@ -23,7 +27,10 @@ the real request runner (``storage.runner``) and the restore simulation
   progress (no byte received, or sent) for ``max(stall_floor, stall_factor *`` the
   ``stall_quantile`` of the longest gaps without progress of recent successful
   requests``)`` is abandoned and retried; ``stall_cap`` (``SHARDSAFE_STALL_TIMEOUT``)
-  bounds it, and applies alone until ``min_gaps`` gaps have been seen.
+  bounds it, and applies alone until ``min_gaps`` gaps have been seen. An attempt that
+  moves bytes but far slower than its siblings (``TailPolicy.crawling``: on course to
+  take ``crawl_factor`` times the median of its class while others of the class finish)
+  counts as stalled too, never before ``stall_floor``.
 
 Size classes are powers of four from 64 KiB (a 32 MiB read and a 20 MiB read share
 one), so small index reads do not set the hedge delay of large data reads.
@@ -47,7 +54,7 @@ def size_class(size: int) -> int:
 class _Window:
     """The last ``capacity`` values of a series and their quantiles (recomputed lazily)."""
 
-    __slots__ = ("capacity", "values", "next", "sorted", "stale")
+    __slots__ = ("capacity", "values", "next", "sorted", "stale", "added")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -55,8 +62,10 @@ class _Window:
         self.next = 0
         self.sorted: list[float] = []
         self.stale = 0
+        self.added = 0  # values ever added
 
     def add(self, value: float) -> None:
+        self.added += 1
         if len(self.values) < self.capacity:
             self.values.append(value)
         else:
@@ -100,8 +109,15 @@ class LatencyTracker:
             self._gaps.add(gap)
 
     def samples(self, size: int) -> int:
+        """Durations of ``size``'s class kept (at most ``window``)."""
         w = self._durations.get(size_class(size))
         return 0 if w is None else len(w.values)
+
+    def finished(self, size: int) -> int:
+        """Requests of ``size``'s class that ever succeeded (a count that only grows:
+        compare two readings to know whether any finished in between)."""
+        w = self._durations.get(size_class(size))
+        return 0 if w is None else w.added
 
     def duration_quantile(self, size: int, q: float, min_samples: int) -> float | None:
         """The ``q`` quantile of recent durations of ``size``'s class, or None with fewer
@@ -130,11 +146,14 @@ class TailPolicy:
     sibling_factor: float = 3.5
     """With fewer than ``min_samples`` durations, a request is hedged after this many
     times their median."""
+    drain_factor: float = 2.5
+    """A draining request (its batch has nothing left to send and slots are idle) is
+    hedged after this many times the median duration of its class, when that is sooner."""
     hedge_budget: float = 0.05
     """Duplicates per request made, at most (``SHARDSAFE_HEDGE_BUDGET``)."""
-    hedge_burst: int = 3
+    hedge_burst: int = 4
     """Duplicates allowed beyond ``hedge_budget`` (see ``HedgeBudget``)."""
-    hedge_reserve: int = 1
+    hedge_reserve: int = 2
     """Duplicates of the budget that only silent requests may take (a slow request that is
     still receiving bytes gets one while more than this many are left): slow requests get
     ``hedge_burst - hedge_reserve`` beyond the fraction, silent ones all of it."""
@@ -144,6 +163,10 @@ class TailPolicy:
     silence_floor: float = 0.25
     """Seconds without a byte that never make a request silent (a store's first byte
     rarely takes longer when it is not stalled, and a few early gaps say little)."""
+    silence_initial: float = 0.5
+    """Seconds without a byte that make a request silent before this process has seen any
+    gap (its first requests: the index reads of a restore), and the most it takes while it
+    has seen fewer than ``min_gaps``."""
     min_samples: int = 32
     """Durations of a size class a hedge quantile needs before it is trusted."""
     min_gaps: int = 8
@@ -154,6 +177,9 @@ class TailPolicy:
     """A stall is this many times the usual longest wait without progress."""
     stall_quantile: float = 0.99
     """The quantile of recent longest gaps that counts as usual."""
+    crawl_factor: float = 8.0
+    """An attempt on course to take this many times the median duration of its class,
+    while others of the class finish, is stalled (see ``crawling``)."""
     stall_cap: float = 30.0
     """Seconds without progress that always count as a stall (``SHARDSAFE_STALL_TIMEOUT``)."""
 
@@ -165,10 +191,11 @@ class TailPolicy:
         if not 0 < self.stall_floor <= self.stall_cap:
             raise ValueError(f"need 0 < stall_floor <= stall_cap, got {self.stall_floor}, {self.stall_cap}")
         if self.hedge_floor < 0 or self.hedge_initial < self.hedge_floor or self.stall_factor <= 0 \
-                or self.sibling_factor < 1 or self.silence_factor <= 0 \
-                or not 0 < self.silence_floor <= self.hedge_initial:
-            raise ValueError("need 0 <= hedge_floor <= hedge_initial, 0 < silence_floor <= hedge_initial, "
-                             "stall_factor > 0, silence_factor > 0, sibling_factor >= 1")
+                or self.sibling_factor < 1 or self.drain_factor < 1 or self.crawl_factor < 1 \
+                or self.silence_factor <= 0 or not 0 < self.silence_floor <= self.silence_initial:
+            raise ValueError("need 0 <= hedge_floor <= hedge_initial, 0 < silence_floor <= silence_initial, "
+                             "stall_factor > 0, silence_factor > 0, sibling_factor, drain_factor and "
+                             "crawl_factor >= 1")
         if self.min_samples < 1 or self.min_gaps < 1 or self.hedge_burst < 0 or self.hedge_reserve < 0:
             raise ValueError("need min_samples >= 1, min_gaps >= 1, hedge_burst >= 0 and hedge_reserve >= 0")
 
@@ -180,27 +207,31 @@ class TailPolicy:
         return cls(hedge=knobs.hedge(), hedge_budget=knobs.hedge_budget(),
                    stall_floor=min(knobs.stall_floor(), cap), stall_cap=cap)
 
-    def hedge_delay(self, tracker: LatencyTracker, size: int) -> float | None:
+    def hedge_delay(self, tracker: LatencyTracker, size: int, draining: bool = False) -> float | None:
         """Seconds after its start at which a request of ``size`` bytes is hedged (None:
-        never, hedging is off). The delay changes as requests finish: callers ask again
-        while they wait."""
+        never, hedging is off); ``draining``: the rest of its batch waits for it. The delay
+        changes as requests finish: callers ask again while they wait."""
         if not self.hedge:
             return None
+        median = tracker.duration_quantile(size, 0.5, 1)
         q = tracker.duration_quantile(size, self.hedge_quantile, self.min_samples)
         if q is not None:
-            return max(self.hedge_floor, q)
-        # too few for a quantile: the first requests of a job are sent together, and one
-        # far slower than the siblings that already finished is hedged
-        median = tracker.duration_quantile(size, 0.5, 1)
-        if median is None:
-            return self.hedge_initial
-        return min(self.hedge_initial, max(self.hedge_floor, self.sibling_factor * median))
+            delay = max(self.hedge_floor, q)
+        elif median is None:
+            delay = self.hedge_initial
+        else:
+            # too few for a quantile: the first requests of a job are sent together, and
+            # one far slower than the siblings that already finished is hedged
+            delay = min(self.hedge_initial, max(self.hedge_floor, self.sibling_factor * median))
+        if draining and median is not None:
+            delay = min(delay, max(self.hedge_floor, self.drain_factor * median))
+        return delay
 
     def silence_limit(self, tracker: LatencyTracker) -> float | None:
         """Seconds without progress after which an idempotent request is hedged as a likely
         stall (None: hedging is off): ``silence_factor`` times the usual longest gap, at
         least ``silence_floor``. Before ``min_gaps`` gaps it is their largest times the factor,
-        at most ``hedge_initial`` (``hedge_initial`` with none): a wrong guess costs one
+        at most ``silence_initial`` (``silence_initial`` with none): a wrong guess costs one
         duplicate, not a cut connection, so it need not wait to be learned as the stall
         limit does."""
         if not self.hedge:
@@ -210,20 +241,21 @@ class TailPolicy:
             return max(self.silence_floor, self.silence_factor * q)
         largest = tracker.gap_quantile(1.0, 1)
         if largest is None:
-            return self.hedge_initial
-        return min(self.hedge_initial, max(self.silence_floor, self.silence_factor * largest))
+            return self.silence_initial
+        return min(self.silence_initial, max(self.silence_floor, self.silence_factor * largest))
 
     def hedge_now(self, tracker: LatencyTracker, budget: HedgeBudget, size: int, elapsed: float,
-                  silent: float | None) -> bool:
+                  silent: float | None, draining: bool = False) -> bool:
         """Whether a request of ``size`` bytes, running for ``elapsed`` seconds and without
         progress for the last ``silent`` of them (None: it reports no progress), gets its
-        duplicate now; takes it from ``budget`` if so. Callers ask again while they wait
-        (the limits change as requests finish), and never once a duplicate was sent."""
+        duplicate now (``draining``: see ``hedge_delay``); takes it from ``budget`` if so.
+        Callers ask again while they wait (the limits change as requests finish), and never
+        once a duplicate was sent."""
         if not self.hedge:
             return False
         if silent is not None and silent >= self.silence_limit(tracker):  # type: ignore[operator]
             return budget.take()
-        delay = self.hedge_delay(tracker, size)
+        delay = self.hedge_delay(tracker, size, draining)
         return delay is not None and elapsed >= delay and budget.take(self.hedge_reserve)
 
     def stall_limit(self, tracker: LatencyTracker) -> float:
@@ -232,6 +264,23 @@ class TailPolicy:
         if q is None:
             return self.stall_cap
         return min(self.stall_cap, max(self.stall_floor, self.stall_factor * q))
+
+    def crawling(self, tracker: LatencyTracker, size: int, elapsed: float, moved: int,
+                 finished_since: int) -> bool:
+        """Whether an attempt to move ``size`` bytes that moved ``moved`` of them in
+        ``elapsed`` seconds, while ``finished_since`` requests of its class succeeded, is
+        far slower than its siblings, and so stalled: it has run for ``stall_floor`` at
+        least, others of its class finished meanwhile (a store slow for everyone is not a
+        stall), and at its rate so far it would take more than ``crawl_factor`` times the
+        median of its class (from ``min_gaps`` durations at least) in all, with more than
+        twice that median still to go (a new attempt would very likely be sooner)."""
+        if moved <= 0 or moved >= size or elapsed < self.stall_floor or finished_since < 1:
+            return False
+        median = tracker.duration_quantile(size, 0.5, self.min_gaps)
+        if median is None:
+            return False
+        projected = elapsed * size / moved
+        return projected > self.crawl_factor * median and projected - elapsed > 2 * median
 
 
 class HedgeBudget:
