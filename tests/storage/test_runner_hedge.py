@@ -120,3 +120,15 @@ def test_an_attempt_far_slower_than_its_siblings_is_cut_and_retried() -> None:
     assert runner.run(Request("GET", "b/j", "bytes 0-3", size=64 * MiB, idempotent=True), sibling) == b"abc"
     assert pending.future.result(timeout=10) == b"abc"
     assert len(calls) == 2 and runner.tail.budget.hedges == 0
+
+
+def test_an_attempt_that_trickles_is_cut_at_the_time_sized_to_its_bytes() -> None:
+    # never silent for the stall limit (a byte each 50 ms) and no siblings to be slower
+    # than: only the attempt limit, 0.3 s + 16 MiB at 32 MiB/s = 0.8 s, cuts it
+    policy = TailPolicy(hedge=False, stall_floor=0.2, stall_cap=0.3, slowest_rate=32 * MiB)
+    runner = Runner(fsspec_asyn.get_loop(), RetryPolicy(stall_timeout=0.3, base_delay=0.01), tail=policy)
+    make, calls = _steady(first_takes=60.0)
+    assert policy.attempt_limit(16 * MiB) == pytest.approx(0.8)
+    pending = runner.submit(Request("PUT", "b/k", "part 1/1", size=16 * MiB), make)
+    assert pending.future.result(timeout=10) == b"abc"
+    assert len(calls) == 2

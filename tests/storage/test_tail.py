@@ -236,7 +236,7 @@ def test_progress_keeps_the_longest_gap() -> None:
                                  dict(stall_floor=40.0), dict(hedge_initial=0.01), dict(min_samples=0),
                                  dict(sibling_factor=0.5), dict(silence_factor=0), dict(silence_floor=0),
                                  dict(silence_floor=2.0), dict(silence_initial=0.1), dict(hedge_reserve=-1),
-                                 dict(drain_factor=0.5), dict(crawl_factor=0.9)])
+                                 dict(drain_factor=0.5), dict(crawl_factor=0.9), dict(slowest_rate=0)])
 def test_bad_policies_are_refused(bad: dict) -> None:
     with pytest.raises(ValueError):
         TailPolicy(**bad)

@@ -3,6 +3,7 @@
 ``python -m shardsafe.bench.read_parts [--object-mib 256] [--parts-mib 8,16,32] [--rounds 4]``
 starts the moto server the test suite uses (``harness.moto_server``), uploads one object
 of random bytes, and reads it whole with ``FsspecStorage.read_into`` (parts of each size,
+shrinking towards the end of the read as ``storage.batch.split`` cuts them,
 ``MAX_CONCURRENCY`` in flight, hedging and stall detection as configured), the sizes in
 alternating order each round. It prints JSON: MiB/s per part size (each round and the
 median), the duplicates sent, and the time of a 4 KiB ranged GET of an object of each

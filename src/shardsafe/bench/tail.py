@@ -24,7 +24,8 @@ with a ``LatencyTracker`` fed with the attempts that have finished by then and t
 backoff after a stall). A GET reports progress (its bytes, which arrive evenly after the
 first; a HEAD's only progress is its answer), so an attempt is silent until its first
 byte, a stalled one for good; a stall is cut at the learned limit, and an attempt far
-slower than its siblings is cut as ``TailPolicy.crawling`` says. Three runs on the same
+slower than its siblings is cut as ``TailPolicy.crawling`` says (the model's draws never
+reach ``TailPolicy.attempt_limit``, minutes for a read of 32 MiB, before one of those). Three runs on the same
 draws: with hedging, without it, and with neither hedging nor the learned stall limit (a
 fixed ``SHARDSAFE_STALL_TIMEOUT``).
 

@@ -17,8 +17,9 @@ one HTTP request, or a few for an fsspec call) on fsspec's event loop and
 * abandons and retries an attempt that reports its progress (``progress()``: an S3
   ranged GET notes every chunk it receives, a HEAD its answer) when it has made none for
   the stall limit learned from this process's recent requests (``storage.tail``), or when
-  it moves bytes far slower than the requests beside it (``TailPolicy.crawling``), and
-  cuts stalled uploads at that limit too;
+  it moves bytes far slower than the requests beside it (``TailPolicy.crawling``), or
+  it has run for the time sized to its bytes (``TailPolicy.attempt_limit``), and cuts
+  stalled uploads at the stall limit too;
 * hedges an idempotent request (``Request.idempotent``: ranged GETs, HEADs, and the part
   uploads of a multipart upload, which send the same bytes under the same part number):
   when its attempt has received nothing for the silence limit the tail policy learned (a
@@ -222,6 +223,8 @@ class Runner:
         tail = self.tail
         durations, size = tail.durations(request), request.size or 0
         finished_before = durations.finished(size)
+        # sized to its bytes; a request of unknown size (a listing, a completion) has none
+        longest = tail.policy.attempt_limit(size) if request.size else float("inf")
         try:
             while True:
                 wait_s = tick if self.deadline is None else max(0.0, min(tick, self.deadline.remaining()))
@@ -245,6 +248,9 @@ class Runner:
                                         durations.finished(size) - finished_before):
                     raise StalledRequestError(f"{progress.bytes} of {size} bytes in {now - progress.started:.1f} s, "
                                               "far slower than the requests beside it")
+                if now - progress.started >= longest:
+                    raise StalledRequestError(f"not done after {longest:.0f} s, the most an attempt of "
+                                              f"{size} bytes may take")
                 if self.watch is not None:
                     self.watch.sweep(limit)
                 if self.deadline is not None and self.deadline.passed():

@@ -30,7 +30,9 @@ the real request runner (``storage.runner``) and the restore simulation
   bounds it, and applies alone until ``min_gaps`` gaps have been seen. An attempt that
   moves bytes but far slower than its siblings (``TailPolicy.crawling``: on course to
   take ``crawl_factor`` times the median of its class while others of the class finish)
-  counts as stalled too, never before ``stall_floor``.
+  counts as stalled too, never before ``stall_floor``. And however an attempt progresses,
+  it may take ``attempt_limit`` in all: the stall cap plus its bytes at
+  ``slowest_rate`` (a connection that trickles a byte now and then is never silent).
 
 Size classes are powers of four from 64 KiB (a 32 MiB read and a 20 MiB read share
 one), so small index reads do not set the hedge delay of large data reads.
@@ -180,6 +182,9 @@ class TailPolicy:
     crawl_factor: float = 8.0
     """An attempt on course to take this many times the median duration of its class,
     while others of the class finish, is stalled (see ``crawling``)."""
+    slowest_rate: float = float(1 << 20)
+    """Bytes per second below which an attempt counts as stalled whatever its progress
+    (see ``attempt_limit``)."""
     stall_cap: float = 30.0
     """Seconds without progress that always count as a stall (``SHARDSAFE_STALL_TIMEOUT``)."""
 
@@ -196,8 +201,10 @@ class TailPolicy:
             raise ValueError("need 0 <= hedge_floor <= hedge_initial, 0 < silence_floor <= silence_initial, "
                              "stall_factor > 0, silence_factor > 0, sibling_factor, drain_factor and "
                              "crawl_factor >= 1")
-        if self.min_samples < 1 or self.min_gaps < 1 or self.hedge_burst < 0 or self.hedge_reserve < 0:
-            raise ValueError("need min_samples >= 1, min_gaps >= 1, hedge_burst >= 0 and hedge_reserve >= 0")
+        if self.min_samples < 1 or self.min_gaps < 1 or self.hedge_burst < 0 or self.hedge_reserve < 0 \
+                or self.slowest_rate <= 0:
+            raise ValueError("need min_samples >= 1, min_gaps >= 1, hedge_burst >= 0, hedge_reserve >= 0 "
+                             "and slowest_rate > 0")
 
     @classmethod
     def from_knobs(cls) -> TailPolicy:
@@ -264,6 +271,12 @@ class TailPolicy:
         if q is None:
             return self.stall_cap
         return min(self.stall_cap, max(self.stall_floor, self.stall_factor * q))
+
+    def attempt_limit(self, size: int) -> float:
+        """Seconds one attempt to move ``size`` bytes may take in all, however it
+        progresses: ``stall_cap`` plus its bytes at ``slowest_rate`` (a 32 MiB part: 62 s
+        by default). The call's deadline bounds it too."""
+        return self.stall_cap + size / self.slowest_rate
 
     def crawling(self, tracker: LatencyTracker, size: int, elapsed: float, moved: int,
                  finished_since: int) -> bool:
