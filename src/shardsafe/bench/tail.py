@@ -25,9 +25,9 @@ backoff after a stall). A GET reports progress (its bytes, which arrive evenly a
 first; a HEAD's only progress is its answer), so an attempt is silent until its first
 byte, a stalled one for good; a stall is cut at the learned limit, and an attempt far
 slower than its siblings is cut as ``TailPolicy.crawling`` says (the model's draws never
-reach ``TailPolicy.attempt_limit``, minutes for a read of 32 MiB, before one of those). Three runs on the same
-draws: with hedging, without it, and with neither hedging nor the learned stall limit (a
-fixed ``SHARDSAFE_STALL_TIMEOUT``).
+reach ``TailPolicy.attempt_limit``, about a minute for 32 MiB, before one of those).
+Three runs on the same draws: with hedging, without it, and with neither hedging nor the
+learned stall limit (a fixed ``SHARDSAFE_STALL_TIMEOUT``).
 
 Figures: ``job_over_median`` (the slowest rank's restore time over the median rank's,
 with hedging), ``unhedged_job_over_median``, ``fixed_stall_job_over_median``,
