@@ -55,6 +55,7 @@ log = logging.getLogger("shardsafe")
 PART_SIZE = 32 << 20  # multipart part / ranged-read piece (S3 needs >= 5 MiB per part)
 MAX_CONCURRENCY = 8  # parts in flight per file
 MAX_PARTS = 10_000  # S3's limit on parts per multipart upload
+UNSIZED_PUT_PARTS = 2  # a stream of unknown size that ends before filling this many parts: one PUT
 READ_CHUNK = 1 << 20  # bytes of a ranged GET's body read at a time (each is progress)
 
 # Protocols whose listings must not be cached: another process (another rank, a crashed
@@ -237,8 +238,8 @@ class FsspecStorage:
         parts (the rule of a known size), created once two parts are full, so that they
         go up while the rest is still being coded."""
         parts = _regroup(pieces, self.part_size, None, path)
-        head = list(itertools.islice(parts, 2))
-        if len(head) < 2 or len(head[1]) < self.part_size:  # the stream ended within them
+        head = list(itertools.islice(parts, UNSIZED_PUT_PARTS))
+        if len(head) < UNSIZED_PUT_PARTS or len(head[-1]) < self.part_size:  # it ended within them
             self._put(path, b"".join(head))
             return
         multipart.upload(self._afs, self._runner, path, None, self.part_size, itertools.chain(head, parts),
