@@ -88,6 +88,7 @@ class Timings:
 
 
 def _median(v: list[float]) -> float | None:
+    """The median of ``v``, None when it is empty."""
     return statistics.median(v) if v else None
 
 
