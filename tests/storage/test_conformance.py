@@ -137,7 +137,7 @@ def test_write_stream_writes_pieces_in_order_and_stops_on_error(backend: Backend
 
 @pytest.mark.parametrize("size", [0, 3 * MiB, 12 * MiB + 5])
 def test_write_stream_of_a_size_known_only_at_the_end(backend: Backend, size: int) -> None:
-    # a block file being coded: on S3 one PUT up to two parts, else a multipart upload
+    # a block file being coded: on S3 one PUT below two parts, else a multipart upload
     data = np.random.default_rng(4).integers(0, 256, size, dtype=np.uint8).tobytes()
     p = backend.path(f"unsized-{size}")
     backend.storage.makedirs(backend.root)

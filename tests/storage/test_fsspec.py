@@ -147,3 +147,53 @@ def test_a_failed_part_upload_aborts_the_upload_after_the_rest_stopped(s3, monke
     monkeypatch.undo()
     assert s3.filesystem().list_multipart_uploads(s3.bucket) == []
     assert not storage.exists(f"{root}/f")
+
+
+def test_a_stream_of_unknown_size_starts_its_upload_once_past_two_parts(s3) -> None:  # noqa: ANN001
+    """A block file being coded: the multipart upload is created, and its first two parts
+    sent, as soon as more than two parts have come, before the rest of the stream is
+    coded; the object holds the stream's bytes in order."""
+    storage, root = _s3_storage(s3, "unsized", slots=4)
+    data = np.random.default_rng(9).integers(0, 255, 4 * PART + 7, dtype=np.uint8).tobytes()
+    piece = 3 << 20
+    seen_while_streaming: list[int] = []
+
+    def pieces():  # noqa: ANN202
+        for at in range(0, len(data), piece):
+            if at > 3 * piece:  # the stream went past two parts two pieces ago
+                seen_while_streaming.append(len(s3.filesystem().list_multipart_uploads(s3.bucket)))
+            yield memoryview(data)[at:at + piece]
+
+    storage.write_stream(f"{root}/f", None, pieces())
+    assert seen_while_streaming and all(n == 1 for n in seen_while_streaming)
+    assert storage.read(f"{root}/f") == data
+    assert s3.filesystem().list_multipart_uploads(s3.bucket) == []
+
+
+@pytest.mark.parametrize(("pieces", "sizes"), [
+    ([17], [5, 5, 5, 2]),        # a piece of several parts
+    ([11, 3, 1], [5, 5, 5]),
+    ([4, 4, 4], [5, 5, 2]),
+    ([10], [5, 5]),
+    ([0, 3, 0], [3]),
+])
+def test_regroup_copies_pieces_into_parts_of_their_own(pieces: list[int], sizes: list[int]) -> None:
+    """Each part is a copy that stays as it was when the caller reuses its buffer for the
+    next piece (a retried request sends the same body again)."""
+    from shardsafe.storage.fsspec import _regroup
+
+    stream = bytes(range(256))[: sum(pieces)]
+    reused = bytearray(max(pieces))  # one buffer for every piece, as the upload sink's caller does
+
+    def feed():  # noqa: ANN202
+        at = 0
+        for n in pieces:
+            reused[:n] = stream[at:at + n]
+            yield memoryview(reused)[:n]
+            reused[:] = b"\xff" * len(reused)  # the caller reuses its buffer
+            at += n
+
+    parts = list(_regroup(feed(), 5, len(stream), "p"))
+    assert [len(p) for p in parts] == sizes and b"".join(parts) == stream
+    with pytest.raises(ValueError, match="expected"):
+        list(_regroup(feed(), 5, len(stream) + 1, "p"))

@@ -15,7 +15,12 @@ Three measurements, each against what bounds it, in one run:
 - **store**: ``save``/``load`` of ``--pipeline-store-size`` bytes of such bf16 weights,
   with and without ``compression="auto"``, on an S3 server on loopback (moto) behind
   ``bench.throttle.ThrottledProxy`` at ``--pipeline-bandwidth`` bytes/s each way (300 MB/s by
-  default): the target is each time <= 1.15x the stored bytes over the bandwidth.
+  default), interleaved round by round with the machine's own limit for the same bytes: a
+  plain boto3 multipart upload of as many random bytes as the row stored, through the
+  same proxy to the same server, and a plain download of that object
+  (``bench.plain_s3``). The target: each time <= 1.15x the larger of the ideal (stored
+  bytes over the bandwidth) and the plain transfer's time; the ratio to the ideal alone
+  is reported too.
 
 Medians of ``repeat`` rounds after an unrecorded warm-up round.
 """
@@ -42,29 +47,49 @@ from .compression import weights
 from .compression_e2e import Destination, s3_target
 from .limits import _direct_write
 from .measure import remove, settle, timed
+from . import plain_s3
+from .plain_s3 import PlainS3, payload
 from .report import Target, _f
 from .states import large_tensors, nbytes
 
 MiB = 1 << 20
 SYNC_GOAL = 0.9
 SHM_SAVE_GOAL, SHM_LOAD_GOAL = 1.3, 2.2  # GB/s of raw bytes
-STORE_GOAL = 1.15  # time over (stored bytes / bandwidth)
+STORE_GOAL = 1.15  # time over max(stored bytes / bandwidth, plain transfer of the stored bytes)
 
 
 @dataclass
 class Timings:
-    """Samples of one operation, seconds, and the bytes it stored."""
+    """Samples of one operation, seconds, and the bytes it stored; for the store, also
+    the plain upload and download of that many bytes (``bench.plain_s3``)."""
 
     label: str
     stored: int = 0
     save_s: list[float] = field(default_factory=list)
     load_s: list[float] = field(default_factory=list)
+    up_s: list[float] = field(default_factory=list)
+    down_s: list[float] = field(default_factory=list)
 
     def save(self) -> float | None:
-        return statistics.median(self.save_s) if self.save_s else None
+        """The median save time."""
+        return _median(self.save_s)
 
     def load(self) -> float | None:
-        return statistics.median(self.load_s) if self.load_s else None
+        """The median load time."""
+        return _median(self.load_s)
+
+    def up(self) -> float | None:
+        """The median plain upload time of the stored bytes."""
+        return _median(self.up_s)
+
+    def down(self) -> float | None:
+        """The median plain download time of the stored bytes."""
+        return _median(self.down_s)
+
+
+def _median(v: list[float]) -> float | None:
+    """The median of ``v``, None when it is empty."""
+    return statistics.median(v) if v else None
 
 
 def _stored(path: str) -> int:
@@ -133,13 +158,15 @@ def measure_shm(size: int, repeat: int, log: Callable[[str], None] | None = None
 
 def measure_store(size: int, rate: float, repeat: int,
                   log: Callable[[str], None] | None = None) -> tuple[list[Timings], str | None]:
-    """Saves and loads through the throttled S3 server, with and without compression."""
+    """Saves and loads through the throttled S3 server, with and without compression, each
+    followed by a plain boto3 upload and download of as many bytes as it stored."""
     state = {"w": weights(size, torch.bfloat16, seed=7)}
     rows = [Timings("None"), Timings("auto")]
     with s3_target(rate) as target:
         if isinstance(target, str):
             return rows, target
         assert isinstance(target, Destination)
+        plain = PlainS3.for_options(target.prefix[len("s3://"):], target.storage_options or {})
         for r in range(repeat + 1):
             for row in rows:
                 comp = None if row.label == "None" else row.label
@@ -154,16 +181,37 @@ def measure_store(size: int, rate: float, repeat: int,
                 del back
                 row.stored = target.stored_bytes(path)
                 target.remove(path)
+                body, key = payload(row.stored), f"plain-{row.label}-{r}"
+                up = plain.upload(key, body)
+                del body
+                down = plain.download(key, row.stored)
+                plain.remove(key)
                 if r:
                     row.save_s.append(t1 - t0)
                     row.load_s.append(t2 - t1)
+                    row.up_s.append(up)
+                    row.down_s.append(down)
                 if log:
-                    log(f"  pipeline store {row.label}: save {t1 - t0:.3f}s, load {t2 - t1:.3f}s")
+                    log(f"  pipeline store {row.label}: save {t1 - t0:.3f}s, load {t2 - t1:.3f}s; "
+                        f"plain upload {up:.3f}s, download {down:.3f}s of {row.stored / MiB:.1f} MiB")
     return rows, None
 
 
 def _gbs(n: int, t: float | None) -> float | None:
     return n / t / 1e9 if t else None
+
+
+PLAIN_NOTE = f"{plain_s3.PART_SIZE // MiB} MiB parts, {plain_s3.THREADS} threads"
+
+
+def store_ratios(r: Timings, ideal: float | None) -> dict[str, float | None]:
+    """A store row's times over the ideal and over its limit, max(ideal, plain transfer)."""
+    out: dict[str, float | None] = {}
+    for what, took, plain in (("save", r.save(), r.up()), ("load", r.load(), r.down())):
+        out[f"{what} / ideal"] = took / ideal if took and ideal else None
+        limit = max(x for x in (ideal, plain) if x is not None) if ideal or plain else None
+        out[f"{what} / limit"] = took / limit if took and limit else None
+    return out
 
 
 def report(disk: tuple[Timings, Timings], shm: list[Timings], shm_bytes: int, store: list[Timings],
@@ -201,17 +249,23 @@ def report(disk: tuple[Timings, Timings], shm: list[Timings], shm_bytes: int, st
         targets.append(Target(f"(pipeline) zstd {what} time / auto's time x stored-bytes ratio", v, "<= 1.0",
                               v is not None and v <= 1.0))
     out += ["", f"Object store ({store_bytes / MiB:.0f} MiB of bf16, moto on loopback behind a "
-            f"{rate / 1e6:.0f} MB/s link; *ideal*: stored bytes / bandwidth):", "",
-            "| compression | stored MiB | ideal s | save s | save / ideal | load s | load / ideal |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
+            f"{rate / 1e6:.0f} MB/s link; *ideal*: stored bytes / bandwidth; *plain up/down*: a boto3 "
+            f"upload/download of as many random bytes as the row stored ({PLAIN_NOTE}), same proxy "
+            f"and server, interleaved; *limit*: the larger of ideal and plain):", "",
+            "| compression | stored MiB | ideal s | plain up s | save s | save / ideal | save / limit "
+            "| plain down s | load s | load / ideal | load / limit |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in store:
         ideal = r.stored / rate if r.stored else None
-        sv = r.save() / ideal if ideal and r.save() else None
-        lv = r.load() / ideal if ideal and r.load() else None
-        out.append(f"| {r.label} | {r.stored / MiB:.1f} | {_f(ideal)} | {_f(r.save())} | {_f(sv, '{:.2f}')} | "
-                   f"{_f(r.load())} | {_f(lv, '{:.2f}')} |")
-        for what, v in (("save", sv), ("load", lv)):
-            targets.append(Target(f"(pipeline) throttled store, compression={r.label}: {what} / ideal", v,
+        row = store_ratios(r, ideal)
+        out.append(f"| {r.label} | {r.stored / MiB:.1f} | {_f(ideal)} | {_f(r.up())} | {_f(r.save())} | "
+                   f"{_f(row['save / ideal'], '{:.2f}')} | {_f(row['save / limit'], '{:.2f}')} | "
+                   f"{_f(r.down())} | {_f(r.load())} | {_f(row['load / ideal'], '{:.2f}')} | "
+                   f"{_f(row['load / limit'], '{:.2f}')} |")
+        for what in ("save", "load"):
+            v = row[f"{what} / limit"]
+            targets.append(Target(f"(pipeline) throttled store, compression={r.label}: {what} / "
+                                  f"max(ideal, plain {'upload' if what == 'save' else 'download'})", v,
                                   f"<= {STORE_GOAL}", v is not None and v <= STORE_GOAL))
     if note:
         out += ["", note]
@@ -227,6 +281,7 @@ def section(directory: str, size: int, shm_size: int, store_size: int, rate: flo
     text, targets = report(disk, shm, shm_size, store, store_size, rate, note)
     raw = {r.label: {"stored": r.stored, "save_s": r.save_s, "load_s": r.load_s}
            for r in (*disk, *shm)}
-    raw.update({f"store {r.label}": {"stored": r.stored, "save_s": r.save_s, "load_s": r.load_s}
+    raw.update({f"store {r.label}": {"stored": r.stored, "save_s": r.save_s, "load_s": r.load_s,
+                                     "plain_up_s": r.up_s, "plain_down_s": r.down_s}
                 for r in store})
     return text, targets, raw

@@ -56,6 +56,7 @@ log = logging.getLogger("shardsafe")
 PART_SIZE = 32 << 20  # multipart part / ranged-read piece (S3 needs >= 5 MiB per part)
 MAX_CONCURRENCY = 8  # parts in flight per file
 MAX_PARTS = 10_000  # S3's limit on parts per multipart upload
+UNSIZED_PUT_PARTS = 2  # a stream of unknown size that ends before filling this many parts: one PUT
 READ_CHUNK = 1 << 20  # bytes of a ranged GET's body read at a time (each is progress)
 
 # Protocols whose listings must not be cached: another process (another rank, a crashed
@@ -234,10 +235,12 @@ class FsspecStorage:
 
     def _upload_unsized(self, path: str, pieces: Iterable[memoryview]) -> None:
         """An object whose size is known only at its end (a block file being coded): one
-        PUT if it ends within two parts, else a multipart upload of ``part_size`` parts."""
+        PUT if it ends before filling two parts, else a multipart upload of ``part_size``
+        parts (the rule of a known size), created once two parts are full, so that they
+        go up while the rest is still being coded."""
         parts = _regroup(pieces, self.part_size, None, path)
-        head = list(itertools.islice(parts, 3))
-        if len(head) < 3:
+        head = list(itertools.islice(parts, UNSIZED_PUT_PARTS))
+        if len(head) < UNSIZED_PUT_PARTS or len(head[-1]) < self.part_size:  # it ended within them
             self._put(path, b"".join(head))
             return
         multipart.upload(self._afs, self._runner, path, None, self.part_size, itertools.chain(head, parts),
@@ -456,8 +459,12 @@ class FsspecStorage:
         return None
 
 
-def _regroup(pieces: Iterable[memoryview], part: int, size: int | None, path: str) -> Iterator[bytes]:
+def _regroup(pieces: Iterable[memoryview], part: int, size: int | None, path: str) -> Iterator[bytearray]:
     """The bytes of ``pieces`` in parts of ``part`` bytes (the last one shorter).
+
+    Each byte is copied once, into a part of its own that is never changed once yielded
+    (a request body that a retry may send again); a piece is fully copied before the next
+    one is asked for, so its caller may then reuse its buffer.
 
     Raises:
         ValueError: the pieces do not add up to ``size`` bytes.
@@ -467,11 +474,14 @@ def _regroup(pieces: Iterable[memoryview], part: int, size: int | None, path: st
     for piece in pieces:
         view = memoryview(piece).cast("B")
         total += len(view)
-        buf += view
-        while len(buf) >= part:
-            yield bytes(buf[:part])
-            del buf[:part]
+        while len(view):
+            n = min(len(view), part - len(buf))
+            buf += view[:n]
+            view = view[n:]
+            if len(buf) == part:
+                yield buf
+                buf = bytearray()
     if size is not None and total != size:
         raise ValueError(f"{path}: {total} bytes written, {size} expected")
     if buf:
-        yield bytes(buf)
+        yield buf
