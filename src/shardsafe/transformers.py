@@ -132,6 +132,8 @@ class CheckpointingMixin:
                 else:
                     self.state.stateful_callbacks[name] = cb.state()
         self._wait_staged()  # at most one save in flight: the previous one has copied its tensors
+        for earlier in self._after_commit[:-1]:  # the ones before it committed and rotated: only
+            earlier.join()  # the newest commits may exceed save_total_limit, while they are rotated
         if self._checkpointer.closed:  # train() freed the staging buffers when it returned
             self._checkpointer = Checkpointer()
         state = self._checkpoint_state()
