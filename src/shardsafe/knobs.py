@@ -75,7 +75,7 @@ def store_requests() -> int:
 
 
 def hedge() -> bool:
-    """Whether idempotent object-store requests (ranged reads) are hedged (``SHARDSAFE_HEDGE``;
+    """Whether idempotent object-store requests (ranged reads, HEADs, part uploads) are hedged (``SHARDSAFE_HEDGE``;
     ``0`` turns it off)."""
     return os.environ.get(HEDGE, "1") != "0"
 
