@@ -30,7 +30,9 @@ def test_the_parts_cover_the_read_once_in_order_and_shrink_towards_its_end(start
     smallest = min(SMALLEST_PART, part)
     # shrinking: no part larger than one before it, but the last may take a small remainder
     assert all(a >= b for a, b in zip(sizes, sizes[1:-1]))
-    if len(parts) > 1:
+    if end - start <= window * part:  # one round: full parts, the last one what is left
+        assert sizes[:-1] == [part] * (len(sizes) - 1)
+    elif len(parts) > 1:
         assert min(sizes[:-1]) >= smallest and sizes[-1] >= smallest // 2
 
 
@@ -40,6 +42,12 @@ def test_a_long_read_ends_in_small_parts() -> None:
     # the last round of 8 in flight: the smallest parts (the last one with the remainder)
     assert all(SMALLEST_PART <= size < SMALLEST_PART * 3 // 2 for size in sizes[-8:])
     assert len(sizes) < 64                          # far fewer requests than in 16 MiB parts
+
+
+def test_a_read_of_one_round_keeps_its_full_parts() -> None:
+    assert [e - s for s, e in split(0, 128 * MiB, 32 * MiB, 8)] == [32 * MiB] * 4
+    assert [e - s for s, e in split(0, 256 * MiB, 32 * MiB, 8)] == [32 * MiB] * 8
+    assert len(split(0, 257 * MiB, 32 * MiB, 8)) > 9  # two rounds: the parts shrink
 
 
 def test_a_read_shorter_than_the_smallest_part_is_one_request() -> None:

@@ -10,11 +10,14 @@ order they finish, with the key their caller gave them. Once nothing is left to 
 a slot is idle, the requests still in flight are what the caller waits for: they are
 marked draining (``Pending.drain``), which hedges them sooner.
 
-A batch ends with its slowest last answers, so ``split`` cuts a long read into parts that
-shrink towards its end (the *factoring* rule of loop scheduling): full parts while
-plenty remain, then each part ``1 / (2 x window)`` of what is left, down to
-``SMALLEST_PART``. The last answers are then small ones, and one slow answer among them
-holds the batch up for a fraction of what a full part would.
+A batch ends with its slowest last answers, so ``split`` cuts a read that takes more than
+one round of the window into parts that shrink towards its end (the *factoring* rule of
+loop scheduling): full parts while plenty remain, then each part ``1 / (2 x window)`` of
+what is left, down to ``SMALLEST_PART``. The last answers are then small ones, and one
+slow answer among them holds the batch up for a fraction of what a full part would. A
+read of one round (``window`` full parts or fewer) keeps its full parts: they are all in
+flight at once, and smaller ones would mean more requests for every read of a few
+hundred MiB.
 
 The calls are taken from the caller's iterator only when a slot is free, so a caller
 that produces each request's body lazily (a multipart upload copying a part out of the
@@ -44,17 +47,19 @@ bytes for longer than it waits for its first one)."""
 
 def split(start: int, end: int, part: int, window: int, smallest: int = SMALLEST_PART) -> list[tuple[int, int]]:
     """The ranges ``[s, e)`` in which a read of ``[start, end)`` is asked for, with
-    ``window`` in flight: parts of ``part`` bytes while more than ``2 x window`` of them
-    remain, then ``1 / (2 x window)`` of what remains, in whole MiB, at least
-    ``smallest`` (or ``part`` if that is smaller); a remainder under half of
-    ``smallest`` joins the part before it."""
+    ``window`` in flight: parts of ``part`` bytes (all of them if the read is at most
+    ``window`` parts) while more than ``2 x window`` of them remain, then ``1 / (2 x
+    window)`` of what remains, in whole MiB, at least ``smallest`` (or ``part`` if that is
+    smaller); a remainder under half of ``smallest`` joins the part before it when that
+    part stays within ``part`` bytes."""
+    one_round = end - start <= window * part
     smallest = min(smallest, part)
     out = []
     s = start
     while s < end:
         left = end - s
-        size = min(part, max(smallest, left // (2 * window) // MiB * MiB))
-        if left - size < smallest // 2:
+        size = part if one_round else min(part, max(smallest, left // (2 * window) // MiB * MiB))
+        if left - size < smallest // 2 and left <= part:
             size = left
         out.append((s, s + size))
         s += size
