@@ -65,6 +65,7 @@ def split(start: int, end: int, part: int, window: int, smallest: int = SMALLEST
         s += size
     return out
 
+
 Call = tuple[K, Request, Callable[[], Awaitable[T]]]
 
 
