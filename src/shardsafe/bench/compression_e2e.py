@@ -10,7 +10,6 @@ Each load is checked against the state. Medians of ``repeat`` rounds after a war
 from __future__ import annotations
 
 import os
-import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,7 +24,7 @@ import shardsafe
 from ..harness.compare import differences
 from .compression import MiB, adamw_state, weights
 from ..harness import moto_server
-from .measure import remove
+from .measure import median, remove
 from .report import _f
 from .throttle import ThrottledProxy
 
@@ -130,9 +129,6 @@ def s3_target(rate: float) -> Iterator[Destination | str]:
 
 # --- the table ----------------------------------------------------------------------
 
-def _med(v: list[float]) -> float | None:
-    return statistics.median(v) if v else None
-
 
 def table(rows: list[Row], nbytes: int, notes: list[str]) -> str:
     out = [f"### Case compression, end to end: save + load of a {nbytes / MiB:.0f} MiB state", "",
@@ -144,7 +140,7 @@ def table(rows: list[Row], nbytes: int, notes: list[str]) -> str:
     base = {r.target: r for r in rows if r.compression is None}
     for r in rows:
         b = base[r.target]
-        s, ld, bs, bl = _med(r.save_s), _med(r.load_s), _med(b.save_s), _med(b.load_s)
+        s, ld, bs, bl = median(r.save_s), median(r.load_s), median(b.save_s), median(b.load_s)
         out.append(f"| {r.target} | {r.compression or 'None'} | {r.stored / MiB:.1f} | "
                    f"{nbytes / r.stored:.3f}x | {_f(s)} | {_f(ld)} | "
                    f"{_f(bs / s if s and bs else None, '{:.2f}x')} | {_f(bl / ld if ld and bl else None, '{:.2f}x')} |")

@@ -11,10 +11,10 @@ copy rates (GB/s) measured in the same run.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
+from .measure import median
 from .report import Target, targets_table
 
 GiB = 1 << 30
@@ -35,10 +35,6 @@ SYSTEM_LABELS = {SHARDSAFE: "shardsafe async_save (blocking staging, reused pinn
                  DCP: "dcp.async_save (DCP's pinned, cached staging)",
                  TORCH: "torch.save + fsync"}
 
-
-def median(samples: Sequence[float] | None) -> float | None:
-    """The median of ``samples``; None when there are none."""
-    return statistics.median(samples) if samples else None
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

@@ -6,7 +6,7 @@ import os
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -102,8 +102,12 @@ class Samples:
                 self.values.setdefault(k, []).append(float(v))
 
     def median(self, key: str) -> float | None:
-        v = self.values.get(key)
-        return statistics.median(v) if v else None
+        return median(self.values.get(key))
+
+
+def median(samples: Sequence[float] | None) -> float | None:
+    """The median of ``samples``; None when there are none."""
+    return statistics.median(samples) if samples else None
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -46,9 +45,8 @@ from ..harness.compare import differences
 from .compression import weights
 from .compression_e2e import Destination, s3_target
 from .limits import _direct_write
-from .measure import remove, settle, timed
-from . import plain_s3
-from .plain_s3 import PlainS3, payload
+from .measure import median, remove, settle, timed
+from .plain_s3 import PART_SIZE as PLAIN_PART, THREADS as PLAIN_THREADS, PlainS3, payload
 from .report import Target, _f
 from .states import large_tensors, nbytes
 
@@ -72,24 +70,19 @@ class Timings:
 
     def save(self) -> float | None:
         """The median save time."""
-        return _median(self.save_s)
+        return median(self.save_s)
 
     def load(self) -> float | None:
         """The median load time."""
-        return _median(self.load_s)
+        return median(self.load_s)
 
     def up(self) -> float | None:
         """The median plain upload time of the stored bytes."""
-        return _median(self.up_s)
+        return median(self.up_s)
 
     def down(self) -> float | None:
         """The median plain download time of the stored bytes."""
-        return _median(self.down_s)
-
-
-def _median(v: list[float]) -> float | None:
-    """The median of ``v``, None when it is empty."""
-    return statistics.median(v) if v else None
+        return median(self.down_s)
 
 
 def _stored(path: str) -> int:
@@ -201,7 +194,7 @@ def _gbs(n: int, t: float | None) -> float | None:
     return n / t / 1e9 if t else None
 
 
-PLAIN_NOTE = f"{plain_s3.PART_SIZE // MiB} MiB parts, {plain_s3.THREADS} threads"
+PLAIN_NOTE = f"{PLAIN_PART // MiB} MiB parts, {PLAIN_THREADS} threads"
 
 
 def store_ratios(r: Timings, ideal: float | None) -> dict[str, float | None]:
