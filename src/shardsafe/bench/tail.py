@@ -155,7 +155,6 @@ class _Rank:
         x = rng.lognormvariate(0.0, m.sigma)
         seconds = (m.ttfb + max(size, 0) / (m.bandwidth_mib * MiB)) * x
         gap = seconds if size == HEAD else m.ttfb * x
-        self.gaps[(i, copy)] = gap
         if copy == 0:
             self.silent[i] = (t, t + gap)
         self.running[(i, copy)] = (t, gap, seconds, attempt, self.tracker.finished(max(size, 0)))
@@ -192,7 +191,6 @@ class _Rank:
         began, done, hedged = [0.0] * n, [False] * n, [False] * n
         self.draining = [alone] * n
         self.stalled: dict[tuple[int, int], tuple[float, int]] = {}
-        self.gaps: dict[tuple[int, int], float] = {}
         self.silent: dict[int, tuple[float, float]] = {}  # first copy's attempt: sent, first byte
         # each copy's running attempt: sent, first byte after, takes, attempt, class finished
         self.running: dict[tuple[int, int], tuple[float, float, float, int, int]] = {}
@@ -255,13 +253,13 @@ class _Rank:
                 last = max(last, t)
                 self.running.pop((i, 0), None)
                 self.running.pop((i, 1), None)
-                self.tracker.record(max(size, 0), t - value, self.gaps[(i, copy)])
+                self.tracker.record(max(size, 0), t - value, run[1])
                 for (j, c), (since, _) in list(self.stalled.items()):  # the limits just changed
                     if not done[j]:
                         self._push(max(t, since + min(self._limit(sizes[j]), self.model.stall_s)), _STALL, j, c, since)
-                for (j, c), run in self.running.items():  # and what counts as far slower
-                    if not done[j] and t >= run[0] + self.tail.stall_floor:
-                        self._push(t, _CRAWL, j, c, run[0])
+                for (j, c), other in self.running.items():  # and what counts as far slower
+                    if t >= other[0] + self.tail.stall_floor:
+                        self._push(t, _CRAWL, j, c, other[0])
                 inflight.discard(i)
                 if sent < n:  # its slot goes to the next request
                     self._push(t, _START, sent)
