@@ -6,7 +6,7 @@ import pytest
 
 from shardsafe.engine.commit import TMP_MARKER, plan_transaction
 from shardsafe.engine.commit.detach import own_name
-from shardsafe.engine.commit.names import is_own_file_name, written_by_shardsafe
+from shardsafe.engine.commit.names import entries_file_name, is_own_file_name, written_by_shardsafe
 from shardsafe.format import INDEX_NAME
 from shardsafe.plan.layout import block_file_name, data_file_name
 from shardsafe.storage import LocalStorage
@@ -22,6 +22,7 @@ OURS = [
     "step_00000009/ref00002.blocks",
     "step_00000009/ref00002.3",
     "step_00000004/.data-r00000-000.safetensors" + TMP_MARKER + "0123456789abcdef",  # cp --all sibling
+    ".step_00000007.shardsafe-tmp-0123456789abcdef/entries-r3",  # a rank's large chunk entries
 ]
 
 NOT_OURS = [
@@ -40,6 +41,8 @@ NOT_OURS = [
     "step_00000005/model.safetensors",
     "step_00000005/ref00002-notes.txt",
     "step_00000005/ref2-data-r00000-000.safetensors",
+    "step_00000005/entries-r03",
+    "step_00000005/entries-rx",
     "step_00000005/.index.json" + TMP_MARKER + "0123456789abcdef",
     "step_00000005/.notes.txt" + TMP_MARKER + "0123456789abcdef",
     "step_00000005/",
@@ -67,7 +70,8 @@ def test_the_writers_own_names_pass(tmp_path) -> None:  # noqa: ANN001
     workdir = txn.workdir.rsplit("/", 1)[-1]
     files = [INDEX_NAME, data_file_name(0), data_file_name(12, 3), block_file_name(7, 1),
              own_name(4, data_file_name(0), set()), own_name(4, block_file_name(0), {f"ref00004-{block_file_name(0)}"}),
-             own_name(4, data_file_name(0), {f"ref00004-{data_file_name(0)}", "ref00004.safetensors"})]
+             own_name(4, data_file_name(0), {f"ref00004-{data_file_name(0)}", "ref00004.safetensors"}),
+             entries_file_name(0), entries_file_name(4095)]
     for f in files:
         assert is_own_file_name(f), f
         assert written_by_shardsafe(f"step_00000003/{f}") and written_by_shardsafe(f"{workdir}/{f}"), f

@@ -10,6 +10,9 @@ save, a copy or an incremental step of shardsafe writes, at the depth it writes 
     <directory>/<checkpoint>/data-r<rank>-<part>.safetensors   (or .blocks)
     <directory>/<checkpoint>/ref<row>-<data file>               (a copy's carried reference)
     <directory>/<checkpoint>/.<file>.shardsafe-tmp-<id>        (a sibling file being copied)
+    <directory>/<.working directory>/entries-r<rank>            (a rank's chunk entries, too
+                                                                 large for the store, on their
+                                                                 way to rank 0)
 
 ``<checkpoint>`` is any one path component (a ``step_<N>`` directory, a checkpoint of
 another name, or a save's hidden ``.<name>.shardsafe-tmp-<id>`` working directory);
@@ -31,6 +34,13 @@ from .transaction import TMP_MARKER
 _LINKED = re.compile(re.escape(LINK_PREFIX) + r"[0-9]{5}(?:-(?P<base>.+)|"
                      + re.escape(DATA_SUFFIX) + "|" + re.escape(BLOCK_SUFFIX) + r"|\.[0-9]+)")
 _STEP = re.compile(r"^step_(\d+)$")
+_ENTRIES = re.compile(r"entries-r(0|[1-9][0-9]*)")
+
+
+def entries_file_name(rank: int) -> str:
+    """Name of the file in a save's working directory that holds ``rank``'s chunk entries
+    when they are too large to send through the store (``two_phase``)."""
+    return f"entries-r{rank}"
 
 
 def step_name(step: int) -> str:
@@ -57,6 +67,8 @@ def is_own_file_name(name: str) -> bool:
         name = hidden.group("name")
     if name == INDEX_NAME:
         return hidden is None  # the index is published in one request, never via a temporary
+    if _ENTRIES.fullmatch(name):
+        return hidden is None  # written whole into the working directory, removed by rank 0
     if is_data_file_name(name):
         return True
     linked = _LINKED.fullmatch(name)
@@ -77,4 +89,4 @@ def written_by_shardsafe(key: str) -> bool:
     return checkpoint not in ("", ".", "..") and is_own_file_name(file)
 
 
-__all__ = ["is_own_file_name", "parse_step", "step_name", "written_by_shardsafe"]
+__all__ = ["entries_file_name", "is_own_file_name", "parse_step", "step_name", "written_by_shardsafe"]

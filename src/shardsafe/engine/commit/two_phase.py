@@ -33,6 +33,7 @@ from . import transaction as commit
 from .entries import Entries
 from .entries import decode as decode_entries
 from .entries import encode as encode_entries
+from .names import entries_file_name
 
 log = logging.getLogger("shardsafe")
 
@@ -123,7 +124,7 @@ def _message(prep: Participant, entries: bytes) -> bytes:
     if len(entries) <= STORE_MAX:
         return b"R" + entries
     txn = prep.txn
-    name = f"entries-r{prep.comm.rank}"
+    name = entries_file_name(prep.comm.rank)
     txn.storage.write(txn.storage.join(txn.workdir, name), [memoryview(entries)])
     return b"F" + json.dumps({"name": name, "size": len(entries), "crc32c": crc32c(entries)}).encode()
 
@@ -135,9 +136,10 @@ def _entries(prep: Participant, rank: int, message: bytes) -> Entries:
         return decode_entries(message[1:])
     ref = json.loads(message[1:])
     txn = prep.txn
-    path = txn.storage.join(txn.workdir, f"entries-r{rank}")
-    if ref.get("name") != f"entries-r{rank}":
-        raise CorruptCheckpointError(f"rank {rank} sent entries named {ref.get('name')!r}, not entries-r{rank}")
+    name = entries_file_name(rank)
+    path = txn.storage.join(txn.workdir, name)
+    if ref.get("name") != name:
+        raise CorruptCheckpointError(f"rank {rank} sent entries named {ref.get('name')!r}, not {name}")
     size = txn.storage.size(path)
     if size != ref["size"]:
         raise CorruptCheckpointError(f"{path}: {size} bytes, rank {rank} wrote {ref['size']}")
